@@ -1,0 +1,35 @@
+# Two commands: `make demo` and `make test`. Each sets up .venv itself.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test test-slow lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@ $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(BIN)/python examples/demo.py
+
+test: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-slow: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -q -m slow
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check kiln tests benchmarks examples
+
+bench: $(VENV)/.installed
+	$(BIN)/python benchmarks/frontend.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
