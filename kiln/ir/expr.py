@@ -331,7 +331,9 @@ def const(value: object, dtype: object = None) -> Constant:
     """A constant tensor; Python floats default to float32 and ints to int32, as in Relay."""
     if dtype is not None:
         array = np.asarray(value, dtype=as_dtype(dtype))
-    elif isinstance(value, (bool, np.bool_)):
+    elif isinstance(value, (np.ndarray, np.generic)):
+        array = np.asarray(value)
+    elif isinstance(value, bool):
         array = np.asarray(value, dtype="bool")
     elif isinstance(value, int):
         array = np.asarray(value, dtype="int32" if -(2**31) <= value < 2**31 else "int64")
@@ -339,8 +341,12 @@ def const(value: object, dtype: object = None) -> Constant:
         array = np.asarray(value, dtype="float32")
     else:
         array = np.asarray(value)
-        if array.dtype == np.float64 and not isinstance(value, (np.ndarray, np.generic)):
+        if array.dtype == np.float64:
             array = array.astype("float32")  # nested Python lists of floats
+        elif array.dtype == np.int64 and (array.size == 0 or (
+            array.min() >= -(2**31) and array.max() < 2**31
+        )):
+            array = array.astype("int32")
     return Constant(array)
 
 

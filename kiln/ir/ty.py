@@ -265,11 +265,12 @@ def substitute(ty: Type, mapping: dict[Type, Type]) -> Type:
             stack.append((t, True))
             stack.extend((k, False) for k in kids)
             continue
-        out[id(t)] = _rebuild_type(t, [out[id(k)] for k in kids])
+        out[id(t)] = with_type_children(t, [out[id(k)] for k in kids])
     return out[id(ty)]
 
 
-def _rebuild_type(t: Type, kids: list[Type]) -> Type:
+def with_type_children(t: Type, kids: list[Type]) -> Type:
+    """``t`` rebuilt over new child types (``t`` itself when none changed)."""
     if isinstance(t, TupleType):
         return t if all(a is b for a, b in zip(kids, t.fields)) else TupleType(tuple(kids))
     if isinstance(t, FuncType):

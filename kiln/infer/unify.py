@@ -1,0 +1,227 @@
+"""Unification of types: union-find over incomplete types, structural matching of the rest.
+
+Relay's inference assigns every expression a type, possibly an `IncompleteType` (a
+unification variable), and equates types as the program demands. Tensor dimensions unify
+leniently: ``?`` matches anything, a symbolic ``n`` matches any dimension (checked at run
+time), two known integers must be equal.
+"""
+
+from __future__ import annotations
+
+from kiln.ir.ty import (
+    AnyDim,
+    Dim,
+    FuncType,
+    GlobalTypeVar,
+    IncompleteType,
+    RefType,
+    SymDim,
+    TensorType,
+    TupleType,
+    Type,
+    TypeCall,
+    TypeVar,
+    substitute,
+    type_children,
+    with_type_children,
+)
+
+
+class Mismatch(Exception):
+    """Two types that cannot be made equal; ``detail`` says where inside them they differ."""
+
+    def __init__(self, detail: str = "") -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+def instantiate(ft: FuncType) -> FuncType:
+    """A polymorphic function type with its type parameters replaced by fresh unknowns."""
+    if not ft.type_params:
+        return ft
+    fresh: dict[Type, Type] = {tv: IncompleteType() for tv in ft.type_params}
+    return FuncType(
+        tuple(substitute(a, fresh) for a in ft.arg_types), substitute(ft.ret_type, fresh)
+    )
+
+
+class Unifier:
+    """The bindings of incomplete types found so far."""
+
+    def __init__(self) -> None:
+        self.binding: dict[IncompleteType, Type] = {}
+
+    def find(self, t: Type) -> Type:
+        """Follow the bindings of an incomplete type to a concrete type or an unbound unknown."""
+        if not isinstance(t, IncompleteType):
+            return t
+        path = []
+        while isinstance(t, IncompleteType) and t in self.binding:
+            path.append(t)
+            t = self.binding[t]
+        for p in path[:-1]:
+            self.binding[p] = t  # path compression
+        return t
+
+    def _root(self, t: Type) -> IncompleteType | None:
+        """The last incomplete type on ``t``'s binding chain (the one to rebind), if any."""
+        root = None
+        while isinstance(t, IncompleteType):
+            root = t
+            if t not in self.binding:
+                break
+            t = self.binding[t]
+        return root
+
+    def resolve(self, t: Type) -> Type:
+        """``t`` with every bound incomplete type replaced by what it is bound to."""
+        if isinstance(t, TensorType):
+            return t
+        done: dict[int, Type] = {}
+        stack: list[tuple[Type, bool]] = [(t, False)]
+        while stack:
+            x, ready = stack.pop()
+            if id(x) in done:
+                continue
+            if isinstance(x, IncompleteType):
+                y = self.find(x)
+                if y is x:
+                    done[id(x)] = x
+                elif id(y) in done:
+                    done[id(x)] = done[id(y)]
+                else:
+                    stack.append((x, True))
+                    stack.append((y, False))
+                continue
+            kids = type_children(x)
+            if not kids:
+                done[id(x)] = x
+            elif not ready:
+                stack.append((x, True))
+                stack.extend((k, False) for k in kids)
+            else:
+                done[id(x)] = with_type_children(x, [done[id(k)] for k in kids])
+        return done[id(t)]
+
+    def occurs(self, v: IncompleteType, t: Type) -> bool:
+        stack = [t]
+        while stack:
+            x = self.find(stack.pop())
+            if x is v:
+                return True
+            stack.extend(type_children(x))
+        return False
+
+    def unify(self, a: Type, b: Type) -> Type:
+        """Make ``a`` and ``b`` equal; the most precise common type, or raise Mismatch."""
+        if a is b:
+            return a
+        ra, rb = self._root(a), self._root(b)
+        fa, fb = self.find(a), self.find(b)
+        if fa is fb:
+            return fa
+        if isinstance(fa, IncompleteType):
+            if self.occurs(fa, fb):
+                raise Mismatch(" (the type would contain itself)")
+            self.binding[fa] = fb
+            return fb
+        if isinstance(fb, IncompleteType):
+            if self.occurs(fb, fa):
+                raise Mismatch(" (the type would contain itself)")
+            self.binding[fb] = fa
+            return fa
+        u = self._unify_concrete(fa, fb)
+        # Keep the more precise type where the unknowns point (``?`` refined to ``5``).
+        if ra is not None and u is not fa:
+            self.binding[ra] = u
+        if rb is not None and u is not fb:
+            self.binding[rb] = u
+        return u
+
+    def _unify_concrete(self, a: Type, b: Type) -> Type:
+        if isinstance(a, TensorType) and isinstance(b, TensorType):
+            return _unify_tensor(a, b)
+        if isinstance(a, FuncType) and isinstance(b, FuncType):
+            return self._unify_func(a, b)
+        if type(a) is not type(b):
+            raise Mismatch()
+        if isinstance(a, TupleType):
+            if len(a.fields) != len(b.fields):  # type: ignore[attr-defined]
+                raise Mismatch(f" (a tuple of {len(a.fields)} fields against one of "
+                               f"{len(b.fields)})")  # type: ignore[attr-defined]
+            fields = [self.unify(x, y) for x, y in zip(a.fields, b.fields)]  # type: ignore
+            return _same_or(a, fields, a.fields) or TupleType(tuple(fields))
+        if isinstance(a, TypeCall):
+            if a.func != b.func or len(a.args) != len(b.args):  # type: ignore[attr-defined]
+                raise Mismatch()
+            args = [self.unify(x, y) for x, y in zip(a.args, b.args)]  # type: ignore
+            return _same_or(a, args, a.args) or TypeCall(a.func, tuple(args))
+        if isinstance(a, RefType):
+            value = self.unify(a.value, b.value)  # type: ignore[attr-defined]
+            return a if value is a.value else RefType(value)
+        if isinstance(a, (TypeVar, GlobalTypeVar)):
+            if a == b:
+                return a
+            raise Mismatch()
+        raise Mismatch()
+
+    def _unify_func(self, a: FuncType, b: FuncType) -> Type:
+        if a.type_params and b.type_params:
+            if len(a.type_params) != len(b.type_params):
+                raise Mismatch(" (different numbers of type parameters)")
+            rename: dict[Type, Type] = dict(zip(b.type_params, a.type_params))
+            b = FuncType(
+                tuple(substitute(t, rename) for t in b.arg_types),
+                substitute(b.ret_type, rename),
+                a.type_params,
+            )
+        elif a.type_params:
+            a = instantiate(a)
+        elif b.type_params:
+            b = instantiate(b)
+        if len(a.arg_types) != len(b.arg_types):
+            raise Mismatch(
+                f" (a function of {len(a.arg_types)} parameters against one of "
+                f"{len(b.arg_types)})"
+            )
+        args = [self.unify(x, y) for x, y in zip(a.arg_types, b.arg_types)]
+        ret = self.unify(a.ret_type, b.ret_type)
+        if ret is a.ret_type and _same_or(a, args, a.arg_types):
+            return a
+        return FuncType(tuple(args), ret, a.type_params)
+
+
+def _same_or(t: Type, new: list[Type], old: tuple[Type, ...]) -> Type | None:
+    return t if all(x is y for x, y in zip(new, old)) else None
+
+
+def _unify_dim(x: Dim, y: Dim, i: int) -> Dim:
+    if x == y:
+        return x
+    if isinstance(x, AnyDim):
+        return y
+    if isinstance(y, AnyDim):
+        return x
+    if isinstance(x, int) and isinstance(y, int):
+        raise Mismatch(f" (dimension {i} is {x} in one and {y} in the other)")
+    if isinstance(x, int):
+        return x  # y is symbolic: it stands for this size here
+    if isinstance(y, int):
+        return y
+    assert isinstance(x, SymDim)
+    return x
+
+
+def _unify_tensor(a: TensorType, b: TensorType) -> TensorType:
+    if a == b:
+        return a
+    if a.dtype != b.dtype:
+        raise Mismatch(f" (dtype {a.dtype} against {b.dtype})")
+    if len(a.shape) != len(b.shape):
+        raise Mismatch(f" (rank {len(a.shape)} against rank {len(b.shape)})")
+    dims = tuple(_unify_dim(x, y, i) for i, (x, y) in enumerate(zip(a.shape, b.shape)))
+    if dims == a.shape:
+        return a
+    if dims == b.shape:
+        return b
+    return TensorType(dims, a.dtype)
