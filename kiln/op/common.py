@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kiln.errors import TypeCheckError
+import numpy as np
+
+from kiln.errors import Error, TypeCheckError
 from kiln.ir.ty import ANY, AnyDim, Dim, IncompleteType, SymDim, TensorType, Type, type_children
 
 
@@ -43,7 +45,7 @@ def tensor_arg(t: Type, what: str) -> TensorType | None:
 def tensor_args(arg_types: Sequence[Type], names: Sequence[str]) -> list[TensorType] | None:
     """All arguments as tensor types, or None while any is unknown."""
     out = []
-    for t, name in zip(arg_types, names):
+    for t, name in zip(arg_types, names, strict=False):
         tt = tensor_arg(t, name)
         if tt is None:
             return None
@@ -54,7 +56,7 @@ def tensor_args(arg_types: Sequence[Type], names: Sequence[str]) -> list[TensorT
 def same_dtype(tensors: Sequence[TensorType], names: Sequence[str]) -> str:
     """The common dtype of the arguments; a TypeCheckError naming both if they differ."""
     first = tensors[0]
-    for t, name in zip(tensors[1:], names[1:]):
+    for t, name in zip(tensors[1:], names[1:], strict=False):
         if t.dtype != first.dtype:
             raise TypeCheckError(
                 f"{names[0]} has dtype {first.dtype} but {name} has dtype {t.dtype}; "
@@ -93,7 +95,7 @@ def broadcast_shape(
     pa = (1,) * (ndim - len(a)) + tuple(a)
     pb = (1,) * (ndim - len(b)) + tuple(b)
     out: list[Dim] = []
-    for i, (x, y) in enumerate(zip(pa, pb)):
+    for i, (x, y) in enumerate(zip(pa, pb, strict=True)):
         if x == 1:
             out.append(y)
         elif y == 1:
@@ -132,3 +134,127 @@ def dim_product(dims: Sequence[Dim]) -> Dim:
             return ANY
         out *= d
     return out
+
+
+# --- helpers added for the operator families ----------------------------------------------
+
+
+def check_dims_equal(a: Dim, b: Dim, message: str) -> None:
+    """Raise a TypeCheckError with ``message`` when two dimensions are certainly different."""
+    if not dims_may_equal(a, b):
+        raise TypeCheckError(message)
+
+
+def is_float(dtype: str) -> bool:
+    return dtype.startswith("float")
+
+
+def is_int(dtype: str) -> bool:
+    return dtype.startswith(("int", "uint"))
+
+
+def require_dtype(t: TensorType, what: str, kind: str) -> None:
+    """Check a tensor's dtype is of a kind: "float", "numeric" (int or float), "bool" or "any"."""
+    ok = {
+        "float": is_float(t.dtype),
+        "numeric": is_float(t.dtype) or is_int(t.dtype),
+        "int": is_int(t.dtype),
+        "bool": t.dtype == "bool",
+        "any": True,
+    }[kind]
+    if not ok:
+        wanted = {
+            "float": "a floating-point dtype (float16, float32 or float64)",
+            "numeric": "a numeric dtype (an integer or floating-point type, not bool)",
+            "int": "an integer dtype",
+            "bool": "dtype bool",
+        }[kind]
+        raise TypeCheckError(f"{what} must have {wanted}, but has dtype {t.dtype}")
+
+
+def require_rank(t: TensorType, what: str, rank: int) -> None:
+    """Check a tensor has exactly ``rank`` dimensions."""
+    if t.ndim != rank:
+        raise TypeCheckError(
+            f"{what} must have rank {rank}, but has shape {shape_str(t.shape)} (rank {t.ndim})"
+        )
+
+
+def pair(value: object, where: str) -> tuple[int, int]:
+    """An `Attr` convert: one int or two ints as a pair (strides, dilation, kernel sizes)."""
+    v = (value,) if isinstance(value, int) else tuple(value)  # type: ignore[arg-type]
+    if len(v) == 1:
+        v = (v[0], v[0])
+    if len(v) != 2:
+        raise Error(f"{where} must be one or two integers, got {value!r}")
+    return (int(v[0]), int(v[1]))
+
+
+def padding4(value: object, where: str) -> tuple[int, int, int, int]:
+    """An `Attr` convert: 2-D padding of 1, 2 or 4 ints as (top, left, bottom, right).
+
+    One number pads every side; two are (top, left), repeated for (bottom, right).
+    """
+    v = (value,) if isinstance(value, int) else tuple(value)  # type: ignore[arg-type]
+    if len(v) == 1:
+        v = v * 4
+    elif len(v) == 2:
+        v = v + v
+    if len(v) != 4:
+        raise Error(f"{where} must be 1, 2 or 4 integers, got {value!r}")
+    if any(p < 0 for p in v):
+        raise Error(f"{where} must not be negative, got {value!r}")
+    return (int(v[0]), int(v[1]), int(v[2]), int(v[3]))
+
+
+def as_array(value: object, dtype: str) -> np.ndarray:
+    """``value`` as an ndarray of exactly ``dtype`` (numpy returns scalars from 0-d arithmetic)."""
+    return np.asarray(value).astype(dtype, copy=False)
+
+
+def trunc_divide(a: np.ndarray, b: object) -> np.ndarray:
+    """Integer division rounding toward zero (C's ``/``); the caller rules out division by 0."""
+    q = np.floor_divide(a, b)
+    # floor and truncation differ when the remainder is nonzero and the signs differ
+    inexact = np.remainder(a, b) != 0
+    opposite = (np.asarray(a) < 0) != (np.asarray(b) < 0)
+    return q + (inexact & opposite).astype(q.dtype)
+
+
+def windows_2d(
+    x: np.ndarray, kernel: tuple[int, int], strides: tuple[int, int], dilation: tuple[int, int]
+) -> np.ndarray:
+    """A view of every (dilated, strided) kernel window over the last two axes of ``x``.
+
+    For ``x`` of shape (..., H, W) the result has shape (..., OH, OW, kh, kw), where
+    OH = (H - ((kh - 1) * dh + 1)) // sh + 1 and likewise OW. No data is copied.
+    """
+    (kh, kw), (sh, sw), (dh, dw) = kernel, strides, dilation
+    span = ((kh - 1) * dh + 1, (kw - 1) * dw + 1)
+    view = np.lib.stride_tricks.sliding_window_view(x, span, axis=(-2, -1))
+    return view[..., ::sh, ::sw, ::dh, ::dw]
+
+
+def window_out_size(
+    size: Dim, pad: int, kernel: int, dilation: int, stride: int, ceil_mode: bool = False
+) -> Dim:
+    """Output size of a sliding window along one axis (TVM's formula; ``?`` when unknown)."""
+    if not isinstance(size, int):
+        return ANY
+    span = (kernel - 1) * dilation + 1
+    room = size + pad - span
+    if room < 0:
+        raise TypeCheckError(
+            f"the window spans {span} elements (kernel {kernel}, dilation {dilation}) but the "
+            f"padded input has only {size + pad}"
+        )
+    return (room + (stride - 1 if ceil_mode else 0)) // stride + 1
+
+
+def check_window_attrs(
+    kernel: Sequence[int], strides: Sequence[int], dilation: Sequence[int]
+) -> None:
+    """Kernel sizes, strides and dilations must be positive."""
+    for name, values in (("kernel size", kernel), ("strides", strides), ("dilation", dilation)):
+        if any(v <= 0 for v in values):
+            raise TypeCheckError(f"{name} must be positive, got {list(values)}")

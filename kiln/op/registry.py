@@ -173,9 +173,14 @@ class OpDef:
     gradient: Callable[..., Any] | None = None
     lower: Callable[..., Any] | None = None
     _attr_index: dict[str, Attr] = field(init=False, repr=False)
+    _defaults: dict[str, Any] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_attr_index", {a.name: a for a in self.attrs})
+        # Defaults in normalized form, so normalizing twice changes nothing.
+        defaults = {a.name: a.check(a.default, self.name) for a in self.attrs
+                    if a.default is not REQUIRED}
+        object.__setattr__(self, "_defaults", defaults)
 
     @property
     def op(self) -> Op:
@@ -210,14 +215,16 @@ class OpDef:
             elif a.default is REQUIRED:
                 raise Error(f"{self.name} needs attribute {a.name!r}", span)
             else:
-                values[a.name] = a.default
+                values[a.name] = self._defaults[a.name]
         return Attrs(values)
 
     def non_default_attrs(self, attrs: Attrs) -> dict[str, Any]:
         """The attributes that differ from their defaults, in schema order (for printing)."""
         out = {}
         for a in self.attrs:
-            if a.name in attrs and (a.default is REQUIRED or attrs[a.name] != a.default):
+            if a.name in attrs and (
+                a.default is REQUIRED or attrs[a.name] != self._defaults[a.name]
+            ):
                 out[a.name] = attrs[a.name]
         return out
 

@@ -1,0 +1,219 @@
+"""Operators that create tensors: zeros, ones, full, zeros_like, ones_like, full_like, arange.
+
+The registered operators keep Relay's exact argument lists; the builders at the end accept
+what Relay's Python API accepts (``arange(10)``, ``full(0.5, (2, 3))``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from kiln.errors import EvalError, TypeCheckError
+from kiln.ir.attrs import Attrs
+from kiln.ir.expr import Call, Expr, const
+from kiln.ir.ty import ANY, TensorType, Type
+from kiln.op.common import shape_str, tensor_arg
+from kiln.op.registry import Attr, OpPattern, register
+
+# --- tensor creation ----------------------------------------------------------------------
+
+
+def _shape_attr(shape: Sequence[int]) -> tuple[int, ...]:
+    if any(d < 0 for d in shape):
+        raise TypeCheckError(f"shape {list(shape)} must not have negative dimensions")
+    return tuple(shape)
+
+
+def _const_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    return TensorType(_shape_attr(attrs.shape), attrs.dtype)  # type: ignore[arg-type]
+
+
+INIT_ATTRS = (
+    Attr("shape", kind="ints", doc="the shape of the result"),
+    Attr("dtype", "float32", kind="dtype", doc="the dtype of the result"),
+)
+
+_zeros = register(
+    "zeros",
+    inputs=(),
+    attrs=INIT_ATTRS,
+    relation=_const_relation,
+    compute=lambda arrays, attrs: np.zeros(attrs.shape, attrs.dtype),
+    pattern=OpPattern.ELEMWISE,
+    doc="A tensor of zeros.",
+    differentiable=False,
+)
+_ones = register(
+    "ones",
+    inputs=(),
+    attrs=INIT_ATTRS,
+    relation=_const_relation,
+    compute=lambda arrays, attrs: np.ones(attrs.shape, attrs.dtype),
+    pattern=OpPattern.ELEMWISE,
+    doc="A tensor of ones.",
+    differentiable=False,
+)
+
+
+def _scalar_arg(t: Type, what: str) -> TensorType | None:
+    s = tensor_arg(t, what)
+    if s is not None and s.ndim != 0:
+        raise TypeCheckError(f"{what} must be a scalar, but has shape {shape_str(s.shape)}")
+    return s
+
+
+def _full_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    fill = _scalar_arg(arg_types[0], "fill_value")
+    if fill is None:
+        return None
+    return TensorType(_shape_attr(attrs.shape), attrs.dtype or fill.dtype)  # type: ignore
+
+
+def _filled(shape: Sequence[int], value: np.ndarray, dtype: str) -> np.ndarray:
+    with np.errstate(invalid="ignore"):
+        return np.full(shape, np.asarray(value).astype(dtype), dtype)
+
+
+_full = register(
+    "full",
+    inputs=("fill_value",),
+    attrs=(
+        Attr("shape", kind="ints", doc="the shape of the result"),
+        Attr("dtype", "", kind="dtype", doc="the dtype of the result; '': fill_value's"),
+    ),
+    relation=_full_relation,
+    compute=lambda arrays, attrs: _filled(
+        attrs.shape, arrays[0], attrs.dtype or np.asarray(arrays[0]).dtype.name
+    ),
+    pattern=OpPattern.ELEMWISE,
+    doc="A tensor with every element equal to a scalar.",
+    differentiable=False,
+)
+
+
+def _like_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    return tensor_arg(arg_types[0], "data")
+
+
+zeros_like = register(
+    "zeros_like",
+    inputs=("data",),
+    relation=_like_relation,
+    compute=lambda arrays, attrs: np.zeros_like(arrays[0]),
+    pattern=OpPattern.ELEMWISE,
+    doc="Zeros of the shape and dtype of data.",
+    differentiable=False,
+)
+ones_like = register(
+    "ones_like",
+    inputs=("data",),
+    relation=_like_relation,
+    compute=lambda arrays, attrs: np.ones_like(arrays[0]),
+    pattern=OpPattern.ELEMWISE,
+    doc="Ones of the shape and dtype of data.",
+    differentiable=False,
+)
+
+
+def _full_like_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    data = tensor_arg(arg_types[0], "data")
+    fill = _scalar_arg(arg_types[1], "fill_value")
+    return None if data is None or fill is None else data
+
+
+full_like = register(
+    "full_like",
+    inputs=("data", "fill_value"),
+    relation=_full_like_relation,
+    compute=lambda arrays, attrs: _filled(
+        np.shape(arrays[0]), arrays[1], np.asarray(arrays[0]).dtype.name
+    ),
+    pattern=OpPattern.ELEMWISE,
+    doc="A tensor like data with every element equal to fill_value (converted to its dtype).",
+    differentiable=False,
+)
+
+
+def _arange_length(start: object, stop: object, step: object) -> int:
+    start, stop, step = (float(np.asarray(v)) for v in (start, stop, step))
+    if step == 0:
+        raise TypeCheckError("arange needs a nonzero step")
+    return max(0, math.ceil((stop - start) / step))
+
+
+def _arange_relation(
+    arg_types: Sequence[Type], attrs: Attrs, values: Sequence[np.ndarray | None]
+) -> Type | None:
+    names = ("start", "stop", "step")
+    args = [_scalar_arg(t, name) for t, name in zip(arg_types, names, strict=True)]
+    if any(a is None for a in args):
+        return None
+    for a, name in zip(args, names, strict=True):
+        if a.dtype != attrs.dtype:  # type: ignore[union-attr]
+            raise TypeCheckError(
+                f"{name} has dtype {a.dtype} but arange's dtype is {attrs.dtype}; "  # type: ignore
+                "they must be the same"
+            )
+    if any(v is None for v in values):
+        return TensorType((ANY,), attrs.dtype)  # type: ignore[arg-type]
+    return TensorType((_arange_length(*values),), attrs.dtype)  # type: ignore[arg-type]
+
+
+def _arange(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    try:
+        n = _arange_length(*arrays)
+    except TypeCheckError as e:
+        raise EvalError(e.message) from None
+    wide = np.float64 if attrs.dtype.startswith("float") else np.int64  # type: ignore[union-attr]
+    start, step = (np.asarray(v).astype(wide) for v in (arrays[0], arrays[2]))
+    return (start + np.arange(n, dtype=wide) * step).astype(attrs.dtype)  # type: ignore
+
+
+_arange_op = register(
+    "arange",
+    inputs=("start", "stop", "step"),
+    attrs=(Attr("dtype", "float32", kind="dtype", doc="the dtype of the result and bounds"),),
+    relation=_arange_relation,
+    compute=_arange,
+    pattern=OpPattern.INJECTIVE,
+    doc="Evenly spaced values start, start+step, ... up to (not including) stop.",
+    needs_values=True,
+    differentiable=False,
+)
+
+
+# --- builders in the style of Relay's Python API -------------------------------------------
+
+
+def zeros(shape: Sequence[int] | int, dtype: str = "float32") -> Call:
+    """``zeros(shape, dtype)``: a call making a tensor of zeros."""
+    return _zeros(shape=shape, dtype=dtype)
+
+
+def ones(shape: Sequence[int] | int, dtype: str = "float32") -> Call:
+    """``ones(shape, dtype)``: a call making a tensor of ones."""
+    return _ones(shape=shape, dtype=dtype)
+
+
+def full(fill_value: object, shape: Sequence[int] | int = (), dtype: str = "") -> Call:
+    """``full(fill_value, shape, dtype)``: a tensor filled with a scalar."""
+    if not isinstance(fill_value, Expr):
+        fill_value = const(fill_value, dtype or None)
+    return _full(fill_value, shape=shape, dtype=dtype)
+
+
+def arange(start: object, stop: object = None, step: object = None, dtype: str = "float32") -> Call:
+    """``arange(stop)`` or ``arange(start, stop, step)`` as Relay's Python API has it."""
+    if stop is None:
+        start, stop = 0, start
+    if step is None:
+        step = 1
+    bounds = [v if isinstance(v, Expr) else const(v, dtype) for v in (start, stop, step)]
+    return _arange_op(*bounds, dtype=dtype)
+
+# fmt: off
+__all__ = ["arange", "full", "full_like", "ones", "ones_like", "zeros", "zeros_like"]
+# fmt: on

@@ -1,0 +1,363 @@
+"""Elementwise operators: unary math, broadcasting binary arithmetic and comparisons,
+``where``, ``clip`` and ``cast``.
+
+Binary operators never promote: both operands must have the same dtype, and the result keeps
+it exactly (comparisons give bool). Integer ``divide`` and ``mod`` truncate toward zero as C
+(and TVM) do; ``floor_divide`` and ``floor_mod`` round toward negative infinity. Integer
+division by zero is an `EvalError`; floating-point division by zero gives inf or nan quietly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from kiln.errors import Error, EvalError, TypeCheckError
+from kiln.ir.attrs import Attrs
+from kiln.ir.ty import TensorType, Type
+from kiln.op.common import (
+    as_array,
+    broadcast_shape,
+    is_int,
+    require_dtype,
+    same_dtype,
+    tensor_arg,
+    tensor_args,
+    trunc_divide,
+)
+from kiln.op.registry import Attr, OpDef, OpPattern, register
+
+# --- unary --------------------------------------------------------------------------------
+
+
+def _unary_relation(kind: str) -> Callable[[Sequence[Type], Attrs], Type | None]:
+    def relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+        data = tensor_arg(arg_types[0], "data")
+        if data is None:
+            return None
+        require_dtype(data, "data", kind)
+        return data
+
+    return relation
+
+
+def _unary(
+    name: str,
+    fn: Callable[[np.ndarray], object],
+    doc: str,
+    *,
+    kind: str = "float",
+    differentiable: bool = True,
+) -> OpDef:
+    """Register an operator applying ``fn`` to every element, keeping shape and dtype."""
+
+    def compute(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+        x = np.asarray(arrays[0])
+        with np.errstate(all="ignore"):
+            return as_array(fn(x), x.dtype.name)
+
+    return register(
+        name,
+        inputs=("data",),
+        relation=_unary_relation(kind),
+        compute=compute,
+        pattern=OpPattern.ELEMWISE,
+        doc=doc,
+        differentiable=differentiable,
+    )
+
+
+def _round_half_away(x: np.ndarray) -> np.ndarray:
+    # TVM's round lowers to llvm.round: halves go away from zero (numpy's rint goes to even).
+    whole = np.trunc(x)
+    frac = x - whole  # exact in floating point
+    return whole + np.where(np.abs(frac) >= 0.5, np.sign(x), 0).astype(x.dtype)
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    """The error function in float64, from a series near 0 and a continued fraction beyond."""
+    z = np.abs(x.astype(np.float64))
+    out = np.empty_like(z)
+    near = z < 3.0
+    zn = z[near]
+    # erf z = 2/sqrt(pi) exp(-z^2) sum_n (2 z^2)^n z / (1*3*...*(2n+1)): all terms positive.
+    term = zn.copy()
+    total = zn.copy()
+    scale = 2.0 * zn * zn
+    for n in range(1, 100):
+        term *= scale / (2 * n + 1)
+        total += term
+        if not np.any(term > total * 1e-17):  # every series has converged
+            break
+    out[near] = 2.0 / np.sqrt(np.pi) * np.exp(-zn * zn) * total
+    zf = z[~near]
+    # erfc z = exp(-z^2)/sqrt(pi) / (z + (1/2)/(z + 1/(z + (3/2)/(z + ...)))), from the tail.
+    frac = np.zeros_like(zf)
+    for k in range(60, 0, -1):
+        frac = (k / 2.0) / (zf + frac)
+    out[~near] = 1.0 - np.exp(-zf * zf) / np.sqrt(np.pi) / (zf + frac)
+    return np.copysign(out, x)
+
+
+exp = _unary("exp", np.exp, "e raised to each element.")
+log = _unary("log", np.log, "Natural logarithm of each element.")
+sqrt = _unary("sqrt", np.sqrt, "Square root of each element.")
+rsqrt = _unary("rsqrt", lambda x: 1 / np.sqrt(x), "Reciprocal square root of each element.")
+tanh = _unary("tanh", np.tanh, "Hyperbolic tangent of each element.")
+sigmoid = _unary("sigmoid", lambda x: 1 / (1 + np.exp(-x)), "Logistic sigmoid 1/(1+e^-x).")
+erf = _unary("erf", _erf, "Gauss error function of each element.")
+sin = _unary("sin", np.sin, "Sine of each element (radians).")
+cos = _unary("cos", np.cos, "Cosine of each element (radians).")
+negative = _unary("negative", np.negative, "Negation of each element.", kind="numeric")
+abs_ = _unary("abs", np.abs, "Absolute value of each element.", kind="numeric")
+floor = _unary(
+    "floor", np.floor, "Largest integer <= each element.", kind="numeric", differentiable=False
+)
+ceil = _unary(
+    "ceil", np.ceil, "Smallest integer >= each element.", kind="numeric", differentiable=False
+)
+round_ = _unary(
+    "round",
+    _round_half_away,
+    "Nearest integer; halves round away from zero.",
+    kind="numeric",
+    differentiable=False,
+)
+sign = _unary(
+    "sign", np.sign, "-1, 0 or 1 by the sign of each element.", kind="numeric", differentiable=False
+)
+logical_not = _unary(
+    "logical_not",
+    np.logical_not,
+    "Boolean negation of each element.",
+    kind="bool",
+    differentiable=False,
+)
+
+
+# --- binary -------------------------------------------------------------------------------
+
+
+def _binary_relation(
+    kind: str, result_dtype: str | None
+) -> Callable[[Sequence[Type], Attrs], Type | None]:
+    def relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+        args = tensor_args(arg_types, ("lhs", "rhs"))
+        if args is None:
+            return None
+        lhs, rhs = args
+        dtype = same_dtype(args, ("lhs", "rhs"))
+        require_dtype(lhs, "lhs", kind)
+        shape = broadcast_shape(lhs.shape, rhs.shape)
+        return TensorType(shape, result_dtype or dtype)
+
+    return relation
+
+
+def _binary(
+    name: str,
+    fn: Callable[[np.ndarray, np.ndarray], object],
+    doc: str,
+    *,
+    kind: str = "numeric",
+    result_dtype: str | None = None,
+    differentiable: bool = True,
+) -> OpDef:
+    """Register a broadcasting binary operator computing ``fn(lhs, rhs)``."""
+
+    def compute(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+        lhs, rhs = np.asarray(arrays[0]), np.asarray(arrays[1])
+        with np.errstate(all="ignore"):
+            return as_array(fn(lhs, rhs), result_dtype or lhs.dtype.name)
+
+    return register(
+        name,
+        inputs=("lhs", "rhs"),
+        relation=_binary_relation(kind, result_dtype),
+        compute=compute,
+        pattern=OpPattern.BROADCAST,
+        doc=doc,
+        differentiable=differentiable,
+    )
+
+
+def _nonzero_divisor(b: np.ndarray) -> None:
+    if np.any(b == 0):
+        raise EvalError("integer division by zero")
+
+
+def _divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if is_int(a.dtype.name):
+        _nonzero_divisor(b)
+        return trunc_divide(a, b)
+    return a / b
+
+
+def _mod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if is_int(a.dtype.name):
+        _nonzero_divisor(b)
+    return np.fmod(a, b)  # C's %: the result takes the sign of the dividend
+
+
+def _floor_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if is_int(a.dtype.name):
+        _nonzero_divisor(b)
+        return np.floor_divide(a, b)
+    return np.floor(a / b)
+
+
+def _floor_mod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if is_int(a.dtype.name):
+        _nonzero_divisor(b)
+        return np.remainder(a, b)
+    return a - np.floor(a / b) * b  # TVM's floormod for floats
+
+
+def _power(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if is_int(a.dtype.name) and np.any(b < 0):
+        raise EvalError("integer power with a negative exponent")
+    return np.power(a, b)
+
+
+add = _binary("add", np.add, "Elementwise sum, with broadcasting.")
+subtract = _binary("subtract", np.subtract, "Elementwise difference, with broadcasting.")
+multiply = _binary("multiply", np.multiply, "Elementwise product, with broadcasting.")
+divide = _binary("divide", _divide, "Elementwise quotient; integers truncate toward zero.")
+power = _binary("power", _power, "lhs raised to the power rhs, with broadcasting.")
+maximum = _binary("maximum", np.maximum, "Elementwise larger value, with broadcasting.")
+minimum = _binary("minimum", np.minimum, "Elementwise smaller value, with broadcasting.")
+mod = _binary("mod", _mod, "Remainder of truncated division (sign of lhs).", differentiable=False)
+floor_divide = _binary(
+    "floor_divide", _floor_divide, "Quotient rounded toward -infinity.", differentiable=False
+)
+floor_mod = _binary(
+    "floor_mod", _floor_mod, "Remainder of floor division (sign of rhs).", differentiable=False
+)
+
+
+def _compare(name: str, fn: Callable[[np.ndarray, np.ndarray], object], doc: str) -> OpDef:
+    """Register a broadcasting comparison: any dtype in, bool out, no gradient."""
+    return _binary(name, fn, doc, kind="any", result_dtype="bool", differentiable=False)
+
+
+equal = _compare("equal", np.equal, "lhs == rhs elementwise, as bool.")
+not_equal = _compare("not_equal", np.not_equal, "lhs != rhs elementwise, as bool.")
+less = _compare("less", np.less, "lhs < rhs elementwise, as bool.")
+less_equal = _compare("less_equal", np.less_equal, "lhs <= rhs elementwise, as bool.")
+greater = _compare("greater", np.greater, "lhs > rhs elementwise, as bool.")
+greater_equal = _compare("greater_equal", np.greater_equal, "lhs >= rhs elementwise, as bool.")
+logical_and = _binary(
+    "logical_and",
+    np.logical_and,
+    "Boolean and of bool tensors.",
+    kind="bool",
+    differentiable=False,
+)
+logical_or = _binary(
+    "logical_or", np.logical_or, "Boolean or of bool tensors.", kind="bool", differentiable=False
+)
+
+
+# --- where, clip, cast --------------------------------------------------------------------
+
+
+def _where_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    args = tensor_args(arg_types, ("condition", "x", "y"))
+    if args is None:
+        return None
+    cond, x, y = args
+    require_dtype(cond, "condition", "bool")
+    dtype = same_dtype((x, y), ("x", "y"))
+    shape = broadcast_shape(x.shape, y.shape, ("x", "y"))
+    shape = broadcast_shape(cond.shape, shape, ("condition", "the broadcast of x and y"))
+    return TensorType(shape, dtype)
+
+
+where = register(
+    "where",
+    inputs=("condition", "x", "y"),
+    attrs=(),
+    relation=_where_relation,
+    compute=lambda arrays, attrs: as_array(
+        np.where(arrays[0], arrays[1], arrays[2]), np.asarray(arrays[1]).dtype.name
+    ),
+    pattern=OpPattern.BROADCAST,
+    doc="Elements of x where condition is true, else of y, with broadcasting.",
+)
+
+
+def _clip_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    data = tensor_arg(arg_types[0], "a")
+    if data is None:
+        return None
+    require_dtype(data, "a", "numeric")
+    if attrs.a_min > attrs.a_max:  # type: ignore[operator]
+        raise TypeCheckError(
+            f"clip needs a_min <= a_max, got a_min={attrs.a_min}, a_max={attrs.a_max}"
+        )
+    return data
+
+
+def _clip(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    x = np.asarray(arrays[0])
+    lo, hi = float(attrs.a_min), float(attrs.a_max)  # type: ignore[arg-type]
+    if is_int(x.dtype.name):
+        # TVM converts the bounds to the element type; keep infinite bounds inside its range.
+        info = np.iinfo(x.dtype)
+        lo = int(np.clip(lo, info.min, info.max))
+        hi = int(np.clip(hi, info.min, info.max))
+    return as_array(np.clip(x, np.asarray(lo, x.dtype), np.asarray(hi, x.dtype)), x.dtype.name)
+
+
+clip = register(
+    "clip",
+    inputs=("a",),
+    attrs=(
+        Attr("a_min", kind="float", doc="the smallest value kept"),
+        Attr("a_max", kind="float", doc="the largest value kept"),
+    ),
+    relation=_clip_relation,
+    compute=_clip,
+    pattern=OpPattern.ELEMWISE,
+    doc="Each element limited to the range [a_min, a_max].",
+)
+
+
+def _cast_dtype(value: str, where: str) -> str:
+    if value == "":
+        raise Error(f"{where} must name a dtype")
+    return value
+
+
+def _cast_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    data = tensor_arg(arg_types[0], "data")
+    if data is None:
+        return None
+    return TensorType(data.shape, attrs.dtype)  # type: ignore[arg-type]
+
+
+def _cast(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    with np.errstate(invalid="ignore"):  # nan or out-of-range floats to integers
+        return np.asarray(arrays[0]).astype(attrs.dtype)  # type: ignore[arg-type]
+
+
+cast = register(
+    "cast",
+    inputs=("data",),
+    attrs=(Attr("dtype", kind="dtype", convert=_cast_dtype, doc="the target dtype"),),
+    relation=_cast_relation,
+    compute=_cast,
+    pattern=OpPattern.ELEMWISE,
+    doc="Each element converted to another dtype (floats to integers truncate).",
+)
+
+# fmt: off
+__all__ = [
+    "abs_", "add", "cast", "ceil", "clip", "cos", "divide", "equal", "erf", "exp", "floor",
+    "floor_divide", "floor_mod", "greater", "greater_equal", "less", "less_equal", "log",
+    "logical_and", "logical_not", "logical_or", "maximum", "minimum", "mod", "multiply",
+    "negative", "not_equal", "power", "round_", "rsqrt", "sigmoid", "sign", "sin", "sqrt",
+    "subtract", "tanh", "where",
+]
+# fmt: on

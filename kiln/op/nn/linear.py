@@ -1,0 +1,180 @@
+"""Linear algebra: nn.dense, nn.batch_matmul and nn.bias_add."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from kiln.errors import TypeCheckError
+from kiln.ir.attrs import Attrs
+from kiln.ir.ty import TensorType, Type
+from kiln.op.common import (
+    as_array,
+    check_dims_equal,
+    normalize_axis,
+    require_dtype,
+    require_rank,
+    same_dtype,
+    shape_str,
+    tensor_args,
+    unify_dim,
+)
+from kiln.op.registry import Attr, OpPattern, register
+
+
+def _accumulator(dtype: str) -> str:
+    # numpy's float16 products are slow and lose precision; accumulate them in float32.
+    return "float32" if dtype == "float16" else dtype
+
+
+def _dense_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    args = tensor_args(arg_types, ("data", "weight"))
+    if args is None:
+        return None
+    data, weight = args
+    same_dtype(args, ("data", "weight"))
+    require_dtype(data, "data", "numeric")
+    if data.ndim < 1:
+        raise TypeCheckError("data must have at least one dimension, but is a scalar")
+    require_rank(weight, "weight (units, in)", 2)
+    units, k = weight.shape
+    check_dims_equal(
+        data.shape[-1],
+        k,
+        f"data of shape {shape_str(data.shape)} and weight of shape {shape_str(weight.shape)} "
+        f"disagree on the reduction dimension: the last dimension of data is "
+        f"{data.shape[-1]} but dimension 1 of weight is {k}",
+    )
+    if attrs.units is not None:
+        check_dims_equal(
+            attrs.units,
+            units,  # type: ignore[arg-type]
+            f"units={attrs.units} but weight of shape {shape_str(weight.shape)} has "
+            f"{units} units (dimension 0)",
+        )
+        units = unify_dim(units, attrs.units)  # type: ignore[arg-type]
+    return TensorType((*data.shape[:-1], units), attrs.out_dtype or data.dtype)  # type: ignore
+
+
+def _dense(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    x, w = np.asarray(arrays[0]), np.asarray(arrays[1])
+    out = attrs.out_dtype or x.dtype.name
+    acc = _accumulator(out)  # type: ignore[arg-type]
+    return as_array(np.matmul(x.astype(acc), w.astype(acc).T), out)  # type: ignore[arg-type]
+
+
+dense = register(
+    "nn.dense",
+    inputs=("data", "weight"),
+    attrs=(
+        Attr("units", None, kind="int", optional=True, doc="output size; checked against weight"),
+        Attr("out_dtype", "", kind="dtype", doc="result dtype; '': that of data"),
+    ),
+    relation=_dense_relation,
+    compute=_dense,
+    pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
+    doc="data @ weight.T for weight of shape (units, in): a fully connected layer.",
+)
+
+
+def _batch_matmul_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    args = tensor_args(arg_types, ("x", "y"))
+    if args is None:
+        return None
+    x, y = args
+    same_dtype(args, ("x", "y"))
+    require_dtype(x, "x", "numeric")
+    require_rank(x, "x", 3)
+    require_rank(y, "y", 3)
+    bx, *mk = x.shape
+    by, *kn = y.shape
+    m, kx = reversed(mk) if attrs.transpose_a else mk
+    n, ky = kn if attrs.transpose_b else reversed(kn)
+    if bx == 1:
+        batch = by
+    elif by == 1:
+        batch = bx
+    else:
+        check_dims_equal(
+            bx,
+            by,
+            f"x of shape {shape_str(x.shape)} and y of shape {shape_str(y.shape)} have "
+            f"different batch sizes {bx} and {by} (they must be equal, or one must be 1)",
+        )
+        batch = unify_dim(bx, by)
+    check_dims_equal(
+        kx,
+        ky,
+        f"x of shape {shape_str(x.shape)} and y of shape {shape_str(y.shape)} disagree on the "
+        f"reduction dimension: {kx} in x but {ky} in y (transpose_a={attrs.transpose_a}, "
+        f"transpose_b={attrs.transpose_b})",
+    )
+    return TensorType((batch, m, n), attrs.out_dtype or x.dtype)  # type: ignore[arg-type]
+
+
+def _batch_matmul(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    x, y = np.asarray(arrays[0]), np.asarray(arrays[1])
+    out = attrs.out_dtype or x.dtype.name
+    acc = _accumulator(out)  # type: ignore[arg-type]
+    a = x.astype(acc)
+    b = y.astype(acc)
+    if attrs.transpose_a:
+        a = a.swapaxes(1, 2)
+    if attrs.transpose_b:
+        b = b.swapaxes(1, 2)
+    return as_array(np.matmul(a, b), out)  # type: ignore[arg-type]
+
+
+batch_matmul = register(
+    "nn.batch_matmul",
+    inputs=("x", "y"),
+    attrs=(
+        Attr("out_dtype", "", kind="dtype", doc="result dtype; '': that of x"),
+        Attr("transpose_a", False, kind="bool", doc="x is (batch, k, m)"),
+        Attr("transpose_b", True, kind="bool", doc="y is (batch, n, k)"),
+    ),
+    relation=_batch_matmul_relation,
+    compute=_batch_matmul,
+    pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
+    doc="Matrix products of a batch of matrices (y transposed by default, as in TVM).",
+)
+
+
+def _bias_add_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    args = tensor_args(arg_types, ("data", "bias"))
+    if args is None:
+        return None
+    data, bias = args
+    same_dtype(args, ("data", "bias"))
+    require_dtype(data, "data", "numeric")
+    axis = normalize_axis(attrs.axis, data.ndim)  # type: ignore[arg-type]
+    require_rank(bias, "bias", 1)
+    check_dims_equal(
+        bias.shape[0],
+        data.shape[axis],
+        f"bias of shape {shape_str(bias.shape)} does not match dimension {axis} of data of "
+        f"shape {shape_str(data.shape)} (size {data.shape[axis]})",
+    )
+    return data
+
+
+def _bias_add(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    x, b = np.asarray(arrays[0]), np.asarray(arrays[1])
+    axis = normalize_axis(attrs.axis, x.ndim)  # type: ignore[arg-type]
+    shape = [1] * x.ndim
+    shape[axis] = b.shape[0]
+    return as_array(x + b.reshape(shape), x.dtype.name)
+
+
+bias_add = register(
+    "nn.bias_add",
+    inputs=("data", "bias"),
+    attrs=(Attr("axis", 1, kind="int", doc="the axis of data the bias runs along"),),
+    relation=_bias_add_relation,
+    compute=_bias_add,
+    pattern=OpPattern.BROADCAST,
+    doc="A 1-D bias added along one axis of data.",
+)
+
+__all__ = ["batch_matmul", "bias_add", "dense"]

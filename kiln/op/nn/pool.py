@@ -1,0 +1,210 @@
+"""2-D pooling in NCHW layout: nn.max_pool2d, nn.avg_pool2d and their global forms.
+
+Output sizes follow TVM: ``(H + pad - ((k - 1) * d + 1) + (s - 1 if ceil_mode)) // s + 1``.
+Unlike PyTorch, ceil mode keeps a last window even when it starts in the bottom or right
+padding. Padding is ``-inf`` (or the dtype's minimum) for max pooling and 0 for average
+pooling; ``count_include_pad`` divides by the window positions inside the padded input (never
+the extra room ceil mode adds), otherwise by those inside the input alone (at least 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from kiln.errors import EvalError, TypeCheckError
+from kiln.ir.attrs import Attrs
+from kiln.ir.ty import TensorType, Type
+from kiln.op.common import (
+    as_array,
+    check_window_attrs,
+    is_int,
+    padding4,
+    pair,
+    require_dtype,
+    require_rank,
+    tensor_arg,
+    trunc_divide,
+    window_out_size,
+    windows_2d,
+)
+from kiln.op.registry import Attr, OpPattern, register
+
+
+def _check_layout(attrs: Attrs) -> None:
+    if attrs.layout != "NCHW" or attrs.out_layout not in ("", "NCHW"):
+        raise TypeCheckError(
+            "kiln's 2-D pooling supports layout NCHW only; got "
+            f"layout={attrs.layout!r}, out_layout={attrs.out_layout!r}"
+        )
+
+
+def _pool_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    data = tensor_arg(arg_types[0], "data")
+    if data is None:
+        return None
+    _check_layout(attrs)
+    require_rank(data, "data (NCHW)", 4)
+    require_dtype(data, "data", "numeric")
+    kernel = pair(attrs.pool_size, "pool_size")
+    strides = pair(attrs.strides, "strides")
+    dilation = pair(attrs.dilation, "dilation")
+    check_window_attrs(kernel, strides, dilation)
+    top, left, bottom, right = padding4(attrs.padding, "padding")
+    n, c, h, w = data.shape
+    oh = window_out_size(h, top + bottom, kernel[0], dilation[0], strides[0], attrs.ceil_mode)
+    ow = window_out_size(w, left + right, kernel[1], dilation[1], strides[1], attrs.ceil_mode)
+    return TensorType((n, c, oh, ow), data.dtype)
+
+
+def _geometry(attrs: Attrs) -> tuple[tuple[int, int], ...]:
+    """Kernel, strides, dilation, padding (top, left, bottom, right) and ceil mode's extra room."""
+    strides = pair(attrs.strides, "strides")
+    # Ceil mode: extra room at the bottom and right lets a last, partial window fit.
+    extra = (strides[0] - 1, strides[1] - 1) if attrs.ceil_mode else (0, 0)
+    return (
+        pair(attrs.pool_size, "pool_size"),
+        strides,
+        pair(attrs.dilation, "dilation"),
+        padding4(attrs.padding, "padding"),
+        extra,
+    )
+
+
+def _windows(x: np.ndarray, attrs: Attrs, fill: object) -> np.ndarray:
+    """Every pooling window over the last two axes of ``x``, padded with ``fill``."""
+    kernel, strides, dilation, (top, left, bottom, right), extra = _geometry(attrs)
+    pads = [(0, 0)] * (x.ndim - 2) + [(top, bottom + extra[0]), (left, right + extra[1])]
+    padded = np.pad(x, pads, constant_values=fill)
+    return windows_2d(padded, kernel, strides, dilation)
+
+
+def _max_pool2d(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    x = np.asarray(arrays[0])
+    lowest = np.iinfo(x.dtype).min if is_int(x.dtype.name) else -np.inf
+    return as_array(_windows(x, attrs, lowest).max(axis=(-2, -1)), x.dtype.name)
+
+
+def _avg_pool2d(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    x = np.asarray(arrays[0])
+    acc = "int64" if is_int(x.dtype.name) else ("float32" if x.dtype == np.float16 else x.dtype)
+    sums = _windows(x.astype(acc), attrs, 0).sum(axis=(-2, -1))
+    # Each window's divisor: how many of its positions lie in the region that counts, the
+    # input with its padding or the input alone; never the extra room of ceil mode.
+    kernel, strides, dilation, (top, left, bottom, right), extra = _geometry(attrs)
+    h, w = x.shape[2:]
+    counted = np.zeros((top + h + bottom + extra[0], left + w + right + extra[1]), acc)
+    if attrs.count_include_pad:
+        counted[: top + h + bottom, : left + w + right] = 1
+    else:
+        counted[top : top + h, left : left + w] = 1
+    counts = windows_2d(counted, kernel, strides, dilation).sum(axis=(-2, -1))
+    counts = np.maximum(counts, 1)
+    if is_int(x.dtype.name):
+        return as_array(trunc_divide(sums, counts), x.dtype.name)
+    return as_array(sums / counts, x.dtype.name)
+
+
+def _pool_attrs(count_include_pad: bool) -> tuple[Attr, ...]:
+    attrs = (
+        Attr("pool_size", kind="ints", convert=pair, doc="window size (h, w)"),
+        Attr("strides", (1, 1), kind="ints", convert=pair, doc="step of the window (h, w)"),
+        Attr("dilation", (1, 1), kind="ints", convert=pair, doc="spacing of window taps"),
+        # TVM's default is (0, 0); a given padding is normalized to (top, left, bottom, right).
+        Attr(
+            "padding",
+            (0, 0),
+            kind="ints",
+            convert=padding4,
+            doc="padding: 1, 2 or 4 numbers, kept as (top, left, bottom, right)",
+        ),
+        Attr("layout", "NCHW", kind="str", doc="layout of data (only NCHW)"),
+        Attr("out_layout", "", kind="str", doc="layout of the result ('' or NCHW)"),
+        Attr("ceil_mode", False, kind="bool", doc="round the output size up, not down"),
+    )
+    if count_include_pad:
+        attrs += (
+            Attr(
+                "count_include_pad",
+                False,
+                kind="bool",
+                doc="divide by window positions in the padding too",
+            ),
+        )
+    return attrs
+
+
+max_pool2d = register(
+    "nn.max_pool2d",
+    inputs=("data",),
+    attrs=_pool_attrs(count_include_pad=False),
+    relation=_pool_relation,
+    compute=_max_pool2d,
+    pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
+    doc="Largest element of each 2-D window of NCHW data.",
+)
+avg_pool2d = register(
+    "nn.avg_pool2d",
+    inputs=("data",),
+    attrs=_pool_attrs(count_include_pad=True),
+    relation=_pool_relation,
+    compute=_avg_pool2d,
+    pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
+    doc="Mean of each 2-D window of NCHW data.",
+)
+
+
+def _global_pool_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    data = tensor_arg(arg_types[0], "data")
+    if data is None:
+        return None
+    _check_layout(attrs)
+    require_rank(data, "data (NCHW)", 4)
+    require_dtype(data, "data", "numeric")
+    return TensorType((*data.shape[:2], 1, 1), data.dtype)
+
+
+def _global_avg_pool2d(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    x = np.asarray(arrays[0])
+    count = x.shape[2] * x.shape[3]
+    if count == 0:
+        raise EvalError(f"global average pooling over no elements (shape {x.shape})")
+    if is_int(x.dtype.name):
+        total = x.astype(np.int64).sum(axis=(2, 3), keepdims=True)
+        return as_array(trunc_divide(total, count), x.dtype.name)
+    return as_array(x.mean(axis=(2, 3), keepdims=True), x.dtype.name)
+
+
+def _global_max_pool2d(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    x = np.asarray(arrays[0])
+    if x.shape[2] * x.shape[3] == 0:
+        raise EvalError(f"global max pooling over no elements (shape {x.shape})")
+    return as_array(x.max(axis=(2, 3), keepdims=True), x.dtype.name)
+
+
+GLOBAL_POOL_ATTRS = (
+    Attr("layout", "NCHW", kind="str", doc="layout of data (only NCHW)"),
+    Attr("out_layout", "", kind="str", doc="layout of the result ('' or NCHW)"),
+)
+
+global_avg_pool2d = register(
+    "nn.global_avg_pool2d",
+    inputs=("data",),
+    attrs=GLOBAL_POOL_ATTRS,
+    relation=_global_pool_relation,
+    compute=_global_avg_pool2d,
+    pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
+    doc="Mean over the whole height and width of NCHW data, as (N, C, 1, 1).",
+)
+global_max_pool2d = register(
+    "nn.global_max_pool2d",
+    inputs=("data",),
+    attrs=GLOBAL_POOL_ATTRS,
+    relation=_global_pool_relation,
+    compute=_global_max_pool2d,
+    pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
+    doc="Largest element over the whole height and width of NCHW data, as (N, C, 1, 1).",
+)
+
+__all__ = ["avg_pool2d", "global_avg_pool2d", "global_max_pool2d", "max_pool2d"]

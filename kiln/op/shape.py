@@ -1,0 +1,640 @@
+"""Operators that move elements without arithmetic: reshape, transpose, expand_dims, squeeze,
+concatenate, split, stack, take, strided_slice, broadcast_to, tile.
+
+Unknown dimensions flow through: a dimension copied from the input keeps its symbol, one that
+cannot be computed becomes ``?``, and only two known sizes that disagree are an error.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+from kiln.errors import EvalError, TypeCheckError
+from kiln.ir.attrs import Attrs
+from kiln.ir.ty import ANY, AnyDim, Dim, IncompleteType, SymDim, TensorType, TupleType, Type
+from kiln.op.common import (
+    check_dims_equal,
+    dim_product,
+    normalize_axis,
+    require_dtype,
+    same_dtype,
+    shape_str,
+    tensor_arg,
+    tensor_args,
+    unify_dim,
+)
+from kiln.op.registry import Attr, OpPattern, register
+
+# --- reshape ------------------------------------------------------------------------------
+
+
+def _quotient(total: Sequence[Dim], known: Sequence[Dim], context: str) -> Dim:
+    """The size x with product(known) * x == product(total), cancelling symbols where it can.
+
+    ``context`` opens the error message when no whole number fits.
+    """
+    if any(isinstance(d, AnyDim) for d in (*total, *known)):
+        return ANY
+    t_int = math.prod(d for d in total if isinstance(d, int))
+    k_int = math.prod(d for d in known if isinstance(d, int))
+    t_sym = Counter(d for d in total if isinstance(d, SymDim))
+    k_sym = Counter(d for d in known if isinstance(d, SymDim))
+    if k_sym - t_sym:  # a symbol on the output side that the input lacks
+        return ANY
+    rest = t_sym - k_sym
+    if k_int == 0:
+        raise TypeCheckError(f"{context}: cannot infer a size when another size is 0")
+    if not rest:
+        if t_int % k_int:
+            raise TypeCheckError(
+                f"{context}: {t_int} elements do not divide into parts of {k_int} elements"
+            )
+        return t_int // k_int
+    if t_int == k_int and sum(rest.values()) == 1:
+        return next(iter(rest))
+    return ANY
+
+
+def infer_reshape(ishape: Sequence[Dim], newshape: Sequence[int], allowzero: int) -> list[Dim]:
+    """The output shape of Relay's reshape, with its special values 0, -1, -2, -3 and -4."""
+    out: list[Dim] = []
+    infer_at: int | None = None
+    src = 0
+    i = 0
+
+    def take_input(code: int) -> Dim:
+        if src >= len(ishape):
+            raise TypeCheckError(
+                f"newshape {list(newshape)}: {code} at position {i} refers to input dimension "
+                f"{src}, but the input has shape {shape_str(ishape)}"
+            )
+        return ishape[src]
+
+    while i < len(newshape):
+        v = newshape[i]
+        if v > 0 or (v == 0 and allowzero):
+            out.append(v)
+            src += 1
+        elif v == 0:  # copy the input dimension
+            out.append(take_input(0))
+            src += 1
+        elif v == -1:  # infer from the rest
+            if infer_at is not None:
+                raise TypeCheckError(f"newshape {list(newshape)} has more than one -1")
+            infer_at = len(out)
+            out.append(1)
+            src += 1
+        elif v == -2:  # copy all remaining input dimensions
+            out.extend(ishape[src:])
+            src = len(ishape)
+        elif v == -3:  # merge two consecutive input dimensions
+            first = take_input(-3)
+            src += 1
+            out.append(dim_product([first, take_input(-3)]))
+            src += 1
+        elif v == -4:  # split one input dimension into the next two values
+            if i + 2 >= len(newshape):
+                raise TypeCheckError(f"newshape {list(newshape)}: -4 must be followed by two sizes")
+            whole = take_input(-4)
+            d1, d2 = newshape[i + 1], newshape[i + 2]
+            if d1 == -1 and d2 == -1 or d1 < -1 or d2 < -1:
+                raise TypeCheckError(f"newshape {list(newshape)}: bad sizes after -4")
+            context = f"newshape {list(newshape)}: splitting input dimension {src} ({whole})"
+            if d1 == -1:
+                out.extend([_quotient([whole], [d2], context), d2])
+            elif d2 == -1:
+                out.extend([d1, _quotient([whole], [d1], context)])
+            else:
+                check_dims_equal(
+                    whole,
+                    d1 * d2,
+                    f"newshape {list(newshape)}: cannot split input "
+                    f"dimension {src} of size {whole} into {d1} * {d2}",
+                )
+                out.extend([d1, d2])
+            src += 1
+            i += 2
+        else:
+            raise TypeCheckError(
+                f"newshape {list(newshape)} may hold only sizes >= 0 and the codes -1 to -4"
+            )
+        i += 1
+    if infer_at is not None:
+        others = out[:infer_at] + out[infer_at + 1 :]
+        context = f"cannot reshape a tensor of shape {shape_str(ishape)} to {list(newshape)}"
+        out[infer_at] = _quotient(ishape, others, context)
+    elif all(isinstance(d, int) for d in (*ishape, *out)):
+        if math.prod(ishape) != math.prod(out):  # type: ignore[arg-type]
+            raise TypeCheckError(
+                f"cannot reshape a tensor of shape {shape_str(ishape)} "
+                f"({math.prod(ishape)} elements) to {shape_str(out)} "  # type: ignore[arg-type]
+                f"({math.prod(out)} elements)"  # type: ignore[arg-type]
+            )
+    return out
+
+
+def _reshape_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    data = tensor_arg(arg_types[0], "data")
+    if data is None:
+        return None
+    return TensorType(infer_reshape(data.shape, attrs.newshape, attrs.allowzero), data.dtype)
+
+
+def _reshape(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    x = np.asarray(arrays[0])
+    return x.reshape(infer_reshape(x.shape, attrs.newshape, attrs.allowzero))  # type: ignore
+
+
+reshape = register(
+    "reshape",
+    inputs=("data",),
+    attrs=(
+        Attr("newshape", kind="ints", doc="the new shape, with the codes 0, -1, -2, -3, -4"),
+        Attr("allowzero", 0, kind="int", doc="1: a 0 in newshape is a size, not a copy"),
+    ),
+    relation=_reshape_relation,
+    compute=_reshape,
+    pattern=OpPattern.INJECTIVE,
+    doc="The same elements in a new shape (0 copies, -1 infers, -2..-4 as in Relay).",
+)
+
+
+# --- transpose, expand_dims, squeeze ------------------------------------------------------
+
+
+def _permutation(ndim: int, axes: Sequence[int] | None) -> list[int]:
+    if axes is None:
+        return list(range(ndim))[::-1]
+    if len(axes) != ndim:
+        raise TypeCheckError(f"axes {list(axes)} must list each of the {ndim} dimensions once")
+    perm = [normalize_axis(a, ndim) for a in axes]
+    if sorted(perm) != list(range(ndim)):
+        raise TypeCheckError(f"axes {list(axes)} is not a permutation of the {ndim} dimensions")
+    return perm
+
+
+def _transpose_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    data = tensor_arg(arg_types[0], "data")
+    if data is None:
+        return None
+    perm = _permutation(data.ndim, attrs.axes)  # type: ignore[arg-type]
+    return TensorType(tuple(data.shape[p] for p in perm), data.dtype)
+
+
+transpose = register(
+    "transpose",
+    inputs=("data",),
+    attrs=(Attr("axes", None, kind="ints", optional=True, doc="the new order; None reverses"),),
+    relation=_transpose_relation,
+    compute=lambda arrays, attrs: np.transpose(
+        arrays[0], _permutation(np.ndim(arrays[0]), attrs.axes)
+    ),
+    pattern=OpPattern.INJECTIVE,
+    doc="Dimensions permuted (reversed when axes is None).",
+)
+
+
+def _expanded(shape: Sequence[Dim], axis: int, count: int) -> tuple[Dim, ...]:
+    ndim = len(shape)
+    if not -ndim - 1 <= axis <= ndim:
+        raise TypeCheckError(f"axis {axis} is out of range for expand_dims on rank {ndim}")
+    if count < 0:
+        raise TypeCheckError(f"num_newaxis must not be negative, got {count}")
+    at = axis + ndim + 1 if axis < 0 else axis
+    return (*shape[:at], *([1] * count), *shape[at:])
+
+
+def _expand_dims_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    data = tensor_arg(arg_types[0], "data")
+    if data is None:
+        return None
+    return TensorType(_expanded(data.shape, attrs.axis, attrs.num_newaxis), data.dtype)
+
+
+expand_dims = register(
+    "expand_dims",
+    inputs=("data",),
+    attrs=(
+        Attr("axis", kind="int", doc="where the new axes go, in [-ndim-1, ndim]"),
+        Attr("num_newaxis", 1, kind="int", doc="how many size-1 axes to insert"),
+    ),
+    relation=_expand_dims_relation,
+    compute=lambda arrays, attrs: np.reshape(
+        arrays[0], _expanded(np.shape(arrays[0]), attrs.axis, attrs.num_newaxis)
+    ),
+    pattern=OpPattern.INJECTIVE,
+    doc="Size-1 axes inserted at a position.",
+)
+
+
+def _squeezed_axes(shape: Sequence[Dim], axis: Sequence[int] | None) -> set[int]:
+    if axis is None:  # every dimension known to be 1
+        return {i for i, d in enumerate(shape) if d == 1}
+    axes = {normalize_axis(a, len(shape)) for a in axis}
+    for a in sorted(axes):
+        if isinstance(shape[a], int) and shape[a] != 1:
+            raise TypeCheckError(
+                f"cannot squeeze dimension {a} of shape {shape_str(shape)}: its size is "
+                f"{shape[a]}, not 1"
+            )
+    return axes
+
+
+def _squeeze_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    data = tensor_arg(arg_types[0], "data")
+    if data is None:
+        return None
+    drop = _squeezed_axes(data.shape, attrs.axis)  # type: ignore[arg-type]
+    return TensorType(tuple(d for i, d in enumerate(data.shape) if i not in drop), data.dtype)
+
+
+squeeze = register(
+    "squeeze",
+    inputs=("data",),
+    attrs=(Attr("axis", None, kind="ints", optional=True, doc="axes to drop; None: all 1s"),),
+    relation=_squeeze_relation,
+    compute=lambda arrays, attrs: np.squeeze(
+        arrays[0], tuple(sorted(_squeezed_axes(np.shape(arrays[0]), attrs.axis)))
+    ),
+    pattern=OpPattern.INJECTIVE,
+    doc="Size-1 dimensions removed.",
+)
+
+
+# --- concatenate, stack, split ------------------------------------------------------------
+
+
+def _tuple_fields(t: Type, what: str) -> list[TensorType] | None:
+    """The tensor fields of a tuple argument; None while any is unknown."""
+    if isinstance(t, IncompleteType):
+        return None
+    if not isinstance(t, TupleType):
+        raise TypeCheckError(f"{what} must be a tuple of tensors, but has type {t}")
+    if not t.fields:
+        raise TypeCheckError(f"{what} must hold at least one tensor, but is the empty tuple")
+    return tensor_args(t.fields, [f"field {i} of {what}" for i in range(len(t.fields))])
+
+
+def _same_rank_and_dtype(fields: list[TensorType]) -> str:
+    names = [f"field {i}" for i in range(len(fields))]
+    for i, f in enumerate(fields[1:], 1):
+        if f.ndim != fields[0].ndim:
+            raise TypeCheckError(
+                f"field 0 has shape {shape_str(fields[0].shape)} but field {i} has shape "
+                f"{shape_str(f.shape)}; all must have the same rank"
+            )
+    return same_dtype(fields, names)
+
+
+def _concatenate_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    fields = _tuple_fields(arg_types[0], "data")
+    if fields is None:
+        return None
+    dtype = _same_rank_and_dtype(fields)
+    ndim = fields[0].ndim
+    if ndim == 0:
+        raise TypeCheckError("cannot concatenate scalars (tensors of rank 0)")
+    axis = normalize_axis(attrs.axis, ndim)  # type: ignore[arg-type]
+    shape = list(fields[0].shape)
+    for i, f in enumerate(fields[1:], 1):
+        for d in range(ndim):
+            if d != axis:
+                check_dims_equal(
+                    shape[d],
+                    f.shape[d],
+                    f"field 0 has shape {shape_str(fields[0].shape)} but field {i} has shape "
+                    f"{shape_str(f.shape)}: dimension {d} differs (only axis {axis} may)",
+                )
+                shape[d] = unify_dim(shape[d], f.shape[d])
+    sizes = [f.shape[axis] for f in fields]
+    shape[axis] = sum(sizes) if all(isinstance(s, int) for s in sizes) else ANY  # type: ignore
+    return TensorType(tuple(shape), dtype)
+
+
+concatenate = register(
+    "concatenate",
+    inputs=("data",),
+    attrs=(Attr("axis", 0, kind="int", doc="the axis to join along"),),
+    relation=_concatenate_relation,
+    compute=lambda arrays, attrs: np.concatenate(list(arrays[0]), axis=attrs.axis),
+    pattern=OpPattern.INJECTIVE,
+    doc="A tuple of tensors joined along an existing axis.",
+)
+
+
+def _stack_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    fields = _tuple_fields(arg_types[0], "data")
+    if fields is None:
+        return None
+    dtype = _same_rank_and_dtype(fields)
+    shape = list(fields[0].shape)
+    for i, f in enumerate(fields[1:], 1):
+        for d in range(len(shape)):
+            check_dims_equal(
+                shape[d],
+                f.shape[d],
+                f"field 0 has shape {shape_str(fields[0].shape)} but field {i} has shape "
+                f"{shape_str(f.shape)}; stack needs equal shapes",
+            )
+            shape[d] = unify_dim(shape[d], f.shape[d])
+    axis = normalize_axis(attrs.axis, len(shape) + 1)  # type: ignore[arg-type]
+    shape.insert(axis, len(fields))
+    return TensorType(tuple(shape), dtype)
+
+
+stack = register(
+    "stack",
+    inputs=("data",),
+    attrs=(Attr("axis", 0, kind="int", doc="the position of the new axis in the result"),),
+    relation=_stack_relation,
+    compute=lambda arrays, attrs: np.stack(list(arrays[0]), axis=attrs.axis),
+    pattern=OpPattern.INJECTIVE,
+    doc="A tuple of equal-shaped tensors joined along a new axis.",
+)
+
+
+def _split_sizes(dim: Dim, sections: int | Sequence[int], axis: int) -> list[Dim]:
+    if isinstance(sections, int):
+        if sections <= 0:
+            raise TypeCheckError(f"split needs a positive number of sections, got {sections}")
+        if not isinstance(dim, int):
+            return [ANY] * sections
+        if dim % sections:
+            raise TypeCheckError(
+                f"cannot split dimension {axis} of size {dim} into {sections} equal sections"
+            )
+        return [dim // sections] * sections
+    bounds = [0, *sections]
+    if any(b <= a for a, b in itertools.pairwise(bounds)):
+        raise TypeCheckError(
+            f"split indices {list(sections)} must be positive and strictly increasing"
+        )
+    if isinstance(dim, int) and bounds[-1] >= dim:
+        raise TypeCheckError(
+            f"split index {bounds[-1]} must be less than the size {dim} of dimension {axis}"
+        )
+    last: Dim = dim - bounds[-1] if isinstance(dim, int) else ANY
+    return [b - a for a, b in itertools.pairwise(bounds)] + [last]
+
+
+def _split_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    data = tensor_arg(arg_types[0], "data")
+    if data is None:
+        return None
+    axis = normalize_axis(attrs.axis, data.ndim)  # type: ignore[arg-type]
+    sizes = _split_sizes(data.shape[axis], attrs.indices_or_sections, axis)  # type: ignore
+    return TupleType(
+        tuple(
+            TensorType((*data.shape[:axis], s, *data.shape[axis + 1 :]), data.dtype) for s in sizes
+        )
+    )
+
+
+split = register(
+    "split",
+    inputs=("data",),
+    attrs=(
+        Attr(
+            "indices_or_sections",
+            kind="int_or_ints",
+            doc="a number of equal sections, or the indices to split before",
+        ),
+        Attr("axis", 0, kind="int", doc="the axis to split"),
+    ),
+    relation=_split_relation,
+    compute=lambda arrays, attrs: tuple(
+        np.split(arrays[0], attrs.indices_or_sections, axis=attrs.axis)
+    ),
+    pattern=OpPattern.INJECTIVE,
+    doc="A tensor cut along an axis into a tuple of tensors.",
+)
+
+
+# --- take, strided_slice ------------------------------------------------------------------
+
+TAKE_MODES = ("clip", "wrap", "fast")
+
+
+def _take_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    args = tensor_args(arg_types, ("data", "indices"))
+    if args is None:
+        return None
+    data, indices = args
+    require_dtype(indices, "indices", "int")
+    if attrs.mode not in TAKE_MODES:
+        raise TypeCheckError(
+            f"take mode must be one of {', '.join(TAKE_MODES)}, got {attrs.mode!r}"
+        )
+    if attrs.axis is None:  # take from the flattened data
+        return TensorType(indices.shape, data.dtype)
+    axis = normalize_axis(attrs.axis, data.ndim)  # type: ignore[arg-type]
+    batch = attrs.batch_dims + indices.ndim if attrs.batch_dims < 0 else attrs.batch_dims
+    if not 0 <= batch <= min(axis, indices.ndim):  # type: ignore[operator]
+        raise TypeCheckError(
+            f"batch_dims {attrs.batch_dims} must lie in [0, {min(axis, indices.ndim)}] for axis "
+            f"{axis} and indices of rank {indices.ndim}"
+        )
+    for d in range(batch):  # type: ignore[arg-type]
+        check_dims_equal(
+            data.shape[d],
+            indices.shape[d],
+            f"batch dimension {d} differs: data has shape {shape_str(data.shape)}, indices "
+            f"have shape {shape_str(indices.shape)}",
+        )
+    shape = (*data.shape[:axis], *indices.shape[batch:], *data.shape[axis + 1 :])
+    return TensorType(shape, data.dtype)
+
+
+def _take(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    x, idx = np.asarray(arrays[0]), np.asarray(arrays[1]).astype(np.int64)
+    axis, batch = attrs.axis, attrs.batch_dims
+    if axis is None:
+        x, axis, batch = x.reshape(-1), 0, 0
+    axis = axis + x.ndim if axis < 0 else axis
+    batch = batch + idx.ndim if batch < 0 else batch
+    n = x.shape[axis]
+    if n == 0 and idx.size:
+        raise EvalError(f"take from axis {axis} of size 0")
+    if attrs.mode == "clip":
+        idx = np.clip(idx, 0, n - 1)
+    elif attrs.mode == "wrap":
+        idx = np.mod(idx, n)
+    elif idx.size and (idx.min() < 0 or idx.max() >= n):
+        raise EvalError(f"take with mode fast: an index is outside [0, {n}) on axis {axis}")
+    if batch == 0:
+        return np.take(x, idx, axis=axis)
+    # Index the leading axis+1 dimensions with arrays broadcasting to (batch, between, idx).
+    grid_ndim = axis + idx.ndim - batch
+    index = []
+    for d in range(axis):
+        shape = [1] * grid_ndim
+        shape[d] = x.shape[d]
+        index.append(np.arange(x.shape[d]).reshape(shape))
+    index.append(idx.reshape(idx.shape[:batch] + (1,) * (axis - batch) + idx.shape[batch:]))
+    return x[tuple(index)]
+
+
+take = register(
+    "take",
+    inputs=("data", "indices"),
+    attrs=(
+        Attr("batch_dims", 0, kind="int", doc="leading dimensions shared by data and indices"),
+        Attr("axis", None, kind="int", optional=True, doc="the axis to index; None flattens"),
+        Attr("mode", "clip", kind="str", doc="out-of-range indices: clip, wrap or fast"),
+    ),
+    relation=_take_relation,
+    compute=_take,
+    pattern=OpPattern.INJECTIVE,
+    doc="Elements of data picked by integer indices along an axis.",
+)
+
+# An end at or beyond this means "to the end of the dimension" whatever its size.
+_BIG = 2**31 - 1
+
+
+def _slice_plan(attrs: Attrs, ndim: int) -> list[tuple[int, int, int, int]]:
+    """(axis, begin, end, stride) for each sliced axis, end in Relay's "end" form."""
+    begin, end = list(attrs.begin), list(attrs.end)  # type: ignore[arg-type]
+    strides = list(attrs.strides or ())  # type: ignore[arg-type]
+    axes = list(attrs.axes) if attrs.axes is not None else list(range(len(begin)))
+    if attrs.slice_mode not in ("end", "size"):
+        raise TypeCheckError(f"slice_mode must be 'end' or 'size', got {attrs.slice_mode!r}")
+    if len(begin) != len(axes) or len(end) != len(axes) or len(strides) > len(axes):
+        raise TypeCheckError(
+            f"strided_slice: begin {begin}, end {end} and strides {strides} must give one "
+            f"value per sliced axis ({len(axes)})"
+        )
+    if len(axes) > ndim:
+        raise TypeCheckError(f"strided_slice of {len(axes)} axes on a tensor of rank {ndim}")
+    strides += [1] * (len(axes) - len(strides))
+    plan = []
+    for a, b, e, s in zip(axes, begin, end, strides, strict=True):
+        axis = normalize_axis(a, ndim)
+        if attrs.slice_mode == "size":
+            s = 1
+            if e < 0:  # a size of -1: everything from begin on
+                e = _BIG
+            elif b < 0 and b + e >= 0:  # a negative begin whose window reaches the end
+                e = _BIG
+            else:
+                e = b + e
+        if s == 0:
+            raise TypeCheckError(f"strided_slice stride for axis {axis} must not be 0")
+        plan.append((axis, b, e, s))
+    return plan
+
+
+def _sliced_dim(dim: Dim, b: int, e: int, s: int) -> Dim:
+    if isinstance(dim, int):
+        return len(range(*slice(b, e, s).indices(dim)))
+    if s == 1 and b == 0 and e >= _BIG:
+        return dim  # the whole dimension, whatever its size
+    return ANY
+
+
+def _strided_slice_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    data = tensor_arg(arg_types[0], "data")
+    if data is None:
+        return None
+    shape = list(data.shape)
+    for axis, b, e, s in _slice_plan(attrs, data.ndim):
+        shape[axis] = _sliced_dim(data.shape[axis], b, e, s)
+    return TensorType(tuple(shape), data.dtype)
+
+
+def _strided_slice(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    x = np.asarray(arrays[0])
+    index = [slice(None)] * x.ndim
+    for axis, b, e, s in _slice_plan(attrs, x.ndim):
+        index[axis] = slice(b, e, s)
+    return x[tuple(index)]
+
+
+strided_slice = register(
+    "strided_slice",
+    inputs=("data",),
+    attrs=(
+        Attr("begin", kind="ints", doc="first index of each sliced axis"),
+        Attr("end", kind="ints", doc="end (exclusive) of each sliced axis, or its size"),
+        Attr("strides", None, kind="ints", optional=True, doc="step of each axis (default 1)"),
+        Attr("slice_mode", "end", kind="str", doc="'end': end is an index; 'size': a length"),
+        Attr("axes", None, kind="ints", optional=True, doc="the axes sliced (default 0, 1, ..)"),
+    ),
+    relation=_strided_slice_relation,
+    compute=_strided_slice,
+    pattern=OpPattern.INJECTIVE,
+    doc="A strided window of a tensor, with Python slicing rules per axis.",
+)
+
+
+# --- broadcast_to, tile -------------------------------------------------------------------
+
+
+def _broadcast_to_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    data = tensor_arg(arg_types[0], "data")
+    if data is None:
+        return None
+    target = tuple(attrs.shape)  # type: ignore[arg-type]
+    offset = len(target) - data.ndim
+    if offset < 0:
+        raise TypeCheckError(
+            f"cannot broadcast shape {shape_str(data.shape)} to the shorter {shape_str(target)}"
+        )
+    for i, d in enumerate(data.shape):
+        if isinstance(d, int) and d != 1 and d != target[offset + i]:
+            raise TypeCheckError(
+                f"cannot broadcast shape {shape_str(data.shape)} to {shape_str(target)}: "
+                f"dimension {i} is {d}, which is neither 1 nor {target[offset + i]}"
+            )
+    return TensorType(target, data.dtype)
+
+
+broadcast_to = register(
+    "broadcast_to",
+    inputs=("data",),
+    attrs=(Attr("shape", kind="ints", doc="the target shape"),),
+    relation=_broadcast_to_relation,
+    compute=lambda arrays, attrs: np.array(np.broadcast_to(arrays[0], attrs.shape)),
+    pattern=OpPattern.BROADCAST,
+    doc="A tensor repeated along size-1 and new leading axes to a given shape.",
+)
+
+
+def _tile_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    data = tensor_arg(arg_types[0], "data")
+    if data is None:
+        return None
+    reps = tuple(attrs.reps)  # type: ignore[arg-type]
+    if any(r < 0 for r in reps):
+        raise TypeCheckError(f"tile reps {list(reps)} must not be negative")
+    ndim = max(data.ndim, len(reps))
+    shape = (1,) * (ndim - data.ndim) + tuple(data.shape)
+    reps = (1,) * (ndim - len(reps)) + reps
+    out: list[Dim] = []
+    for d, r in zip(shape, reps, strict=True):
+        out.append(d * r if isinstance(d, int) else (d if r == 1 else ANY))
+    return TensorType(tuple(out), data.dtype)
+
+
+tile = register(
+    "tile",
+    inputs=("data",),
+    attrs=(Attr("reps", kind="ints", doc="repetitions along each (right-aligned) axis"),),
+    relation=_tile_relation,
+    compute=lambda arrays, attrs: np.tile(arrays[0], attrs.reps),
+    pattern=OpPattern.INJECTIVE,
+    doc="A tensor repeated whole along each axis.",
+)
+
+
+# fmt: off
+__all__ = [
+    "broadcast_to", "concatenate", "expand_dims", "reshape", "split", "squeeze", "stack",
+    "strided_slice", "take", "tile", "transpose",
+]
+# fmt: on
