@@ -25,6 +25,7 @@ from kiln.ir.adt import (
     PatternVar,
     PatternWildcard,
     TypeData,
+    pattern_vars,
 )
 from kiln.ir.expr import (
     Call,
@@ -62,6 +63,13 @@ from kiln.op.registry import OpDef
 
 BOOL_SCALAR = scalar_type("bool")
 UNIT = TupleType(())
+
+
+def span_of(e: Expr, outer: Span | None) -> Span | None:
+    """Where ``e`` is in the source; a variable's own span is its binding, so use the context."""
+    if isinstance(e, Var):
+        return outer
+    return e.span or outer
 
 
 def describe(e: Expr) -> str:
@@ -145,9 +153,11 @@ class _Inferer:
         self.u = Unifier()
         self.types: dict[int, Type] = {}  # id(node) -> its type, maybe still unknown
         self.var_types: dict[Var, Type] = {}
+        self.in_scope: set[Var] = set()
         self.global_types: dict[str, Type] = {}
         self.attrs: dict[int, Any] = {}  # id(op call) -> its normalized attributes
         self.pending: list[_Relation | _Projection] = []
+        self.constant_types: dict[tuple, TensorType] = {}
 
     # --- helpers ----------------------------------------------------------------------------
 
@@ -170,6 +180,7 @@ class _Inferer:
         return annotation if annotation is not None else IncompleteType()
 
     def bind_var(self, v: Var, span: Span | None) -> Type:
+        self.in_scope.add(v)
         known = self.var_types.get(v)
         if known is not None:  # the same Var bound twice: both bindings must agree
             return known
@@ -223,15 +234,18 @@ class _Inferer:
         t = self.types.get(id(e))
         if t is not None:
             return t
-        span = e.span or outer
+        span = span_of(e, outer)
         match e:
             case Var():
                 t = self.var_types.get(e)
-                if t is None:
+                if t is None or e not in self.in_scope:
                     raise TypeCheckError(
                         f"variable %{e.name_hint} is used outside the scope that binds it", span)
             case Constant():
-                t = TensorType(e.data.shape, e.data.dtype.name)
+                key = (e.data.shape, e.data.dtype)
+                t = self.constant_types.get(key)
+                if t is None:
+                    t = self.constant_types[key] = TensorType(e.data.shape, e.data.dtype.name)
             case GlobalVar():
                 t = self.global_types.get(e.name)
                 if t is None:
@@ -279,7 +293,8 @@ class _Inferer:
                 t = UNIT
             case _:
                 raise InternalError(f"type inference met an unknown node {type(e).__name__}")
-        self.types[id(e)] = t
+        if not isinstance(e, Var):  # a variable's scope is checked at every use
+            self.types[id(e)] = t
         return t
 
     def visit_let(self, e: Let, span: Span | None) -> Visit:
@@ -296,14 +311,16 @@ class _Inferer:
         t = yield self.visit(body, span)
         for node in chain:
             self.types[id(node)] = t
+            self.in_scope.discard(node.var)
         return t
 
     def visit_function(self, f: Function, span: Span | None) -> Visit:
         params = tuple(self.bind_var(p, span) for p in f.params)
         ret = self.fresh_or(f.ret_type)
         body_t = yield self.visit(f.body, span)
+        self.in_scope.difference_update(f.params)
         self.unify(ret, body_t, "the function's body must have its declared result type",
-                   f.body.span or span, f)
+                   span_of(f.body, span), f)
         return FuncType(params, ret, f.type_params)
 
     def visit_call(self, c: Call, span: Span | None) -> Visit:
@@ -337,7 +354,7 @@ class _Inferer:
                 f"{len(args)}" + self.where(c, span), span)
         for i, (p, a) in enumerate(zip(ft.arg_types, args)):
             self.unify(p, a, f"argument {i + 1} of the call to {describe(c.op)}",
-                       c.args[i].span or span, c)
+                       span_of(c.args[i], span), c)
         return ft.ret_type
 
     def visit_op_call(self, c: Call, span: Span | None) -> Visit:
@@ -371,7 +388,7 @@ class _Inferer:
     def visit_if(self, e: If, span: Span | None) -> Visit:
         ct = yield self.visit(e.cond, span)
         self.unify(BOOL_SCALAR, ct, "the condition of an if must be a scalar bool tensor",
-                   e.cond.span or span, e.cond)
+                   span_of(e.cond, span), e.cond)
         tt = yield self.visit(e.true_branch, span)
         ft = yield self.visit(e.false_branch, span)
         try:
@@ -380,7 +397,7 @@ class _Inferer:
             raise TypeCheckError(
                 f"the branches of an if have different types: the true branch has type "
                 f"{self.u.resolve(tt)} and the false branch {self.u.resolve(ft)}{m.detail}"
-                + self.where(e, span), e.false_branch.span or span) from None
+                + self.where(e, span), span_of(e.false_branch, span)) from None
 
     def visit_match(self, e: Match, span: Span | None) -> Visit:
         if not e.clauses:
@@ -391,6 +408,7 @@ class _Inferer:
             cspan = clause.span or span
             self.bind_pattern(clause.lhs, dt, cspan)
             t = yield self.visit(clause.rhs, cspan)
+            self.in_scope.difference_update(pattern_vars(clause.lhs))
             if result is None:
                 result = t
                 continue
@@ -399,7 +417,7 @@ class _Inferer:
             except Mismatch as m:
                 raise TypeCheckError(
                     f"the clauses of a match have different types: {self.u.resolve(result)} and "
-                    f"{self.u.resolve(t)}{m.detail}", clause.rhs.span or cspan) from None
+                    f"{self.u.resolve(t)}{m.detail}", span_of(clause.rhs, cspan)) from None
         if e.complete and self.mod is not None:
             missing = unmatched_case([c.lhs for c in e.clauses], self.mod)
             if missing is not None:

@@ -75,6 +75,7 @@ class Unifier:
 
     def resolve(self, t: Type) -> Type:
         """``t`` with every bound incomplete type replaced by what it is bound to."""
+        t = self.find(t)
         if isinstance(t, TensorType):
             return t
         done: dict[int, Type] = {}

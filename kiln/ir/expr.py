@@ -14,10 +14,12 @@ import numpy as np
 
 from kiln.errors import Error, Span
 from kiln.ir.attrs import EMPTY_ATTRS, Attrs
-from kiln.ir.ty import FuncType, TensorType, Type, TypeVar, as_dtype, tensor_type
+from kiln.ir.ty import DTYPES, FuncType, TensorType, Type, TypeVar, as_dtype, tensor_type
 
 if TYPE_CHECKING:
     from kiln.ir.adt import Pattern
+
+_NUMPY_DTYPES = frozenset(np.dtype(d) for d in DTYPES)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -144,7 +146,16 @@ class Constant(Expr):
     data: np.ndarray
 
     def __post_init__(self) -> None:
-        array = np.array(self.data, copy=True, order="C")
+        data = self.data
+        if (
+            type(data) is np.ndarray
+            and data.dtype in _NUMPY_DTYPES
+            and not data.flags.writeable
+            and data.flags.owndata
+            and data.flags.c_contiguous
+        ):
+            return  # already a private read-only copy (another Constant's data)
+        array = np.array(data, copy=True, order="C")
         as_dtype(array.dtype)  # reject unsupported dtypes early
         array.setflags(write=False)
         object.__setattr__(self, "data", array)

@@ -30,6 +30,7 @@ DTYPES = (
     "float64",
 )
 FLOAT_DTYPES = ("float16", "float32", "float64")
+_DTYPE_SET = frozenset(DTYPES)
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 
 
@@ -111,8 +112,11 @@ class TensorType(Type):
     span: Span | None = field(default=None, compare=False, repr=False, kw_only=True)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", tuple(as_dim(d) for d in self.shape))
-        object.__setattr__(self, "dtype", as_dtype(self.dtype))
+        shape = self.shape
+        if type(shape) is not tuple or not all(type(d) is int and d >= 0 for d in shape):
+            object.__setattr__(self, "shape", tuple(as_dim(d) for d in shape))
+        if self.dtype not in _DTYPE_SET:
+            object.__setattr__(self, "dtype", as_dtype(self.dtype))
 
     @property
     def ndim(self) -> int:
