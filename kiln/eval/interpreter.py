@@ -313,7 +313,9 @@ def _convert_arg(value: Any, ty: Type, what: str, dims: dict[str, int]) -> Any:
             except (ValueError, TypeError, OverflowError) as exc:
                 raise Error(f"{what} expects {ty}, but got {value!r}: {exc}") from None
             if not exact:
-                raise Error(f"{what} expects {ty}; {value!r} does not convert to {ty.dtype} exactly")
+                raise Error(
+                    f"{what} expects {ty}; {value!r} does not convert to {ty.dtype} exactly"
+                )
         else:
             raise Error(f"{what} expects {ty}, but got a {type(value).__name__}")
         if array.ndim != len(ty.shape):

@@ -7,8 +7,9 @@ Every node may carry a source ``span`` and, after `kiln.infer_types`, a ``checke
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 

@@ -28,7 +28,9 @@ class IRModule:
     def __init__(
         self,
         functions: Mapping[GlobalVar | str, Function] | None = None,
-        type_definitions: Mapping[GlobalTypeVar | str, TypeData] | Iterable[TypeData] | None = None,
+        type_definitions: (
+            Mapping[GlobalTypeVar | str, TypeData] | Iterable[TypeData] | None
+        ) = None,
     ) -> None:
         funcs: dict[GlobalVar, Function] = {}
         for key, fn in (functions or {}).items():
@@ -37,9 +39,12 @@ class IRModule:
                 raise Error(f"global @{gv.name} must be a kiln.Function, got {type(fn).__name__}")
             funcs[gv] = fn
         tdefs: dict[GlobalTypeVar, TypeData] = {}
-        items = type_definitions.values() if isinstance(type_definitions, Mapping) else type_definitions
+        if isinstance(type_definitions, Mapping):
+            items = type_definitions.values()
+        else:
+            items = type_definitions or ()
         ctors: dict[str, Constructor] = {}
-        for td in items or ():
+        for td in items:
             if not isinstance(td, TypeData):
                 raise Error(f"a type definition must be a kiln.TypeData, got {type(td).__name__}")
             if td.header in tdefs:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Union
 
 import numpy as np
 
@@ -70,7 +69,7 @@ class AnyDim:
 
 
 ANY = AnyDim()
-Dim = Union[int, SymDim, AnyDim]
+Dim = int | SymDim | AnyDim
 
 
 def as_dim(d: object) -> Dim:

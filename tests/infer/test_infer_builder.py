@@ -129,7 +129,9 @@ def test_argument_mismatch_names_both_types():
 def test_non_exhaustive_match_is_an_error_but_match_question_is_not():
     b = kiln.TypeVar("B")
     xs, r = kiln.var("xs", LIST[b]), kiln.var("r")
-    clause = kiln.Clause(kiln.PatternConstructor(CONS, [kiln.PatternWildcard(), kiln.PatternVar(r)]), r)
+    clause = kiln.Clause(
+        kiln.PatternConstructor(CONS, [kiln.PatternWildcard(), kiln.PatternVar(r)]), r
+    )
     for complete in (True, False):
         fn = kiln.Function([xs], kiln.Match(xs, [clause], complete), LIST[b], [b])
         mod = kiln.IRModule({"tl": fn}, [LIST_DEF])
@@ -144,7 +146,9 @@ def test_nested_patterns_exhaustiveness_finds_the_missing_case():
     b = kiln.TypeVar("B")
     xs, h = kiln.var("xs", LIST[b]), kiln.var("h")
     clauses = [
-        kiln.Clause(kiln.PatternConstructor(CONS, [kiln.PatternVar(h), kiln.PatternConstructor(NIL)]), xs),
+        kiln.Clause(
+            kiln.PatternConstructor(CONS, [kiln.PatternVar(h), kiln.PatternConstructor(NIL)]), xs
+        ),
         kiln.Clause(kiln.PatternConstructor(NIL), xs),
     ]
     fn = kiln.Function([xs], kiln.Match(xs, clauses), LIST[b], [b])
@@ -155,14 +159,25 @@ def test_nested_patterns_exhaustiveness_finds_the_missing_case():
 def test_tuple_patterns():
     p = kiln.var("p", kiln.TupleType([kiln.scalar_type("int32"), kiln.scalar_type("bool")]))
     a, b = kiln.var("a"), kiln.var("b")
-    m = kiln.Match(p, [kiln.Clause(kiln.PatternTuple([kiln.PatternVar(a), kiln.PatternVar(b)]), kiln.Tuple([b, a]))])
+    m = kiln.Match(
+        p,
+        [
+            kiln.Clause(
+                kiln.PatternTuple([kiln.PatternVar(a), kiln.PatternVar(b)]), kiln.Tuple([b, a])
+            )
+        ],
+    )
     typed = infer_types(kiln.Function([p], m))
-    assert typed.checked_type.ret_type == kiln.TupleType([kiln.scalar_type("bool"), kiln.scalar_type("int32")])
+    assert typed.checked_type.ret_type == kiln.TupleType(
+        [kiln.scalar_type("bool"), kiln.scalar_type("int32")]
+    )
 
 
 def test_unknown_global_and_out_of_scope_variable():
     with pytest.raises(kiln.TypeCheckError, match="no global function @nope"):
-        infer_types(kiln.IRModule({"main": kiln.Function([], kiln.Call(kiln.GlobalVar("nope"), []))}))
+        infer_types(
+            kiln.IRModule({"main": kiln.Function([], kiln.Call(kiln.GlobalVar("nope"), []))})
+        )
     x = kiln.var("x", shape=())
     inner = kiln.Function([x], x)
     with pytest.raises(kiln.TypeCheckError, match="outside the scope"):

@@ -84,7 +84,9 @@ def test_patterns_bind_variables():
     def prog(n1, n2):
         xs, h = kiln.var(n1), kiln.var(n2)
         clauses = [
-            kiln.Clause(kiln.PatternConstructor(cons, [kiln.PatternVar(h), kiln.PatternWildcard()]), h),
+            kiln.Clause(
+                kiln.PatternConstructor(cons, [kiln.PatternVar(h), kiln.PatternWildcard()]), h
+            ),
             kiln.Clause(kiln.PatternConstructor(nil), xs),
         ]
         return kiln.Function([xs], kiln.Match(xs, clauses))
