@@ -1,8 +1,35 @@
-"""kiln: a deep-learning compiler in Python (Relay's language, DLVM's compiler)."""
+"""kiln: a deep-learning compiler in Python (Relay's language, DLVM's compiler).
 
+    mod = kiln.parse(text)              # Relay text → IRModule
+    mod = kiln.infer_types(mod)         # every expression gets .checked_type
+    print(kiln.astext(mod))             # Relay text again
+    out = kiln.interpret(mod, x)        # run @main with the reference interpreter
+"""
+
+from kiln import op
 from kiln.errors import Error, EvalError, InternalError, ParseError, TypeCheckError
+from kiln.eval import Closure, ConstructorValue, RefValue, interpret
+from kiln.infer import infer_types
 from kiln.ir import *  # noqa: F403
 from kiln.ir import __all__ as _ir_all
+from kiln.text import astext, parse, parse_expr, parse_type
 
-__all__ = ["Error", "EvalError", "InternalError", "ParseError", "TypeCheckError", *_ir_all]
+__all__ = [
+    "Closure",
+    "ConstructorValue",
+    "Error",
+    "EvalError",
+    "InternalError",
+    "ParseError",
+    "RefValue",
+    "TypeCheckError",
+    "astext",
+    "infer_types",
+    "interpret",
+    "op",
+    "parse",
+    "parse_expr",
+    "parse_type",
+    *_ir_all,
+]
 __version__ = "0.1.0"

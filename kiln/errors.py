@@ -56,10 +56,20 @@ def render_span(span: Span) -> str:
         width = max(1, span.end_column - span.column)
     else:
         width = max(1, len(text) - span.column + 1)
-    width = min(width, max(1, len(text) - span.column + 1))
+    width = min(width, max(1, len(text) - span.column + 1), _WINDOW // 2)
+    # Quote a window of a long line (one-line programs) around the construct.
+    start = max(0, span.column - 1 - _WINDOW // 4)
+    if len(text) <= _WINDOW:
+        start = 0
+    shown = text[start : start + _WINDOW]
+    prefix = "..." if start > 0 else ""
+    suffix = "..." if start + _WINDOW < len(text) else ""
     pad = " " * len(gutter)
-    caret = " " * (span.column - 1) + "^" * width
-    return f" {gutter} | {text}\n {pad} | {caret}"
+    caret = " " * (len(prefix) + span.column - 1 - start) + "^" * width
+    return f" {gutter} | {prefix}{shown}{suffix}\n {pad} | {caret}"
+
+
+_WINDOW = 120
 
 
 class Error(Exception):

@@ -18,8 +18,10 @@ PAD_MODES = ("constant", "edge", "reflect")
 
 def _pad_width(value: object, where: str) -> tuple[tuple[int, int], ...]:
     """An `Attr` convert: one (before, after) pair of non-negative ints per dimension."""
+    if not isinstance(value, tuple):
+        value = (value,)  # reported below as not a pair
     pairs = []
-    for p in value:  # type: ignore[attr-defined]
+    for p in value:
         if (
             not isinstance(p, tuple)
             or len(p) != 2

@@ -1,0 +1,1 @@
+"""Helpers for kiln's tests: hypothesis strategies, random programs, oracles."""
