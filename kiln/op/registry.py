@@ -255,6 +255,7 @@ def register(
     doc: str = "",
     needs_values: bool = False,
     differentiable: bool = True,
+    gradient: Callable[..., Any] | None = None,
 ) -> OpDef:
     """Add an operator to the registry and return its definition (which is its builder)."""
     if name in _REGISTRY:
@@ -269,6 +270,7 @@ def register(
         doc=doc,
         needs_values=needs_values,
         differentiable=differentiable,
+        gradient=gradient,
     )
     _REGISTRY[name] = opdef
     return opdef
