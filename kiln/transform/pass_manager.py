@@ -1,0 +1,361 @@
+"""The pass manager: passes, pipelines, the context they run in, and instruments.
+
+A pass is a named, pure transformation from module to module with an optimization level
+(TVM's pass infrastructure, xDSL's `ModulePass` contract):
+
+- `module_pass` / `function_pass` turn a function into a `Pass` (a function pass runs on
+  each global function that is not a fused kernel);
+- `Sequential` runs passes in order, skipping those above the context's ``opt_level`` or
+  disabled by name;
+- `PassContext` is the context manager that holds the options (``opt_level``,
+  ``required_pass``, ``disabled_pass``, ``config``, ``debug``) and the instruments that
+  observe every pass: timing, IR dumps, anything with the `PassInstrument` hooks.
+
+In debug mode the type checker runs after every pass; an ill-typed result is reported as
+a compiler bug naming the pass. Every pass has a kebab-case name (``fold-constant``) by
+which the command line and `get_pass` find it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import difflib
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from kiln.errors import Error, InternalError, TypeCheckError
+from kiln.ir.expr import Function
+from kiln.ir.module import IRModule
+
+
+@dataclass(frozen=True)
+class PassInfo:
+    """What the pass manager knows of a pass: its name, level, and passes it needs first."""
+
+    name: str
+    opt_level: int = 0
+    required: tuple[str, ...] = ()
+    doc: str = ""
+
+
+class Pass:
+    """A module-to-module transformation. Call it on a module to run it in the current context."""
+
+    info: PassInfo
+
+    def __call__(self, mod: IRModule) -> IRModule:
+        return PassContext.current().run_pass(self, mod)
+
+    def transform(self, mod: IRModule, ctx: PassContext) -> IRModule:
+        """The transformation itself; `PassContext.run_pass` wraps it with the instruments."""
+        raise NotImplementedError
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    def __repr__(self) -> str:
+        return f"<pass {self.info.name} (opt_level {self.info.opt_level})>"
+
+
+class ModulePass(Pass):
+    """A pass given as ``fn(mod, ctx) -> mod``."""
+
+    def __init__(self, info: PassInfo, fn: Callable[[IRModule, PassContext], IRModule]) -> None:
+        self.info = info
+        self.fn = fn
+
+    def transform(self, mod: IRModule, ctx: PassContext) -> IRModule:
+        return self.fn(mod, ctx)
+
+
+def is_primitive(fn: Function) -> bool:
+    """True for a fused kernel (``Primitive=1``), which function passes leave alone."""
+    return bool(fn.attrs.get("Primitive", 0))
+
+
+class FunctionPass(Pass):
+    """A pass given as ``fn(func, mod, ctx) -> func``, run on each global function in turn."""
+
+    def __init__(
+        self, info: PassInfo, fn: Callable[[Function, IRModule, PassContext], Function]
+    ) -> None:
+        self.info = info
+        self.fn = fn
+
+    def transform(self, mod: IRModule, ctx: PassContext) -> IRModule:
+        funcs = {}
+        changed = False
+        for gv, func in mod.functions.items():
+            new = func if is_primitive(func) else self.fn(func, mod, ctx)
+            if not isinstance(new, Function):
+                raise InternalError(
+                    f"pass {self.info.name} turned @{gv.name} into a {type(new).__name__}"
+                )
+            changed |= new is not func
+            funcs[gv] = new
+        return IRModule(funcs, mod.type_definitions) if changed else mod
+
+
+class Sequential(Pass):
+    """Passes run in order; each runs only if the context enables it."""
+
+    def __init__(self, passes: Sequence[Pass], name: str = "sequential", opt_level: int = 0):
+        self.passes = list(passes)
+        self.info = PassInfo(name, opt_level, doc="; ".join(p.info.name for p in self.passes))
+
+    def transform(self, mod: IRModule, ctx: PassContext) -> IRModule:
+        done: set[str] = set()
+        for p in self.passes:
+            if not ctx.pass_enabled(p.info):
+                continue
+            for name in p.info.required:
+                if name not in done and ctx.pass_enabled(get_pass(name).info):
+                    mod = ctx.run_pass(get_pass(name), mod)
+                    done.add(name)
+            mod = ctx.run_pass(p, mod)
+            done.add(p.info.name)
+        return mod
+
+    def __repr__(self) -> str:
+        return f"<sequential {self.info.name}: {self.info.doc}>"
+
+
+# --- the context ----------------------------------------------------------------------------
+
+
+class PassInstrument:
+    """Hooks called around passes; subclass and override the ones you need."""
+
+    def enter_pass_ctx(self) -> None:
+        pass
+
+    def exit_pass_ctx(self) -> None:
+        pass
+
+    def should_run(self, mod: IRModule, info: PassInfo) -> bool:
+        return True
+
+    def run_before_pass(self, mod: IRModule, info: PassInfo) -> None:
+        pass
+
+    def run_after_pass(self, mod: IRModule, info: PassInfo) -> None:
+        pass
+
+
+_CURRENT: contextvars.ContextVar[PassContext | None] = contextvars.ContextVar(
+    "kiln_pass_context", default=None
+)
+
+
+class PassContext:
+    """Options and instruments for the passes run inside ``with PassContext(...):``."""
+
+    def __init__(
+        self,
+        opt_level: int = 2,
+        required_pass: Iterable[str] = (),
+        disabled_pass: Iterable[str] = (),
+        config: Mapping[str, Any] | None = None,
+        instruments: Iterable[PassInstrument] = (),
+        debug: bool = False,
+    ) -> None:
+        self.opt_level = opt_level
+        self.required_pass = frozenset(required_pass)
+        self.disabled_pass = frozenset(disabled_pass)
+        for name in self.required_pass | self.disabled_pass:
+            get_pass_factory(name)  # an unknown name is an error, not silently ignored
+        self.config = dict(config or {})
+        self.instruments = list(instruments)
+        self.debug = debug
+        self._token: contextvars.Token | None = None
+
+    @staticmethod
+    def current() -> PassContext:
+        """The innermost active context, or a default one (opt_level 2)."""
+        ctx = _CURRENT.get()
+        return ctx if ctx is not None else PassContext()
+
+    def __enter__(self) -> PassContext:
+        self._token = _CURRENT.set(self)
+        for inst in self.instruments:
+            inst.enter_pass_ctx()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for inst in self.instruments:
+            inst.exit_pass_ctx()
+        if self._token is not None:
+            _CURRENT.reset(self._token)
+            self._token = None
+
+    def pass_enabled(self, info: PassInfo) -> bool:
+        """Whether a pass runs here: not disabled, and required or within the opt level."""
+        if info.name in self.disabled_pass:
+            return False
+        return info.name in self.required_pass or info.opt_level <= self.opt_level
+
+    def run_pass(self, p: Pass, mod: IRModule) -> IRModule:
+        """Run one pass with the instruments around it (and the type check in debug mode)."""
+        if not isinstance(mod, IRModule):
+            raise Error(f"pass {p.info.name} needs an IRModule, not {type(mod).__name__}")
+        for inst in self.instruments:
+            if not inst.should_run(mod, p.info):
+                return mod
+        for inst in self.instruments:
+            inst.run_before_pass(mod, p.info)
+        out = p.transform(mod, self)
+        if not isinstance(out, IRModule):
+            raise InternalError(f"pass {p.info.name} returned a {type(out).__name__}")
+        if self.debug and not isinstance(p, Sequential):
+            _check_types(out, p.info.name)
+        for inst in self.instruments:
+            inst.run_after_pass(out, p.info)
+        return out
+
+
+def _check_types(mod: IRModule, name: str) -> None:
+    from kiln.infer import infer_types
+
+    try:
+        infer_types(mod)
+    except TypeCheckError as e:
+        raise InternalError(f"pass {name} produced an ill-typed module: {e.message}") from None
+
+
+# --- instruments ----------------------------------------------------------------------------
+
+
+@dataclass
+class PassTimingInstrument(PassInstrument):
+    """Records how long each pass takes; `render` gives a table, slowest first."""
+
+    times: list[tuple[str, float]] = field(default_factory=list)
+    _starts: list[float] = field(default_factory=list, repr=False)
+
+    def run_before_pass(self, mod: IRModule, info: PassInfo) -> None:
+        self._starts.append(time.perf_counter())
+
+    def run_after_pass(self, mod: IRModule, info: PassInfo) -> None:
+        self.times.append((info.name, time.perf_counter() - self._starts.pop()))
+
+    def render(self) -> str:
+        totals: dict[str, float] = {}
+        for name, t in self.times:
+            totals[name] = totals.get(name, 0.0) + t
+        rows = sorted(totals.items(), key=lambda kv: -kv[1])
+        width = max((len(n) for n, _ in rows), default=4)
+        return "\n".join(f"{n:<{width}}  {t * 1000:9.2f} ms" for n, t in rows)
+
+
+class DumpIR(PassInstrument):
+    """Prints the module as Relay text before and/or after the named passes ("*" for all)."""
+
+    def __init__(
+        self, before: Iterable[str] = (), after: Iterable[str] = (), out: TextIO | None = None
+    ) -> None:
+        self.before = set(before)
+        self.after = set(after)
+        self.out = out
+
+    def _dump(self, when: str, mod: IRModule, info: PassInfo) -> None:
+        from kiln.text import astext
+
+        stream = self.out if self.out is not None else sys.stdout
+        print(f"// ---- IR {when} {info.name} ----", file=stream)
+        print(astext(mod), file=stream)
+
+    def run_before_pass(self, mod: IRModule, info: PassInfo) -> None:
+        if info.name in self.before or "*" in self.before:
+            self._dump("before", mod, info)
+
+    def run_after_pass(self, mod: IRModule, info: PassInfo) -> None:
+        if info.name in self.after or "*" in self.after:
+            self._dump("after", mod, info)
+
+
+# --- the registry of passes by name ---------------------------------------------------------
+
+_FACTORIES: dict[str, Callable[[], Pass]] = {}
+
+
+def register_pass(name: str, factory: Callable[[], Pass]) -> None:
+    """Make a pass findable by its kebab-case name (for the command line and `required`)."""
+    if name in _FACTORIES:
+        raise InternalError(f"pass {name} is registered twice")
+    _FACTORIES[name] = factory
+
+
+def get_pass_factory(name: str) -> Callable[[], Pass]:
+    _load_passes()
+    factory = _FACTORIES.get(name)
+    if factory is None:
+        close = difflib.get_close_matches(name, list(_FACTORIES), n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise Error(f"unknown pass {name!r}{hint} (kiln optimize --list shows them all)")
+    return factory
+
+
+def get_pass(name: str) -> Pass:
+    """A pass, with its default options, by its kebab-case name."""
+    return get_pass_factory(name)()
+
+
+def list_passes() -> list[PassInfo]:
+    """Every registered pass, by name."""
+    _load_passes()
+    return sorted((f().info for f in _FACTORIES.values()), key=lambda i: i.name)
+
+
+def _load_passes() -> None:
+    import kiln.transform  # noqa: F401  (importing the package registers every pass)
+
+
+def module_pass(
+    name: str, opt_level: int = 0, required: Sequence[str] = ()
+) -> Callable[[Callable[[IRModule, PassContext], IRModule]], Callable[[], Pass]]:
+    """Decorate ``fn(mod, ctx) -> mod`` into a registered pass factory named ``name``."""
+
+    def wrap(fn: Callable[[IRModule, PassContext], IRModule]) -> Callable[[], Pass]:
+        info = PassInfo(name, opt_level, tuple(required), (fn.__doc__ or "").strip())
+
+        def factory() -> Pass:
+            return ModulePass(info, fn)
+
+        factory.__doc__ = fn.__doc__
+        factory.__name__ = fn.__name__
+        register_pass(name, factory)
+        return factory
+
+    return wrap
+
+
+def function_pass(
+    name: str, opt_level: int = 0, required: Sequence[str] = ()
+) -> Callable[[Callable[[Function, IRModule, PassContext], Function]], Callable[[], Pass]]:
+    """Decorate ``fn(func, mod, ctx) -> func`` into a registered pass factory named ``name``."""
+
+    def wrap(fn: Callable[[Function, IRModule, PassContext], Function]) -> Callable[[], Pass]:
+        info = PassInfo(name, opt_level, tuple(required), (fn.__doc__ or "").strip())
+
+        def factory() -> Pass:
+            return FunctionPass(info, fn)
+
+        factory.__doc__ = fn.__doc__
+        factory.__name__ = fn.__name__
+        register_pass(name, factory)
+        return factory
+
+    return wrap
+
+
+def typed(mod: IRModule) -> IRModule:
+    """The module with checked types (inferred again only if it lacks them)."""
+    if mod.is_typed:
+        return mod
+    from kiln.infer import infer_types
+
+    return infer_types(mod)
