@@ -12,6 +12,7 @@ import numpy as np
 
 import kiln
 from kiln.eval import adt_to_list
+from kiln.ir.traverse import post_order
 
 HERE = Path(__file__).parent
 
@@ -61,6 +62,14 @@ def main() -> None:
         kiln.infer_types(kiln.parse(broken, source_name=str(path)))
     except kiln.Error as err:
         print(err)
+
+    section("6. differentiate, and train an MLP with the gradients (examples/train_mlp.py)")
+    import train_mlp  # beside this file
+
+    body = train_mlp.gradient_program(batch=100)["main"].body
+    calls = sum(isinstance(n, kiln.Call) and isinstance(n.op, kiln.Op) for n in post_order(body))
+    print(f"kiln.grad made one program of {calls} operator calls: the loss and 6 gradients")
+    train_mlp.train(steps=200, every=50)
 
 
 if __name__ == "__main__":

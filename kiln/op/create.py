@@ -15,6 +15,7 @@ from kiln.errors import EvalError, TypeCheckError
 from kiln.ir.attrs import Attrs
 from kiln.ir.expr import Call, Expr, const
 from kiln.ir.ty import ANY, TensorType, Type
+from kiln.op import grad_helpers as gh
 from kiln.op.common import shape_str, tensor_arg
 from kiln.op.registry import Attr, OpPattern, register
 
@@ -77,6 +78,15 @@ def _filled(shape: Sequence[int], value: np.ndarray, dtype: str) -> np.ndarray:
         return np.full(shape, np.asarray(value).astype(dtype), dtype)
 
 
+def _fill_grad(c: Call, fill_value: Expr, g: Expr) -> Expr | None:
+    """Every element is the fill value: its adjoint is the sum of the result's."""
+    dtype = gh.dtype(fill_value)
+    if not dtype.startswith("float"):
+        return None
+    total = gh.call("sum", g)
+    return total if gh.dtype(c) == dtype else gh.call("cast", total, dtype=dtype)
+
+
 _full = register(
     "full",
     inputs=("fill_value",),
@@ -90,7 +100,7 @@ _full = register(
     ),
     pattern=OpPattern.ELEMWISE,
     doc="A tensor with every element equal to a scalar.",
-    differentiable=False,
+    gradient=lambda c, g: [_fill_grad(c, c.args[0], g)],
 )
 
 
@@ -105,7 +115,7 @@ zeros_like = register(
     compute=lambda arrays, attrs: np.zeros_like(arrays[0]),
     pattern=OpPattern.ELEMWISE,
     doc="Zeros of the shape and dtype of data.",
-    differentiable=False,
+    gradient=lambda c, g: [None],  # the values of data do not matter, only its shape
 )
 ones_like = register(
     "ones_like",
@@ -114,7 +124,7 @@ ones_like = register(
     compute=lambda arrays, attrs: np.ones_like(arrays[0]),
     pattern=OpPattern.ELEMWISE,
     doc="Ones of the shape and dtype of data.",
-    differentiable=False,
+    gradient=lambda c, g: [None],
 )
 
 
@@ -133,7 +143,7 @@ full_like = register(
     ),
     pattern=OpPattern.ELEMWISE,
     doc="A tensor like data with every element equal to fill_value (converted to its dtype).",
-    differentiable=False,
+    gradient=lambda c, g: [None, _fill_grad(c, c.args[1], g)],
 )
 
 

@@ -15,7 +15,9 @@ import numpy as np
 
 from kiln.errors import Error, EvalError, TypeCheckError
 from kiln.ir.attrs import Attrs
+from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import TensorType, Type
+from kiln.op import grad_helpers as gh
 from kiln.op.common import (
     as_array,
     broadcast_shape,
@@ -26,7 +28,10 @@ from kiln.op.common import (
     tensor_args,
     trunc_divide,
 )
+from kiln.op.grad_helpers import call, scalar, unbroadcast, zeros_like
 from kiln.op.registry import Attr, OpDef, OpPattern, register
+
+Gradient = Callable[[Call, Expr], list[Expr | None]]
 
 # --- unary --------------------------------------------------------------------------------
 
@@ -49,6 +54,7 @@ def _unary(
     *,
     kind: str = "float",
     differentiable: bool = True,
+    gradient: Gradient | None = None,
 ) -> OpDef:
     """Register an operator applying ``fn`` to every element, keeping shape and dtype."""
 
@@ -65,6 +71,7 @@ def _unary(
         pattern=OpPattern.ELEMWISE,
         doc=doc,
         differentiable=differentiable,
+        gradient=gradient,
     )
 
 
@@ -100,17 +107,75 @@ def _erf(x: np.ndarray) -> np.ndarray:
     return np.copysign(out, x)
 
 
-exp = _unary("exp", np.exp, "e raised to each element.")
-log = _unary("log", np.log, "Natural logarithm of each element.")
-sqrt = _unary("sqrt", np.sqrt, "Square root of each element.")
-rsqrt = _unary("rsqrt", lambda x: 1 / np.sqrt(x), "Reciprocal square root of each element.")
-tanh = _unary("tanh", np.tanh, "Hyperbolic tangent of each element.")
-sigmoid = _unary("sigmoid", lambda x: 1 / (1 + np.exp(-x)), "Logistic sigmoid 1/(1+e^-x).")
-erf = _unary("erf", _erf, "Gauss error function of each element.")
-sin = _unary("sin", np.sin, "Sine of each element (radians).")
-cos = _unary("cos", np.cos, "Cosine of each element (radians).")
-negative = _unary("negative", np.negative, "Negation of each element.", kind="numeric")
-abs_ = _unary("abs", np.abs, "Absolute value of each element.", kind="numeric")
+# Unary gradients: ``call`` is the forward result y = f(x), computed once and shared.
+
+
+def _x(c: Call) -> Expr:
+    return c.args[0]
+
+
+def _k(c: Call, value: float) -> Expr:
+    return scalar(value, gh.dtype(c))
+
+
+exp = _unary("exp", np.exp, "e raised to each element.", gradient=lambda c, g: [g * c])
+log = _unary(
+    "log", np.log, "Natural logarithm of each element.", gradient=lambda c, g: [g / _x(c)]
+)
+sqrt = _unary(
+    "sqrt",
+    np.sqrt,
+    "Square root of each element.",
+    gradient=lambda c, g: [g * _k(c, 0.5) / c],
+)
+rsqrt = _unary(
+    "rsqrt",
+    lambda x: 1 / np.sqrt(x),
+    "Reciprocal square root of each element.",
+    gradient=lambda c, g: [g * _k(c, -0.5) * c * c * c],  # d/dx x^-1/2 = -1/2 y^3
+)
+tanh = _unary(
+    "tanh",
+    np.tanh,
+    "Hyperbolic tangent of each element.",
+    gradient=lambda c, g: [g * (_k(c, 1.0) - c * c)],
+)
+sigmoid = _unary(
+    "sigmoid",
+    lambda x: 1 / (1 + np.exp(-x)),
+    "Logistic sigmoid 1/(1+e^-x).",
+    gradient=lambda c, g: [g * c * (_k(c, 1.0) - c)],
+)
+erf = _unary(
+    "erf",
+    _erf,
+    "Gauss error function of each element.",
+    gradient=lambda c, g: [g * _k(c, 2.0 / np.sqrt(np.pi)) * exp(negative(_x(c) * _x(c)))],
+)
+sin = _unary(
+    "sin", np.sin, "Sine of each element (radians).", gradient=lambda c, g: [g * cos(_x(c))]
+)
+cos = _unary(
+    "cos",
+    np.cos,
+    "Cosine of each element (radians).",
+    gradient=lambda c, g: [negative(g * sin(_x(c)))],
+)
+negative = _unary(
+    "negative",
+    np.negative,
+    "Negation of each element.",
+    kind="numeric",
+    gradient=lambda c, g: [negative(g)],
+)
+# where() rather than sign(): the adjoint stays differentiable (sign is not).
+abs_ = _unary(
+    "abs",
+    np.abs,
+    "Absolute value of each element.",
+    kind="numeric",
+    gradient=lambda c, g: [where(less(_x(c), _k(c, 0.0)), negative(g), g)],
+)
 floor = _unary(
     "floor", np.floor, "Largest integer <= each element.", kind="numeric", differentiable=False
 )
@@ -163,6 +228,7 @@ def _binary(
     kind: str = "numeric",
     result_dtype: str | None = None,
     differentiable: bool = True,
+    gradient: Gradient | None = None,
 ) -> OpDef:
     """Register a broadcasting binary operator computing ``fn(lhs, rhs)``."""
 
@@ -179,6 +245,7 @@ def _binary(
         pattern=OpPattern.BROADCAST,
         doc=doc,
         differentiable=differentiable,
+        gradient=gradient,
     )
 
 
@@ -220,13 +287,81 @@ def _power(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.power(a, b)
 
 
-add = _binary("add", np.add, "Elementwise sum, with broadcasting.")
-subtract = _binary("subtract", np.subtract, "Elementwise difference, with broadcasting.")
-multiply = _binary("multiply", np.multiply, "Elementwise product, with broadcasting.")
-divide = _binary("divide", _divide, "Elementwise quotient; integers truncate toward zero.")
-power = _binary("power", _power, "lhs raised to the power rhs, with broadcasting.")
-maximum = _binary("maximum", np.maximum, "Elementwise larger value, with broadcasting.")
-minimum = _binary("minimum", np.minimum, "Elementwise smaller value, with broadcasting.")
+# Binary gradients: each adjoint is summed back over the axes its operand was broadcast along.
+
+
+def _binary_grads(c: Call, dlhs: Expr | None, drhs: Expr | None) -> list[Expr | None]:
+    lhs, rhs = c.args
+    out = c.checked_type
+    return [
+        None if dlhs is None else unbroadcast(dlhs, lhs, out),
+        None if drhs is None else unbroadcast(drhs, rhs, out),
+    ]
+
+
+def _zero(g: Expr) -> Expr:
+    return zeros_like(g)
+
+
+add = _binary(
+    "add",
+    np.add,
+    "Elementwise sum, with broadcasting.",
+    gradient=lambda c, g: _binary_grads(c, g, g),
+)
+subtract = _binary(
+    "subtract",
+    np.subtract,
+    "Elementwise difference, with broadcasting.",
+    gradient=lambda c, g: _binary_grads(c, g, negative(g)),
+)
+multiply = _binary(
+    "multiply",
+    np.multiply,
+    "Elementwise product, with broadcasting.",
+    gradient=lambda c, g: _binary_grads(c, g * c.args[1], g * c.args[0]),
+)
+divide = _binary(
+    "divide",
+    _divide,
+    "Elementwise quotient; integers truncate toward zero.",
+    # d(a/b)/db = -a/b^2 = -(a/b)/b, from the shared quotient
+    gradient=lambda c, g: _binary_grads(c, g / c.args[1], negative(g * c / c.args[1])),
+)
+
+
+def _power_grad(c: Call, g: Expr) -> list[Expr | None]:
+    base, exponent = c.args
+    one = scalar(1.0, gh.dtype(c))
+    dbase = g * exponent * power(base, exponent - one)
+    dexponent = g * c * log(base)  # nan for a negative base, as the derivative is undefined
+    return _binary_grads(c, dbase, dexponent)
+
+
+power = _binary(
+    "power", _power, "lhs raised to the power rhs, with broadcasting.", gradient=_power_grad
+)
+# At a tie the whole adjoint goes to lhs.
+maximum = _binary(
+    "maximum",
+    np.maximum,
+    "Elementwise larger value, with broadcasting.",
+    gradient=lambda c, g: _binary_grads(
+        c,
+        where(greater_equal(c.args[0], c.args[1]), g, _zero(g)),
+        where(greater_equal(c.args[0], c.args[1]), _zero(g), g),
+    ),
+)
+minimum = _binary(
+    "minimum",
+    np.minimum,
+    "Elementwise smaller value, with broadcasting.",
+    gradient=lambda c, g: _binary_grads(
+        c,
+        where(less_equal(c.args[0], c.args[1]), g, _zero(g)),
+        where(less_equal(c.args[0], c.args[1]), _zero(g), g),
+    ),
+)
 mod = _binary("mod", _mod, "Remainder of truncated division (sign of lhs).", differentiable=False)
 floor_divide = _binary(
     "floor_divide", _floor_divide, "Quotient rounded toward -infinity.", differentiable=False
@@ -274,6 +409,17 @@ def _where_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
     return TensorType(shape, dtype)
 
 
+def _where_grad(c: Call, g: Expr) -> list[Expr | None]:
+    cond, x, y = c.args
+    out = c.checked_type
+    zero = zeros_like(g)
+    return [
+        None,
+        unbroadcast(where(cond, g, zero), x, out),
+        unbroadcast(where(cond, zero, g), y, out),
+    ]
+
+
 where = register(
     "where",
     inputs=("condition", "x", "y"),
@@ -284,6 +430,7 @@ where = register(
     ),
     pattern=OpPattern.BROADCAST,
     doc="Elements of x where condition is true, else of y, with broadcasting.",
+    gradient=_where_grad,
 )
 
 
@@ -310,6 +457,16 @@ def _clip(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     return as_array(np.clip(x, np.asarray(lo, x.dtype), np.asarray(hi, x.dtype)), x.dtype.name)
 
 
+def _clip_grad(c: Call, g: Expr) -> list[Expr | None]:
+    x = c.args[0]
+    dt = gh.dtype(x)
+    inside = logical_and(
+        greater_equal(x, scalar(c.attrs.a_min, dt)),  # type: ignore[arg-type]
+        less_equal(x, scalar(c.attrs.a_max, dt)),  # type: ignore[arg-type]
+    )
+    return [where(inside, g, zeros_like(g))]
+
+
 clip = register(
     "clip",
     inputs=("a",),
@@ -321,6 +478,7 @@ clip = register(
     compute=_clip,
     pattern=OpPattern.ELEMWISE,
     doc="Each element limited to the range [a_min, a_max].",
+    gradient=_clip_grad,
 )
 
 
@@ -342,6 +500,14 @@ def _cast(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
         return np.asarray(arrays[0]).astype(attrs.dtype)  # type: ignore[arg-type]
 
 
+def _cast_grad(c: Call, g: Expr) -> list[Expr | None]:
+    # Back to the input's dtype; an integer input has no gradient.
+    source = gh.dtype(c.args[0])
+    if not source.startswith("float"):
+        return [None]
+    return [g if source == gh.dtype(c) else call("cast", g, dtype=source)]
+
+
 cast = register(
     "cast",
     inputs=("data",),
@@ -350,6 +516,7 @@ cast = register(
     compute=_cast,
     pattern=OpPattern.ELEMWISE,
     doc="Each element converted to another dtype (floats to integers truncate).",
+    gradient=_cast_grad,
 )
 
 # fmt: off

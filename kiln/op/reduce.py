@@ -14,7 +14,9 @@ import numpy as np
 
 from kiln.errors import EvalError, TypeCheckError
 from kiln.ir.attrs import Attrs
+from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import Dim, TensorType, Type
+from kiln.op import grad_helpers as gh
 from kiln.op.common import (
     as_array,
     is_int,
@@ -23,6 +25,7 @@ from kiln.op.common import (
     tensor_arg,
     trunc_divide,
 )
+from kiln.op.grad_helpers import call, keepdims_shape
 from kiln.op.registry import Attr, OpDef, OpPattern, register
 
 
@@ -81,6 +84,7 @@ def _reduction(
     kind: str = "numeric",
     result_dtype: str | None = None,
     differentiable: bool = True,
+    gradient: Callable[[Call, Expr], list[Expr | None]] | None = None,
 ) -> OpDef:
     """Register a reduction computing ``fn(x, axis=axes, keepdims=keepdims)``."""
 
@@ -103,6 +107,7 @@ def _reduction(
         pattern=OpPattern.COMM_REDUCE,
         doc=doc,
         differentiable=differentiable,
+        gradient=gradient,
     )
 
 
@@ -124,11 +129,56 @@ def _mean(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
     return trunc_divide(_sum(x, axis, keepdims), np.asarray(count, x.dtype))
 
 
-sum_ = _reduction("sum", _sum, "Sum of the elements over the given axes.")
-mean = _reduction("mean", _mean, "Arithmetic mean over the given axes (integers truncate).")
-prod = _reduction("prod", _prod, "Product of the elements over the given axes.")
-max_ = _reduction("max", np.max, "Largest element over the given axes.")
-min_ = _reduction("min", np.min, "Smallest element over the given axes.")
+# Reduction gradients: the adjoint, with the reduced axes restored, spread over the input.
+
+
+def _axes(c: Call) -> tuple[int, ...]:
+    data = gh.tensor_type(c.args[0])
+    return reduce_axes(data.ndim, c.attrs.axis, c.attrs.exclude)  # type: ignore[arg-type]
+
+
+def _spread(c: Call, g: Expr) -> Expr:
+    """``g`` (shaped like the result) broadcast back to the input's shape."""
+    x = c.args[0]
+    return call("broadcast_to_like", keepdims_shape(g, x, _axes(c), c.attrs.keepdims), x)
+
+
+def _sum_grad(c: Call, g: Expr) -> list[Expr | None]:
+    return [_spread(c, g)]
+
+
+def _mean_grad(c: Call, g: Expr) -> list[Expr | None]:
+    return [_spread(c, g) / gh.element_count(c.args[0], _axes(c))]
+
+
+def _prod_grad(c: Call, g: Expr) -> list[Expr | None]:
+    # The product of the others is prod / x (undefined where x is 0, like the division).
+    return [_spread(c, g * c) / c.args[0]]
+
+
+def _extremum_grad(c: Call, g: Expr) -> list[Expr | None]:
+    # Every element equal to the extremum receives the adjoint (ties each get all of it).
+    x = c.args[0]
+    hit = call("equal", x, _spread(c, c))
+    return [call("where", hit, _spread(c, g), gh.zeros_like(x))]
+
+
+sum_ = _reduction("sum", _sum, "Sum of the elements over the given axes.", gradient=_sum_grad)
+mean = _reduction(
+    "mean",
+    _mean,
+    "Arithmetic mean over the given axes (integers truncate).",
+    gradient=_mean_grad,
+)
+prod = _reduction(
+    "prod", _prod, "Product of the elements over the given axes.", gradient=_prod_grad
+)
+max_ = _reduction(
+    "max", np.max, "Largest element over the given axes.", gradient=_extremum_grad
+)
+min_ = _reduction(
+    "min", np.min, "Smallest element over the given axes.", gradient=_extremum_grad
+)
 all_ = _reduction(
     "all",
     np.all,

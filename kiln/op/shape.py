@@ -16,8 +16,11 @@ import numpy as np
 
 from kiln.errors import EvalError, TypeCheckError
 from kiln.ir.attrs import Attrs
+from kiln.ir.expr import Call, Expr, Tuple, TupleGetItem
 from kiln.ir.ty import ANY, AnyDim, Dim, IncompleteType, SymDim, TensorType, TupleType, Type
+from kiln.op import grad_helpers as gh
 from kiln.op.common import (
+    broadcast_shape,
     check_dims_equal,
     dim_product,
     normalize_axis,
@@ -28,6 +31,7 @@ from kiln.op.common import (
     tensor_args,
     unify_dim,
 )
+from kiln.op.grad_helpers import call, reshape_to
 from kiln.op.registry import Attr, OpPattern, register
 
 # --- reshape ------------------------------------------------------------------------------
@@ -161,6 +165,7 @@ reshape = register(
     compute=_reshape,
     pattern=OpPattern.INJECTIVE,
     doc="The same elements in a new shape (0 copies, -1 infers, -2..-4 as in Relay).",
+    gradient=lambda c, g: [reshape_to(g, c.args[0])],
 )
 
 
@@ -186,6 +191,11 @@ def _transpose_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
     return TensorType(tuple(data.shape[p] for p in perm), data.dtype)
 
 
+def _transpose_grad(c: Call, g: Expr) -> list[Expr | None]:
+    perm = _permutation(gh.tensor_type(c.args[0]).ndim, c.attrs.axes)  # type: ignore[arg-type]
+    return [call("transpose", g, axes=[int(i) for i in np.argsort(perm)])]
+
+
 transpose = register(
     "transpose",
     inputs=("data",),
@@ -196,6 +206,7 @@ transpose = register(
     ),
     pattern=OpPattern.INJECTIVE,
     doc="Dimensions permuted (reversed when axes is None).",
+    gradient=_transpose_grad,
 )
 
 
@@ -229,6 +240,7 @@ expand_dims = register(
     ),
     pattern=OpPattern.INJECTIVE,
     doc="Size-1 axes inserted at a position.",
+    gradient=lambda c, g: [reshape_to(g, c.args[0])],
 )
 
 
@@ -263,6 +275,7 @@ squeeze = register(
     ),
     pattern=OpPattern.INJECTIVE,
     doc="Size-1 dimensions removed.",
+    gradient=lambda c, g: [reshape_to(g, c.args[0])],
 )
 
 
@@ -316,6 +329,24 @@ def _concatenate_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | Non
     return TensorType(tuple(shape), dtype)
 
 
+def _concatenate_grad(c: Call, g: Expr) -> list[Expr | None]:
+    # One slice of the adjoint for each field, along the joined axis.
+    fields = c.args[0].checked_type.fields  # type: ignore[attr-defined]
+    axis = normalize_axis(c.attrs.axis, len(fields[0].shape))  # type: ignore[arg-type]
+    slices: list[Expr] = []
+    start = 0
+    for i, f in enumerate(fields):
+        size = f.shape[axis]
+        if not isinstance(size, int):
+            raise TypeCheckError(
+                f"the gradient of concatenate needs the size of field {i} along axis {axis}, "
+                f"but it has type {f}"
+            )
+        slices.append(call("strided_slice", g, begin=[start], end=[start + size], axes=[axis]))
+        start += size
+    return [Tuple(tuple(slices))]
+
+
 concatenate = register(
     "concatenate",
     inputs=("data",),
@@ -324,6 +355,7 @@ concatenate = register(
     compute=lambda arrays, attrs: np.concatenate(list(arrays[0]), axis=attrs.axis),
     pattern=OpPattern.INJECTIVE,
     doc="A tuple of tensors joined along an existing axis.",
+    gradient=_concatenate_grad,
 )
 
 
@@ -347,6 +379,13 @@ def _stack_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
     return TensorType(tuple(shape), dtype)
 
 
+def _stack_grad(c: Call, g: Expr) -> list[Expr | None]:
+    n = gh.tuple_size(c.args[0])
+    axis = normalize_axis(c.attrs.axis, gh.tensor_type(c).ndim)  # type: ignore[arg-type]
+    parts = call("split", g, indices_or_sections=n, axis=axis)
+    return [Tuple(tuple(call("squeeze", TupleGetItem(parts, i), axis=[axis]) for i in range(n)))]
+
+
 stack = register(
     "stack",
     inputs=("data",),
@@ -355,6 +394,7 @@ stack = register(
     compute=lambda arrays, attrs: np.stack(list(arrays[0]), axis=attrs.axis),
     pattern=OpPattern.INJECTIVE,
     doc="A tuple of equal-shaped tensors joined along a new axis.",
+    gradient=_stack_grad,
 )
 
 
@@ -395,6 +435,11 @@ def _split_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
     )
 
 
+def _split_grad(c: Call, g: Expr) -> list[Expr | None]:
+    parts = gh.fields(g, gh.tuple_size(c))
+    return [call("concatenate", Tuple(tuple(parts)), axis=c.attrs.axis)]
+
+
 split = register(
     "split",
     inputs=("data",),
@@ -412,6 +457,7 @@ split = register(
     ),
     pattern=OpPattern.INJECTIVE,
     doc="A tensor cut along an axis into a tuple of tensors.",
+    gradient=_split_grad,
 )
 
 
@@ -450,14 +496,16 @@ def _take_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
     return TensorType(shape, data.dtype)
 
 
-def _take(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
-    x, idx = np.asarray(arrays[0]), np.asarray(arrays[1]).astype(np.int64)
+def _take_index(
+    shape: tuple[int, ...], idx: np.ndarray, attrs: Attrs
+) -> tuple[tuple[int, ...], tuple[object, ...]]:
+    """The shape take reads from (flattened when axis is None) and its numpy index."""
     axis, batch = attrs.axis, attrs.batch_dims
     if axis is None:
-        x, axis, batch = x.reshape(-1), 0, 0
-    axis = axis + x.ndim if axis < 0 else axis
+        shape, axis, batch = (int(np.prod(shape, dtype=np.int64)),), 0, 0
+    axis = axis + len(shape) if axis < 0 else axis
     batch = batch + idx.ndim if batch < 0 else batch
-    n = x.shape[axis]
+    n = shape[axis]
     if n == 0 and idx.size:
         raise EvalError(f"take from axis {axis} of size 0")
     if attrs.mode == "clip":
@@ -467,16 +515,27 @@ def _take(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     elif idx.size and (idx.min() < 0 or idx.max() >= n):
         raise EvalError(f"take with mode fast: an index is outside [0, {n}) on axis {axis}")
     if batch == 0:
-        return np.take(x, idx, axis=axis)
+        return shape, (*(slice(None),) * axis, idx)
     # Index the leading axis+1 dimensions with arrays broadcasting to (batch, between, idx).
     grid_ndim = axis + idx.ndim - batch
-    index = []
+    index: list[object] = []
     for d in range(axis):
-        shape = [1] * grid_ndim
-        shape[d] = x.shape[d]
-        index.append(np.arange(x.shape[d]).reshape(shape))
+        grid = [1] * grid_ndim
+        grid[d] = shape[d]
+        index.append(np.arange(shape[d]).reshape(grid))
     index.append(idx.reshape(idx.shape[:batch] + (1,) * (axis - batch) + idx.shape[batch:]))
-    return x[tuple(index)]
+    return shape, tuple(index)
+
+
+def _take(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    x, idx = np.asarray(arrays[0]), np.asarray(arrays[1]).astype(np.int64)
+    shape, index = _take_index(x.shape, idx, attrs)
+    return x.reshape(shape)[index]
+
+
+def _take_grad_rule(c: Call, g: Expr) -> list[Expr | None]:
+    data, indices = c.args
+    return [call("take_grad", g, data, indices, **dict(c.attrs)), None]
 
 
 take = register(
@@ -491,7 +550,57 @@ take = register(
     compute=_take,
     pattern=OpPattern.INJECTIVE,
     doc="Elements of data picked by integer indices along an axis.",
+    gradient=_take_grad_rule,
 )
+
+def _take_grad_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    args = tensor_args(arg_types, ("out_grad", "data", "indices"))
+    if args is None:
+        return None
+    out_grad, data, indices = args
+    taken = _take_relation([data, indices], attrs)
+    assert isinstance(taken, TensorType)
+    _same_shape(out_grad, taken, "out_grad", "the result of take")
+    require_dtype(out_grad, "out_grad", "float")
+    return TensorType(data.shape, out_grad.dtype)
+
+
+def _take_grad(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    g, x, idx = np.asarray(arrays[0]), np.asarray(arrays[1]), np.asarray(arrays[2])
+    shape, index = _take_index(x.shape, idx.astype(np.int64), attrs)
+    out = np.zeros(shape, g.dtype)
+    np.add.at(out, index, g)  # indices may repeat: their adjoints add up
+    return out.reshape(x.shape)
+
+
+take_grad = register(
+    "take_grad",
+    inputs=("out_grad", "data", "indices"),
+    attrs=(
+        Attr("batch_dims", 0, kind="int", doc="as in take"),
+        Attr("axis", None, kind="int", optional=True, doc="as in take"),
+        Attr("mode", "clip", kind="str", doc="as in take"),
+    ),
+    relation=_take_grad_relation,
+    compute=_take_grad,
+    pattern=OpPattern.OPAQUE,
+    doc="The adjoint of take: out_grad added into zeros shaped like data at the taken places.",
+    gradient=lambda c, g: [call("take", g, c.args[2], **dict(c.attrs)), None, None],
+)
+
+
+def _same_shape(a: TensorType, b: TensorType, a_name: str, b_name: str) -> None:
+    if a.ndim != b.ndim:
+        raise TypeCheckError(
+            f"{a_name} has shape {shape_str(a.shape)} but {b_name} has shape {shape_str(b.shape)}"
+        )
+    for x, y in zip(a.shape, b.shape, strict=True):
+        check_dims_equal(
+            x,
+            y,
+            f"{a_name} has shape {shape_str(a.shape)} but {b_name} has shape {shape_str(b.shape)}",
+        )
+
 
 # An end at or beyond this means "to the end of the dimension" whatever its size.
 _BIG = 2**31 - 1
@@ -547,12 +656,20 @@ def _strided_slice_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | N
     return TensorType(tuple(shape), data.dtype)
 
 
+def _slice_index(attrs: Attrs, ndim: int) -> tuple[slice, ...]:
+    index = [slice(None)] * ndim
+    for axis, b, e, s in _slice_plan(attrs, ndim):
+        index[axis] = slice(b, e, s)
+    return tuple(index)
+
+
 def _strided_slice(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     x = np.asarray(arrays[0])
-    index = [slice(None)] * x.ndim
-    for axis, b, e, s in _slice_plan(attrs, x.ndim):
-        index[axis] = slice(b, e, s)
-    return x[tuple(index)]
+    return x[_slice_index(attrs, x.ndim)]
+
+
+def _strided_slice_grad_rule(c: Call, g: Expr) -> list[Expr | None]:
+    return [call("strided_slice_grad", g, c.args[0], **dict(c.attrs))]
 
 
 strided_slice = register(
@@ -569,8 +686,40 @@ strided_slice = register(
     compute=_strided_slice,
     pattern=OpPattern.INJECTIVE,
     doc="A strided window of a tensor, with Python slicing rules per axis.",
+    gradient=_strided_slice_grad_rule,
 )
 
+
+
+def _strided_slice_grad_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    args = tensor_args(arg_types, ("out_grad", "data"))
+    if args is None:
+        return None
+    out_grad, data = args
+    sliced = _strided_slice_relation([data], attrs)
+    assert isinstance(sliced, TensorType)
+    _same_shape(out_grad, sliced, "out_grad", "the slice of data")
+    require_dtype(out_grad, "out_grad", "float")
+    return TensorType(data.shape, out_grad.dtype)
+
+
+def _strided_slice_grad(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    g, x = np.asarray(arrays[0]), np.asarray(arrays[1])
+    out = np.zeros(x.shape, g.dtype)
+    out[_slice_index(attrs, x.ndim)] = g  # a slice never reads an element twice
+    return out
+
+
+strided_slice_grad = register(
+    "strided_slice_grad",
+    inputs=("out_grad", "data"),
+    attrs=strided_slice.attrs,
+    relation=_strided_slice_grad_relation,
+    compute=_strided_slice_grad,
+    pattern=OpPattern.INJECTIVE,
+    doc="The adjoint of strided_slice: out_grad placed in zeros shaped like data.",
+    gradient=lambda c, g: [call("strided_slice", g, **dict(c.attrs)), None],
+)
 
 # --- broadcast_to, tile -------------------------------------------------------------------
 
@@ -602,6 +751,7 @@ broadcast_to = register(
     compute=lambda arrays, attrs: np.array(np.broadcast_to(arrays[0], attrs.shape)),
     pattern=OpPattern.BROADCAST,
     doc="A tensor repeated along size-1 and new leading axes to a given shape.",
+    gradient=lambda c, g: [call("collapse_sum_like", g, c.args[0])],
 )
 
 
@@ -621,6 +771,20 @@ def _tile_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
     return TensorType(tuple(out), data.dtype)
 
 
+def _tile_grad(c: Call, g: Expr) -> list[Expr | None]:
+    # Split each axis of the adjoint into (repetition, original size) and sum the repetitions.
+    x = c.args[0]
+    shape = gh.static_shape(x, "tile")
+    reps = tuple(c.attrs.reps)  # type: ignore[arg-type]
+    ndim = max(len(shape), len(reps))
+    padded = (1,) * (ndim - len(shape)) + shape
+    reps = (1,) * (ndim - len(reps)) + reps
+    split_shape = [n for r, d in zip(reps, padded, strict=True) for n in (r, d)]
+    parts = call("reshape", g, newshape=split_shape)
+    summed = call("sum", parts, axis=list(range(0, 2 * ndim, 2)))
+    return [call("reshape", summed, newshape=list(shape))]
+
+
 tile = register(
     "tile",
     inputs=("data",),
@@ -629,12 +793,107 @@ tile = register(
     compute=lambda arrays, attrs: np.tile(arrays[0], attrs.reps),
     pattern=OpPattern.INJECTIVE,
     doc="A tensor repeated whole along each axis.",
+    gradient=_tile_grad,
+)
+
+
+
+# --- the *_like operators: a shape taken from another tensor (Relay's, for gradients) -----
+
+
+def _check_broadcasts(small: TensorType, big: TensorType, small_name: str, big_name: str) -> None:
+    """``small`` must broadcast to exactly the shape of ``big``."""
+    if small.ndim > big.ndim:
+        raise TypeCheckError(
+            f"{small_name} of shape {shape_str(small.shape)} has more dimensions than "
+            f"{big_name} of shape {shape_str(big.shape)}"
+        )
+    merged = broadcast_shape(small.shape, big.shape, (small_name, big_name))
+    for i, (m, b) in enumerate(zip(merged, big.shape, strict=True)):
+        if isinstance(m, int) and isinstance(b, int) and m != b:
+            raise TypeCheckError(
+                f"{small_name} of shape {shape_str(small.shape)} does not broadcast to "
+                f"{big_name} of shape {shape_str(big.shape)} (dimension {i})"
+            )
+
+
+def _collapse_sum_like_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    args = tensor_args(arg_types, ("data", "collapse_type"))
+    if args is None:
+        return None
+    data, like = args
+    _check_broadcasts(like, data, "collapse_type", "data")
+    return TensorType(like.shape, data.dtype)
+
+
+def _collapse_sum(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    x, shape = np.asarray(arrays[0]), np.shape(arrays[1])
+    lead = x.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, d in enumerate(shape) if d == 1 and x.shape[lead + i] != 1
+    )
+    return np.sum(x, axis=axes, keepdims=True, dtype=x.dtype).reshape(shape)
+
+
+collapse_sum_like = register(
+    "collapse_sum_like",
+    inputs=("data", "collapse_type"),
+    relation=_collapse_sum_like_relation,
+    compute=_collapse_sum,
+    pattern=OpPattern.COMM_REDUCE,
+    doc="data summed over the axes along which collapse_type broadcasts to it.",
+    gradient=lambda c, g: [call("broadcast_to_like", g, c.args[0]), None],
+)
+
+
+def _broadcast_to_like_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    args = tensor_args(arg_types, ("data", "broadcast_type"))
+    if args is None:
+        return None
+    data, like = args
+    _check_broadcasts(data, like, "data", "broadcast_type")
+    return TensorType(like.shape, data.dtype)
+
+
+broadcast_to_like = register(
+    "broadcast_to_like",
+    inputs=("data", "broadcast_type"),
+    relation=_broadcast_to_like_relation,
+    compute=lambda arrays, attrs: np.array(np.broadcast_to(arrays[0], np.shape(arrays[1]))),
+    pattern=OpPattern.BROADCAST,
+    doc="data broadcast to the shape of broadcast_type.",
+    gradient=lambda c, g: [call("collapse_sum_like", g, c.args[0]), None],
+)
+
+
+def _reshape_like_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    args = tensor_args(arg_types, ("data", "shape_like"))
+    if args is None:
+        return None
+    data, like = args
+    if data.is_static and like.is_static and math.prod(data.shape) != math.prod(like.shape):  # type: ignore[arg-type]
+        raise TypeCheckError(
+            f"cannot reshape data of shape {shape_str(data.shape)} to the shape "
+            f"{shape_str(like.shape)} of shape_like: the numbers of elements differ"
+        )
+    return TensorType(like.shape, data.dtype)
+
+
+reshape_like = register(
+    "reshape_like",
+    inputs=("data", "shape_like"),
+    relation=_reshape_like_relation,
+    compute=lambda arrays, attrs: np.reshape(arrays[0], np.shape(arrays[1])),
+    pattern=OpPattern.INJECTIVE,
+    doc="data with the shape of shape_like (the same number of elements).",
+    gradient=lambda c, g: [reshape_to(g, c.args[0]), None],
 )
 
 
 # fmt: off
 __all__ = [
-    "broadcast_to", "concatenate", "expand_dims", "reshape", "split", "squeeze", "stack",
-    "strided_slice", "take", "tile", "transpose",
+    "broadcast_to", "broadcast_to_like", "collapse_sum_like", "concatenate", "expand_dims",
+    "reshape", "reshape_like", "split", "squeeze", "stack", "strided_slice",
+    "strided_slice_grad", "take", "take_grad", "tile", "transpose",
 ]
 # fmt: on

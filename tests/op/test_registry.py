@@ -30,6 +30,9 @@ REQUIRED_ATTRS = {
     "nn.max_pool2d": {"pool_size": [1, 1]},
     "nn.avg_pool2d": {"pool_size": [1, 1]},
     "nn.pad": {"pad_width": [(0, 0)]},
+    "strided_slice_grad": {"begin": [0], "end": [1]},
+    "nn.max_pool2d_grad": {"pool_size": [1, 1]},
+    "nn.avg_pool2d_grad": {"pool_size": [1, 1]},
 }
 
 
@@ -168,18 +171,18 @@ NOT_DIFFERENTIABLE = [
     "sign",
     "zeros",
     "ones",
-    "full",
     "arange",
     "mod",
     "floor_divide",
     "floor_mod",
-    "zeros_like",
-    "ones_like",
 ]
 
 
 def test_differentiability_flags() -> None:
     for name in NOT_DIFFERENTIABLE:
         assert not kiln.op.get(name).differentiable, name
-    for name in ["add", "exp", "nn.conv2d", "nn.dense", "sum", "reshape", "take", "where"]:
+    # zeros_like and ones_like read only their argument's shape: their gradient is zero, not
+    # undefined. full and full_like pass their fill value to every element.
+    for name in ["add", "exp", "nn.conv2d", "nn.dense", "sum", "reshape", "take", "where",
+                 "zeros_like", "ones_like", "full", "full_like"]:
         assert kiln.op.get(name).differentiable, name

@@ -1,16 +1,24 @@
 """Neural-network operators (Relay's ``nn.`` namespace): ``kiln.op.nn.conv2d(x, w, ...)``."""
 
 from kiln.op.nn.activation import leaky_relu, log_softmax, relu, softmax
-from kiln.op.nn.conv import conv2d
+from kiln.op.nn.conv import conv2d, conv2d_backward_weight, conv2d_transpose
 from kiln.op.nn.linear import batch_matmul, bias_add, dense
 from kiln.op.nn.norm import batch_norm, dropout, layer_norm
-from kiln.op.nn.pool import avg_pool2d, global_avg_pool2d, global_max_pool2d, max_pool2d
+from kiln.op.nn.pool import (
+    avg_pool2d,
+    avg_pool2d_grad,
+    global_avg_pool2d,
+    global_max_pool2d,
+    max_pool2d,
+    max_pool2d_grad,
+)
 from kiln.op.nn.transform import batch_flatten, pad
 
 # fmt: off
 __all__ = [
-    "avg_pool2d", "batch_flatten", "batch_matmul", "batch_norm", "bias_add", "conv2d", "dense",
-    "dropout", "global_avg_pool2d", "global_max_pool2d", "layer_norm", "leaky_relu",
-    "log_softmax", "max_pool2d", "pad", "relu", "softmax",
+    "avg_pool2d", "avg_pool2d_grad", "batch_flatten", "batch_matmul", "batch_norm", "bias_add",
+    "conv2d", "conv2d_backward_weight", "conv2d_transpose", "dense", "dropout",
+    "global_avg_pool2d", "global_max_pool2d", "layer_norm", "leaky_relu", "log_softmax",
+    "max_pool2d", "max_pool2d_grad", "pad", "relu", "softmax",
 ]
 # fmt: on

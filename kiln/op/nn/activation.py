@@ -7,8 +7,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from kiln.ir.attrs import Attrs
+from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import Type
+from kiln.op import grad_helpers as gh
 from kiln.op.common import as_array, normalize_axis, require_dtype, tensor_arg
+from kiln.op.grad_helpers import call, scalar
 from kiln.op.registry import Attr, OpPattern, register
 
 
@@ -25,6 +28,12 @@ def _relu(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     return as_array(np.maximum(x, np.zeros((), x.dtype)), x.dtype.name)
 
 
+def _positive_or(c: Call, g: Expr, otherwise: Expr) -> Expr:
+    """The adjoint where the input is positive, ``otherwise`` elsewhere."""
+    x = c.args[0]
+    return call("where", call("greater", x, scalar(0, gh.dtype(x))), g, otherwise)
+
+
 relu = register(
     "nn.relu",
     inputs=("data",),
@@ -32,6 +41,7 @@ relu = register(
     compute=_relu,
     pattern=OpPattern.ELEMWISE,
     doc="max(x, 0) elementwise.",
+    gradient=lambda c, g: [_positive_or(c, g, gh.zeros_like(g))],
 )
 
 
@@ -58,6 +68,9 @@ leaky_relu = register(
     compute=_leaky_relu,
     pattern=OpPattern.ELEMWISE,
     doc="x where x > 0, else alpha * x.",
+    gradient=lambda c, g: [
+        _positive_or(c, g, g * scalar(c.attrs.alpha, gh.dtype(c)))  # type: ignore[arg-type]
+    ],
 )
 
 
@@ -76,6 +89,18 @@ def _log_softmax(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
         return as_array(shifted - np.log(total), x.dtype.name)
 
 
+def _softmax_grad(c: Call, g: Expr) -> list[Expr | None]:
+    # y (g - sum(g y)) along the axis, with y the shared forward result
+    inner = call("sum", g * c, axis=[c.attrs.axis], keepdims=True)
+    return [c * (g - inner)]
+
+
+def _log_softmax_grad(c: Call, g: Expr) -> list[Expr | None]:
+    # g - softmax(x) sum(g) along the axis, with softmax(x) = exp(y)
+    total = call("sum", g, axis=[c.attrs.axis], keepdims=True)
+    return [g - call("exp", c) * total]
+
+
 softmax = register(
     "nn.softmax",
     inputs=("data",),
@@ -84,6 +109,7 @@ softmax = register(
     compute=_softmax,
     pattern=OpPattern.OPAQUE,
     doc="exp(x) / sum(exp(x)) along an axis, computed stably.",
+    gradient=_softmax_grad,
 )
 log_softmax = register(
     "nn.log_softmax",
@@ -93,6 +119,7 @@ log_softmax = register(
     compute=_log_softmax,
     pattern=OpPattern.OPAQUE,
     doc="log(softmax(x)) along an axis, computed stably.",
+    gradient=_log_softmax_grad,
 )
 
 __all__ = ["leaky_relu", "log_softmax", "relu", "softmax"]

@@ -8,7 +8,9 @@ import numpy as np
 
 from kiln.errors import TypeCheckError
 from kiln.ir.attrs import Attrs
+from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import ANY, TensorType, Type
+from kiln.op import grad_helpers as gh
 from kiln.op.common import (
     as_array,
     check_dims_equal,
@@ -24,6 +26,7 @@ from kiln.op.common import (
     window_out_size,
     windows_2d,
 )
+from kiln.op.grad_helpers import call
 from kiln.op.registry import Attr, OpPattern, register
 
 
@@ -143,6 +146,343 @@ conv2d = register(
     compute=_conv2d,
     pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
     doc="2-D convolution (cross-correlation) of NCHW data with an OIHW kernel.",
+    gradient=lambda c, g: _conv2d_grad(c, g),
 )
 
-__all__ = ["conv2d"]
+
+# --- the adjoints of conv2d: conv2d_transpose and conv2d_backward_weight (TVM's) -----------
+
+
+def _geometry(attrs: Attrs) -> dict[str, object]:
+    """The window attributes conv2d shares with its adjoints."""
+    return {
+        "strides": attrs.strides,
+        "padding": attrs.padding,
+        "dilation": attrs.dilation,
+        "groups": attrs.groups,
+    }
+
+
+def _output_padding(
+    size: tuple[int, int],
+    out: tuple[int, int],
+    kernel: tuple[int, int],
+    attrs: Attrs,
+) -> tuple[int, int]:
+    """Rows and columns of ``size`` past the last window: conv2d_transpose must add them back."""
+    top, left, bottom, right = padding4(attrs.padding, "padding")
+    pads = (top + bottom, left + right)
+    strides = pair(attrs.strides, "strides")
+    dilation = pair(attrs.dilation, "dilation")
+    return tuple(  # type: ignore[return-value]
+        size[i] + pads[i] - dilation[i] * (kernel[i] - 1) - 1 - (out[i] - 1) * strides[i]
+        for i in range(2)
+    )
+
+
+def _data_adjoint(
+    g: Expr, weight: Expr, data: Expr, out_hw: tuple[int, int], kernel: tuple[int, int],
+    conv_attrs: Attrs, op: str,
+) -> Expr:
+    """The adjoint of conv2d's data: a transposed convolution back to data's shape.
+
+    ``out_hw`` is the size of conv2d's result and ``kernel`` that of its weight.
+    """
+    _, c, h, w = gh.static_shape(data, op)
+    return call(
+        "nn.conv2d_transpose",
+        g,
+        weight,
+        channels=c,
+        kernel_size=kernel,
+        output_padding=_output_padding((h, w), out_hw, kernel, conv_attrs),
+        **_geometry(conv_attrs),
+    )
+
+
+def _weight_adjoint(g: Expr, data: Expr, weight: Expr, conv_attrs: Attrs, op: str) -> Expr:
+    o, _, kh, kw = gh.static_shape(weight, op)
+    return call(
+        "nn.conv2d_backward_weight",
+        g,
+        data,
+        channels=o,
+        kernel_size=(kh, kw),
+        **_geometry(conv_attrs),
+    )
+
+
+def _conv2d_grad(c: Call, g: Expr) -> list[Expr | None]:
+    data, weight = c.args
+    source = gh.dtype(data)
+    if gh.dtype(c) != source:  # out_dtype: differentiate in the inputs' dtype
+        g = call("cast", g, dtype=source)
+    out_hw = gh.static_shape(c, "nn.conv2d")[2:]
+    kernel = gh.static_shape(weight, "nn.conv2d")[2:]
+    return [
+        _data_adjoint(g, weight, data, out_hw, kernel, c.attrs, "nn.conv2d"),  # type: ignore
+        _weight_adjoint(g, data, weight, c.attrs, "nn.conv2d"),
+    ]
+
+
+def _window_attrs(extra: tuple[Attr, ...], kernel_layout: str) -> tuple[Attr, ...]:
+    return (
+        Attr("strides", (1, 1), kind="ints", convert=pair, doc="step of the window (h, w)"),
+        Attr(
+            "padding",
+            (0, 0),
+            kind="ints",
+            convert=padding4,
+            doc="padding of the convolution: 1, 2 or 4 numbers, kept as (top, left, bottom, right)",
+        ),
+        Attr("dilation", (1, 1), kind="ints", convert=pair, doc="spacing of kernel taps"),
+        Attr("groups", 1, kind="int", doc="channel groups"),
+        Attr("channels", None, kind="int", optional=True, doc="output channels, if given"),
+        Attr(
+            "kernel_size",
+            None,
+            kind="ints",
+            optional=True,
+            convert=pair,
+            doc="kernel (h, w), if given",
+        ),
+        *extra,
+        Attr("kernel_layout", kernel_layout, kind="str", doc=f"layout of weight ({kernel_layout})"),
+        Attr("out_dtype", "", kind="dtype", doc="result dtype; '': that of data"),
+    )
+
+
+def _conv2d_transpose_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    args = tensor_args(arg_types, ("data", "weight"))
+    if args is None:
+        return None
+    data, weight = args
+    if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) not in (
+        ("NCHW", "IOHW", ""),
+        ("NCHW", "IOHW", "NCHW"),
+    ):
+        raise TypeCheckError(
+            "kiln's nn.conv2d_transpose supports data_layout NCHW, kernel_layout IOHW and "
+            f"out_layout NCHW only; got data_layout={attrs.data_layout!r}, "
+            f"kernel_layout={attrs.kernel_layout!r}, out_layout={attrs.out_layout!r}"
+        )
+    same_dtype(args, ("data", "weight"))
+    require_dtype(data, "data", "float")
+    require_rank(data, "data (NCHW)", 4)
+    require_rank(weight, "weight (IOHW)", 4)
+    n, c, h, w = data.shape
+    i, og, kh, kw = weight.shape
+    groups = attrs.groups
+    if groups < 1:  # type: ignore[operator]
+        raise TypeCheckError(f"groups must be positive, got {groups}")
+    check_dims_equal(
+        c,
+        i,
+        f"data of shape {shape_str(data.shape)} has {c} channels (dimension 1), but weight of "
+        f"shape {shape_str(weight.shape)} expects {i} input channels (dimension 0)",
+    )
+    if isinstance(c, int) and c % groups:  # type: ignore[operator]
+        raise TypeCheckError(f"groups={groups} does not divide the {c} input channels")
+    out_c = og * groups if isinstance(og, int) else ANY  # type: ignore[operator]
+    if attrs.channels is not None:
+        check_dims_equal(
+            attrs.channels,  # type: ignore[arg-type]
+            out_c,
+            f"channels={attrs.channels} but weight of shape {shape_str(weight.shape)} and "
+            f"groups={groups} give {out_c} output channels",
+        )
+        out_c = unify_dim(out_c, attrs.channels)  # type: ignore[arg-type]
+    strides = pair(attrs.strides, "strides")
+    dilation = pair(attrs.dilation, "dilation")
+    output_padding = pair(attrs.output_padding, "output_padding")
+    top, left, bottom, right = padding4(attrs.padding, "padding")
+    for axis in range(2):
+        if not 0 <= output_padding[axis] < strides[axis]:
+            raise TypeCheckError(
+                f"output_padding {list(output_padding)} must be non-negative and smaller than "
+                f"the strides {list(strides)}"
+            )
+    sizes = []
+    for size, k, s, d, p, op in zip(
+        (h, w), (kh, kw), strides, dilation, (top + bottom, left + right), output_padding
+    ):
+        if isinstance(size, int) and isinstance(k, int):
+            out = (size - 1) * s - p + d * (k - 1) + op + 1
+            if out <= 0:
+                raise TypeCheckError(f"the padding {attrs.padding} leaves no output")
+            sizes.append(out)
+        else:
+            sizes.append(ANY)
+    if isinstance(kh, int) and isinstance(kw, int):
+        check_window_attrs((kh, kw), strides, dilation)
+    return TensorType((n, out_c, *sizes), attrs.out_dtype or data.dtype)  # type: ignore[arg-type]
+
+
+def _conv2d_transpose(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    x, w = np.asarray(arrays[0]), np.asarray(arrays[1])
+    out_dtype = attrs.out_dtype or x.dtype.name
+    acc = "float32" if out_dtype == "float16" else out_dtype
+    x, w = x.astype(acc), w.astype(acc)
+    n, c, h, wd = x.shape
+    _, og, kh, kw = w.shape
+    groups = attrs.groups
+    cg = c // groups  # type: ignore[operator]
+    (sh, sw), (dh, dw) = pair(attrs.strides, "strides"), pair(attrs.dilation, "dilation")
+    top, left, bottom, right = padding4(attrs.padding, "padding")
+    oph, opw = pair(attrs.output_padding, "output_padding")
+    oh = (h - 1) * sh - top - bottom + dh * (kh - 1) + oph + 1
+    ow = (wd - 1) * sw - left - right + dw * (kw - 1) + opw + 1
+    # Scatter every input element through every kernel tap into the padded output, then crop.
+    full_h = max((h - 1) * sh + dh * (kh - 1) + 1, top + oh)
+    full_w = max((wd - 1) * sw + dw * (kw - 1) + 1, left + ow)
+    full = np.zeros((n, og * groups, full_h, full_w), acc)  # type: ignore[operator]
+    for g in range(groups):  # type: ignore[call-overload]
+        xg = x[:, g * cg : (g + 1) * cg]
+        wg = w[g * cg : (g + 1) * cg]  # (cg, og, kh, kw)
+        for i in range(kh):
+            for j in range(kw):
+                part = np.einsum("nchw,co->nohw", xg, wg[:, :, i, j])
+                rows = slice(i * dh, i * dh + (h - 1) * sh + 1, sh)
+                cols = slice(j * dw, j * dw + (wd - 1) * sw + 1, sw)
+                full[:, g * og : (g + 1) * og, rows, cols] += part
+    return as_array(full[:, :, top : top + oh, left : left + ow], out_dtype)  # type: ignore
+
+
+def _conv2d_transpose_grad(c: Call, g: Expr) -> list[Expr | None]:
+    # conv2d_transpose(x, w) is the adjoint of conv2d(., w): its adjoints are conv2d's.
+    data, weight = c.args
+    attrs = c.attrs
+    ddata = call("nn.conv2d", g, weight, **_geometry(attrs))
+    dweight = call(
+        "nn.conv2d_backward_weight",
+        data,
+        g,
+        channels=gh.static_shape(weight, "nn.conv2d_transpose")[0],
+        kernel_size=gh.static_shape(weight, "nn.conv2d_transpose")[2:],
+        **_geometry(attrs),
+    )
+    return [ddata, dweight]
+
+
+conv2d_transpose = register(
+    "nn.conv2d_transpose",
+    inputs=("data", "weight"),
+    attrs=_window_attrs(
+        (
+            Attr("data_layout", "NCHW", kind="str", doc="layout of data (only NCHW)"),
+            Attr("out_layout", "", kind="str", doc="layout of the result ('' or NCHW)"),
+            Attr(
+                "output_padding",
+                (0, 0),
+                kind="ints",
+                convert=pair,
+                doc="rows and columns added at the bottom and right of the result",
+            ),
+        ),
+        "IOHW",
+    ),
+    relation=_conv2d_transpose_relation,
+    compute=_conv2d_transpose,
+    pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
+    doc="Transposed 2-D convolution (the adjoint of conv2d) of NCHW data with an IOHW kernel.",
+    gradient=_conv2d_transpose_grad,
+)
+
+
+def _backward_weight_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    args = tensor_args(arg_types, ("grad", "data"))
+    if args is None:
+        return None
+    grad, data = args
+    if (attrs.grad_layout, attrs.data_layout, attrs.kernel_layout) != ("NCHW", "NCHW", "OIHW"):
+        raise TypeCheckError(
+            "kiln's nn.conv2d_backward_weight supports grad_layout NCHW, data_layout NCHW and "
+            "kernel_layout OIHW only"
+        )
+    same_dtype(args, ("grad", "data"))
+    require_dtype(data, "data", "float")
+    require_rank(grad, "grad (NCHW)", 4)
+    require_rank(data, "data (NCHW)", 4)
+    if attrs.kernel_size is None:
+        raise TypeCheckError("nn.conv2d_backward_weight needs kernel_size")
+    kh, kw = pair(attrs.kernel_size, "kernel_size")
+    strides = pair(attrs.strides, "strides")
+    dilation = pair(attrs.dilation, "dilation")
+    check_window_attrs((kh, kw), strides, dilation)
+    groups = attrs.groups
+    o, c = grad.shape[1], data.shape[1]
+    if attrs.channels is not None:
+        check_dims_equal(
+            attrs.channels,  # type: ignore[arg-type]
+            o,
+            f"channels={attrs.channels} but grad of shape {shape_str(grad.shape)} has {o}",
+        )
+    if isinstance(c, int) and c % groups:  # type: ignore[operator]
+        raise TypeCheckError(f"groups={groups} does not divide the {c} channels of data")
+    top, left, bottom, right = padding4(attrs.padding, "padding")
+    pads = (top + bottom, left + right)
+    for axis, (size, want, k, s, d, p) in enumerate(
+        zip(data.shape[2:], grad.shape[2:], (kh, kw), strides, dilation, pads)
+    ):
+        if isinstance(size, int):
+            check_dims_equal(
+                window_out_size(size, p, k, d, s),
+                want,
+                f"grad of shape {shape_str(grad.shape)} is not the shape conv2d gives for data "
+                f"of shape {shape_str(data.shape)} (dimension {axis + 2})",
+            )
+    cg = c // groups if isinstance(c, int) else ANY  # type: ignore[operator]
+    return TensorType((o, cg, kh, kw), attrs.out_dtype or data.dtype)  # type: ignore[arg-type]
+
+
+def _conv2d_backward_weight(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    g, x = np.asarray(arrays[0]), np.asarray(arrays[1])
+    out_dtype = attrs.out_dtype or x.dtype.name
+    acc = "float32" if out_dtype == "float16" else out_dtype
+    top, left, bottom, right = padding4(attrs.padding, "padding")
+    x = np.pad(x.astype(acc), ((0, 0), (0, 0), (top, bottom), (left, right)))
+    g = g.astype(acc)
+    kernel = pair(attrs.kernel_size, "kernel_size")
+    windows = windows_2d(
+        x, kernel, pair(attrs.strides, "strides"), pair(attrs.dilation, "dilation")
+    )  # (N, C, OH, OW, kh, kw)
+    groups = attrs.groups
+    cg, og = x.shape[1] // groups, g.shape[1] // groups  # type: ignore[operator]
+    parts = []
+    for k in range(groups):  # type: ignore[call-overload]
+        xg = windows[:, k * cg : (k + 1) * cg]
+        gk = g[:, k * og : (k + 1) * og]
+        parts.append(np.tensordot(gk, xg, axes=([0, 2, 3], [0, 2, 3])))  # (og, cg, kh, kw)
+    return as_array(np.concatenate(parts, axis=0), out_dtype)  # type: ignore[arg-type]
+
+
+def _backward_weight_grad(c: Call, g: Expr) -> list[Expr | None]:
+    # Bilinear in (grad, data): <G, B(grad, data)> = <grad, conv2d(data, G)>.
+    grad, data = c.args
+    op = "nn.conv2d_backward_weight"
+    out_hw = gh.static_shape(grad, op)[2:]
+    kernel = pair(c.attrs.kernel_size, "kernel_size")
+    return [
+        call("nn.conv2d", data, g, **_geometry(c.attrs)),
+        _data_adjoint(grad, g, data, out_hw, kernel, c.attrs, op),  # type: ignore[arg-type]
+    ]
+
+
+conv2d_backward_weight = register(
+    "nn.conv2d_backward_weight",
+    inputs=("grad", "data"),
+    attrs=_window_attrs(
+        (
+            Attr("grad_layout", "NCHW", kind="str", doc="layout of grad (only NCHW)"),
+            Attr("data_layout", "NCHW", kind="str", doc="layout of data (only NCHW)"),
+        ),
+        "OIHW",
+    ),
+    relation=_backward_weight_relation,
+    compute=_conv2d_backward_weight,
+    pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
+    doc="The adjoint of conv2d's weight: grad (of conv2d's result) correlated with data.",
+    gradient=_backward_weight_grad,
+)
+
+__all__ = ["conv2d", "conv2d_backward_weight", "conv2d_transpose"]

@@ -8,7 +8,9 @@ import numpy as np
 
 from kiln.errors import TypeCheckError
 from kiln.ir.attrs import Attrs
+from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import TensorType, Type
+from kiln.op import grad_helpers as gh
 from kiln.op.common import (
     as_array,
     check_dims_equal,
@@ -20,6 +22,7 @@ from kiln.op.common import (
     tensor_args,
     unify_dim,
 )
+from kiln.op.grad_helpers import call
 from kiln.op.registry import Attr, OpPattern, register
 
 
@@ -64,6 +67,25 @@ def _dense(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     return as_array(np.matmul(x.astype(acc), w.astype(acc).T), out)  # type: ignore[arg-type]
 
 
+def _in_dtype(c: Call, g: Expr) -> Expr:
+    """The adjoint in the dtype of the inputs (it has the result's, which out_dtype may change)."""
+    source = gh.dtype(c.args[0])
+    return g if gh.dtype(c) == source else call("cast", g, dtype=source)
+
+
+def _dense_grad(c: Call, g: Expr) -> list[Expr | None]:
+    data, weight = c.args
+    g = _in_dtype(c, g)
+    ddata = call("nn.dense", g, call("transpose", weight))  # g @ weight
+    rank = gh.tensor_type(data).ndim
+    if rank != 2:  # the weight's adjoint sums over every leading dimension: flatten them
+        units, k = gh.static_shape(weight, "nn.dense")
+        g = call("reshape", g, newshape=[-1, units])
+        data = call("reshape", data, newshape=[-1, k])
+    dweight = call("nn.dense", call("transpose", g), call("transpose", data))  # g.T @ data
+    return [ddata, dweight]
+
+
 dense = register(
     "nn.dense",
     inputs=("data", "weight"),
@@ -75,6 +97,7 @@ dense = register(
     compute=_dense,
     pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
     doc="data @ weight.T for weight of shape (units, in): a fully connected layer.",
+    gradient=_dense_grad,
 )
 
 
@@ -126,6 +149,28 @@ def _batch_matmul(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     return as_array(np.matmul(a, b), out)  # type: ignore[arg-type]
 
 
+def _batch_matmul_grad(c: Call, g: Expr) -> list[Expr | None]:
+    # out = A @ B with A = x or x^T and B = y or y^T; dA = g @ B^T and dB = A^T @ g, each
+    # written as one batch_matmul with the transposes folded into its flags.
+    x, y = c.args
+    ta, tb = bool(c.attrs.transpose_a), bool(c.attrs.transpose_b)
+    g = _in_dtype(c, g)
+
+    def bmm(p: Expr, q: Expr, transpose_a: bool, transpose_b: bool) -> Expr:
+        return call("nn.batch_matmul", p, q, transpose_a=transpose_a, transpose_b=transpose_b)
+
+    dx = bmm(y, g, tb, True) if ta else bmm(g, y, False, not tb)
+    dy = bmm(g, x, True, ta) if tb else bmm(x, g, not ta, False)
+    out = c.checked_type
+    return [gh.unbroadcast(dx, x, _with_batch(x, out)), gh.unbroadcast(dy, y, _with_batch(y, out))]
+
+
+def _with_batch(arg: Expr, out: object) -> TensorType:
+    """The type ``arg``'s adjoint has before a broadcast batch dimension is summed away."""
+    t = gh.tensor_type(arg)
+    return TensorType((out.shape[0], *t.shape[1:]), t.dtype)  # type: ignore[attr-defined]
+
+
 batch_matmul = register(
     "nn.batch_matmul",
     inputs=("x", "y"),
@@ -138,6 +183,7 @@ batch_matmul = register(
     compute=_batch_matmul,
     pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
     doc="Matrix products of a batch of matrices (y transposed by default, as in TVM).",
+    gradient=_batch_matmul_grad,
 )
 
 
@@ -167,6 +213,10 @@ def _bias_add(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     return as_array(x + b.reshape(shape), x.dtype.name)
 
 
+def _bias_add_grad(c: Call, g: Expr) -> list[Expr | None]:
+    return [g, call("sum", g, axis=[c.attrs.axis], exclude=True)]
+
+
 bias_add = register(
     "nn.bias_add",
     inputs=("data", "bias"),
@@ -175,6 +225,7 @@ bias_add = register(
     compute=_bias_add,
     pattern=OpPattern.BROADCAST,
     doc="A 1-D bias added along one axis of data.",
+    gradient=_bias_add_grad,
 )
 
 __all__ = ["batch_matmul", "bias_add", "dense"]

@@ -12,7 +12,9 @@ import numpy as np
 
 from kiln.errors import TypeCheckError
 from kiln.ir.attrs import Attrs
+from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import TensorType, TupleType, Type
+from kiln.op import grad_helpers as gh
 from kiln.op.common import (
     as_array,
     check_dims_equal,
@@ -25,6 +27,7 @@ from kiln.op.common import (
     tensor_args,
     unify_dim,
 )
+from kiln.op.grad_helpers import along, call, scalar
 from kiln.op.registry import Attr, OpPattern, register
 
 
@@ -79,6 +82,32 @@ def _batch_norm(arrays: list[np.ndarray], attrs: Attrs) -> tuple[np.ndarray, ...
     return as_array(out, x.dtype.name), mean.copy(), var.copy()
 
 
+def _batch_norm_grad(c: Call, g: Expr) -> list[Expr | None]:
+    # out = (x - mean) * inv * gamma + beta with inv = (var + eps)^-1/2, per channel; the
+    # second and third results pass moving_mean and moving_var through unchanged.
+    x, gamma, _, mean, var = c.args
+    g_out, g_mean, g_var = gh.fields(g, 3)
+    xt = gh.tensor_type(x)
+    axis = normalize_axis(c.attrs.axis, xt.ndim)  # type: ignore[arg-type]
+    dt = xt.dtype
+
+    def per_channel(e: Expr) -> Expr:
+        return call("sum", e, axis=[axis], exclude=True)
+
+    inv = call("rsqrt", var + scalar(c.attrs.epsilon, dt))  # type: ignore[arg-type]
+    scale = inv * gamma if c.attrs.scale else inv
+    centred = x - along(mean, xt.ndim, axis)
+    g_centred = per_channel(g_out * centred)
+    g_total = per_channel(g_out)
+    dx = g_out * along(scale, xt.ndim, axis)
+    dgamma = g_centred * inv if c.attrs.scale else None
+    dbeta = g_total if c.attrs.center else None
+    dmean = g_mean - g_total * scale
+    # d/dvar (var + eps)^-1/2 = -1/2 inv^3
+    dvar = g_var + g_centred * scale * scalar(-0.5, dt) * inv * inv
+    return [dx, dgamma, dbeta, dmean, dvar]
+
+
 batch_norm = register(
     "nn.batch_norm",
     inputs=BATCH_NORM_INPUTS,
@@ -93,6 +122,7 @@ batch_norm = register(
     pattern=OpPattern.OPAQUE,
     doc="(x - mean) / sqrt(var + eps) * gamma + beta per channel, from the moving statistics; "
     "a tuple (out, moving_mean, moving_var).",
+    gradient=_batch_norm_grad,
 )
 
 
@@ -124,6 +154,27 @@ def _layer_norm(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     return as_array(out, x.dtype.name)
 
 
+def _layer_norm_grad(c: Call, g: Expr) -> list[Expr | None]:
+    # With xhat = (x - mu) * rstd along the axis and dxhat = g * gamma:
+    # dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
+    x, gamma, _ = c.args
+    xt = gh.tensor_type(x)
+    axis = normalize_axis(c.attrs.axis, xt.ndim)  # type: ignore[arg-type]
+    eps = scalar(c.attrs.epsilon, xt.dtype)  # type: ignore[arg-type]
+
+    def mean(e: Expr) -> Expr:
+        return call("mean", e, axis=[axis], keepdims=True)
+
+    centred = x - mean(x)
+    rstd = call("rsqrt", mean(centred * centred) + eps)
+    xhat = centred * rstd
+    dxhat = g * along(gamma, xt.ndim, axis) if c.attrs.scale else g
+    dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
+    dgamma = call("sum", g * xhat, axis=[axis], exclude=True) if c.attrs.scale else None
+    dbeta = call("sum", g, axis=[axis], exclude=True) if c.attrs.center else None
+    return [dx, dgamma, dbeta]
+
+
 layer_norm = register(
     "nn.layer_norm",
     inputs=LAYER_NORM_INPUTS,
@@ -137,6 +188,7 @@ layer_norm = register(
     compute=_layer_norm,
     pattern=OpPattern.OPAQUE,
     doc="(x - mean) / sqrt(var + eps) * gamma + beta, statistics taken along one axis.",
+    gradient=_layer_norm_grad,
 )
 
 
@@ -165,6 +217,7 @@ dropout = register(
     compute=_dropout,
     pattern=OpPattern.OPAQUE,
     doc="Dropout as at inference: a tuple (data unchanged, a mask of ones).",
+    gradient=lambda c, g: [gh.fields(g, 2)[0]],  # the identity, as at inference
 )
 
 __all__ = ["batch_norm", "dropout", "layer_norm"]

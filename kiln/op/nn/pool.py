@@ -15,20 +15,27 @@ import numpy as np
 
 from kiln.errors import EvalError, TypeCheckError
 from kiln.ir.attrs import Attrs
+from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import TensorType, Type
+from kiln.op import grad_helpers as gh
 from kiln.op.common import (
     as_array,
+    check_dims_equal,
     check_window_attrs,
     is_int,
     padding4,
     pair,
     require_dtype,
     require_rank,
+    same_dtype,
+    shape_str,
     tensor_arg,
+    tensor_args,
     trunc_divide,
     window_out_size,
     windows_2d,
 )
+from kiln.op.grad_helpers import call
 from kiln.op.registry import Attr, OpPattern, register
 
 
@@ -86,21 +93,28 @@ def _max_pool2d(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     return as_array(_windows(x, attrs, lowest).max(axis=(-2, -1)), x.dtype.name)
 
 
-def _avg_pool2d(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
-    x = np.asarray(arrays[0])
-    acc = "int64" if is_int(x.dtype.name) else ("float32" if x.dtype == np.float16 else x.dtype)
-    sums = _windows(x.astype(acc), attrs, 0).sum(axis=(-2, -1))
-    # Each window's divisor: how many of its positions lie in the region that counts, the
-    # input with its padding or the input alone; never the extra room of ceil mode.
+def _divisors(hw: tuple[int, ...], attrs: Attrs, dtype: object) -> np.ndarray:
+    """Each average-pooling window's divisor, shape (OH, OW).
+
+    It is how many of the window's positions lie in the region that counts, the input with its
+    padding or the input alone; never the extra room of ceil mode; at least 1.
+    """
     kernel, strides, dilation, (top, left, bottom, right), extra = _geometry(attrs)
-    h, w = x.shape[2:]
-    counted = np.zeros((top + h + bottom + extra[0], left + w + right + extra[1]), acc)
+    h, w = hw
+    counted = np.zeros((top + h + bottom + extra[0], left + w + right + extra[1]), dtype)
     if attrs.count_include_pad:
         counted[: top + h + bottom, : left + w + right] = 1
     else:
         counted[top : top + h, left : left + w] = 1
     counts = windows_2d(counted, kernel, strides, dilation).sum(axis=(-2, -1))
-    counts = np.maximum(counts, 1)
+    return np.maximum(counts, 1)
+
+
+def _avg_pool2d(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    x = np.asarray(arrays[0])
+    acc = "int64" if is_int(x.dtype.name) else ("float32" if x.dtype == np.float16 else x.dtype)
+    sums = _windows(x.astype(acc), attrs, 0).sum(axis=(-2, -1))
+    counts = _divisors(x.shape[2:], attrs, acc)
     if is_int(x.dtype.name):
         return as_array(trunc_divide(sums, counts), x.dtype.name)
     return as_array(sums / counts, x.dtype.name)
@@ -143,6 +157,7 @@ max_pool2d = register(
     compute=_max_pool2d,
     pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
     doc="Largest element of each 2-D window of NCHW data.",
+    gradient=lambda c, g: [call("nn.max_pool2d_grad", g, c.args[0], **dict(c.attrs))],
 )
 avg_pool2d = register(
     "nn.avg_pool2d",
@@ -152,6 +167,92 @@ avg_pool2d = register(
     compute=_avg_pool2d,
     pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
     doc="Mean of each 2-D window of NCHW data.",
+    gradient=lambda c, g: [call("nn.avg_pool2d_grad", g, c.args[0], **dict(c.attrs))],
+)
+
+
+# --- the adjoints of pooling (TVM's max_pool2d_grad and avg_pool2d_grad) ------------------
+
+
+def _pool_grad_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    args = tensor_args(arg_types, ("out_grad", "data"))
+    if args is None:
+        return None
+    out_grad, data = args
+    pooled = _pool_relation([data], attrs)
+    assert isinstance(pooled, TensorType)
+    require_dtype(data, "data", "float")
+    same_dtype(args, ("out_grad", "data"))
+    for i, (a, b) in enumerate(zip(out_grad.shape, pooled.shape, strict=False)):
+        check_dims_equal(
+            a,
+            b,
+            f"out_grad has shape {shape_str(out_grad.shape)} but pooling data of shape "
+            f"{shape_str(data.shape)} gives {shape_str(pooled.shape)} (dimension {i})",
+        )
+    require_rank(out_grad, "out_grad (NCHW)", 4)
+    return data
+
+
+def _scatter_windows(
+    x_shape: tuple[int, ...], attrs: Attrs, per_tap: np.ndarray, dtype: str
+) -> np.ndarray:
+    """Add ``per_tap`` (N, C, OH, OW, kh, kw) into each window's place in the padded input,
+    and crop the padding away."""
+    kernel, strides, dilation, (top, left, bottom, right), extra = _geometry(attrs)
+    n, c, h, w = x_shape
+    oh, ow = per_tap.shape[2:4]
+    padded = np.zeros((n, c, top + h + bottom + extra[0], left + w + right + extra[1]), dtype)
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            rows = slice(i * dilation[0], i * dilation[0] + (oh - 1) * strides[0] + 1, strides[0])
+            cols = slice(j * dilation[1], j * dilation[1] + (ow - 1) * strides[1] + 1, strides[1])
+            padded[:, :, rows, cols] += per_tap[..., i, j]
+    return padded[:, :, top : top + h, left : left + w]
+
+
+def _max_pool2d_grad(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    g, x = np.asarray(arrays[0]), np.asarray(arrays[1])
+    windows = _windows(x, attrs, -np.inf)  # (N, C, OH, OW, kh, kw)
+    kh, kw = windows.shape[-2:]
+    flat = windows.reshape(*windows.shape[:4], kh * kw)
+    # The adjoint goes to the first largest element of each window (row-major order).
+    first = np.argmax(flat, axis=-1)
+    taps = np.zeros(flat.shape, g.dtype)
+    np.put_along_axis(taps, first[..., None], g[..., None], axis=-1)
+    return _scatter_windows(x.shape, attrs, taps.reshape(windows.shape), g.dtype.name)
+
+
+def _avg_pool2d_grad(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    g, x = np.asarray(arrays[0]), np.asarray(arrays[1])
+    # Each window's share of its adjoint: the same divisor the forward pass used.
+    share = (g / _divisors(x.shape[2:], attrs, g.dtype))[..., None, None]
+    kernel = pair(attrs.pool_size, "pool_size")
+    taps = np.broadcast_to(share, (*g.shape, *kernel))
+    return _scatter_windows(x.shape, attrs, taps, g.dtype.name)
+
+
+max_pool2d_grad = register(
+    "nn.max_pool2d_grad",
+    inputs=("out_grad", "data"),
+    attrs=_pool_attrs(count_include_pad=False),
+    relation=_pool_grad_relation,
+    compute=_max_pool2d_grad,
+    pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
+    doc="The adjoint of max_pool2d: each window's out_grad added at its largest element.",
+    # Its own derivative would gather at each window's largest element, an operator kiln lacks.
+    differentiable=False,
+)
+avg_pool2d_grad = register(
+    "nn.avg_pool2d_grad",
+    inputs=("out_grad", "data"),
+    attrs=_pool_attrs(count_include_pad=True),
+    relation=_pool_grad_relation,
+    compute=_avg_pool2d_grad,
+    pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
+    doc="The adjoint of avg_pool2d: each window's out_grad spread evenly over the window.",
+    # Linear in out_grad, whose adjoint is avg_pool2d again; data gives only the shape.
+    gradient=lambda c, g: [call("nn.avg_pool2d", g, **dict(c.attrs)), None],
 )
 
 
@@ -196,6 +297,9 @@ global_avg_pool2d = register(
     compute=_global_avg_pool2d,
     pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
     doc="Mean over the whole height and width of NCHW data, as (N, C, 1, 1).",
+    gradient=lambda c, g: [
+        call("broadcast_to_like", g, c.args[0]) / gh.element_count(c.args[0], (2, 3))
+    ],
 )
 global_max_pool2d = register(
     "nn.global_max_pool2d",
@@ -205,6 +309,21 @@ global_max_pool2d = register(
     compute=_global_max_pool2d,
     pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
     doc="Largest element over the whole height and width of NCHW data, as (N, C, 1, 1).",
+    gradient=lambda c, g: _global_max_grad(c, g),
 )
 
-__all__ = ["avg_pool2d", "global_avg_pool2d", "global_max_pool2d", "max_pool2d"]
+
+def _global_max_grad(c: Call, g: Expr) -> list[Expr | None]:
+    # Every element equal to its channel's maximum receives the adjoint.
+    x = c.args[0]
+    hit = call("equal", x, call("broadcast_to_like", c, x))
+    return [call("where", hit, call("broadcast_to_like", g, x), gh.zeros_like(x))]
+
+__all__ = [
+    "avg_pool2d",
+    "avg_pool2d_grad",
+    "global_avg_pool2d",
+    "global_max_pool2d",
+    "max_pool2d",
+    "max_pool2d_grad",
+]

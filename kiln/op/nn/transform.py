@@ -10,7 +10,9 @@ from kiln.errors import Error, TypeCheckError
 from kiln.ir.attrs import Attrs
 from kiln.ir.expr import Call, Expr, const
 from kiln.ir.ty import ANY, Dim, TensorType, Type
+from kiln.op import grad_helpers as gh
 from kiln.op.common import dim_product, shape_str, tensor_arg
+from kiln.op.grad_helpers import call, reshape_to
 from kiln.op.registry import Attr, OpPattern, register
 
 PAD_MODES = ("constant", "edge", "reflect")
@@ -77,6 +79,63 @@ def _pad(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     return np.pad(x, attrs.pad_width, mode=attrs.pad_mode)  # type: ignore[call-overload]
 
 
+def _pad_grad(c: Call, g: Expr) -> list[Expr | None]:
+    data, value = c.args
+    widths = c.attrs.pad_width
+    mode = c.attrs.pad_mode
+    if mode == "constant":
+        # The data's adjoint is the middle of g; the pad value's, the sum of the rest.
+        ends = [-after if after else 2**31 - 1 for _, after in widths]  # type: ignore[union-attr]
+        middle = call("strided_slice", g, begin=[b for b, _ in widths], end=ends)  # type: ignore
+        dvalue = None
+        if gh.dtype(value).startswith("float"):
+            rest = call("sum", g) - call("sum", middle)
+            if gh.dtype(value) != gh.dtype(data):
+                rest = call("cast", rest, dtype=gh.dtype(value))
+            dvalue = rest
+        return [middle, dvalue]
+    # edge and reflect copy data's own elements outward, one axis after another (as numpy
+    # pads): undo the axes last to first, adding each copied border back where it came from.
+    shape = gh.static_shape(data, "nn.pad")
+    for axis in reversed(range(len(shape))):
+        before, after = widths[axis]  # type: ignore[index]
+        if before == after == 0:
+            continue
+        g = _unpad_axis(g, data, axis, before, after, mode)  # type: ignore[arg-type]
+    return [g, None]
+
+
+def _unpad_axis(g: Expr, data: Expr, axis: int, before: int, after: int, mode: str) -> Expr:
+    """The adjoint of padding one axis of ``data`` in edge or reflect mode."""
+    n = gh.static_shape(data, "nn.pad")[axis]
+
+    def part(start: int, stop: int, step: int = 1) -> Expr:
+        return call("strided_slice", g, begin=[start], end=[stop], strides=[step], axes=[axis])
+
+    def place(e: Expr, at: int, length: int) -> Expr:
+        """``e`` (``length`` long on the axis) put at offset ``at`` of a zero axis of ``n``."""
+        widths = [(0, 0)] * gh.tensor_type(data).ndim
+        widths[axis] = (at, n - at - length)
+        return call("nn.pad", e, scalar_zero, pad_width=widths)
+
+    scalar_zero = gh.scalar(0, gh.dtype(data))
+    out = part(before, before + n)
+    if mode == "edge":
+        if before:
+            out = out + place(call("sum", part(0, before), axis=[axis], keepdims=True), 0, 1)
+        if after:
+            edge = call("sum", part(before + n, before + n + after), axis=[axis], keepdims=True)
+            out = out + place(edge, n - 1, 1)
+        return out
+    # reflect: g[before - k] came from data[k], and g[before + n - 1 + k] from data[n - 1 - k]
+    if before:
+        out = out + place(part(before - 1, -(2**31), -1), 1, before)
+    if after:
+        tail = part(before + n + after - 1, before + n - 1, -1)
+        out = out + place(tail, n - 1 - after, after)
+    return out
+
+
 _pad_op = register(
     "nn.pad",
     inputs=("data", "pad_value"),
@@ -88,6 +147,7 @@ _pad_op = register(
     compute=_pad,
     pattern=OpPattern.INJECTIVE,
     doc="data padded on each side of each axis (pad_value is converted to data's dtype).",
+    gradient=_pad_grad,
 )
 
 
@@ -120,6 +180,7 @@ batch_flatten = register(
     ),
     pattern=OpPattern.INJECTIVE,
     doc="Each item of the batch flattened: shape (N, d1 * d2 * ...).",
+    gradient=lambda c, g: [reshape_to(g, c.args[0])],
 )
 
 __all__ = ["batch_flatten", "pad"]

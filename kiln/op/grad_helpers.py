@@ -1,0 +1,122 @@
+"""Helpers shared by the gradient rules of the operator families.
+
+A gradient rule is a function ``gradient(call, out_grad) -> list[Expr | None]`` registered with
+its operator. ``call`` is the forward call: its arguments are typed variables (their
+``checked_type`` is known) and ``call.checked_type`` is the result type; using ``call`` itself in
+an adjoint expression refers to the forward result, which automatic differentiation computes
+once and shares. ``out_grad`` is the adjoint of the result (a tuple for operators returning
+tuples). The rule returns one adjoint expression per input, built from operator calls, or None
+for an input that has no gradient (integer indices, a boolean condition, an argument used only
+for its shape).
+
+The builders here look operators up by name when called, so this module can be imported by
+every family file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from kiln.errors import Error
+from kiln.ir.expr import Call, Constant, Expr, Tuple, TupleGetItem
+from kiln.ir.ty import TensorType, TupleType, Type
+from kiln.op import registry
+
+
+def call(name: str, *args: object, **attrs: object) -> Call:
+    """A call of the operator ``name`` (its builder, looked up when needed)."""
+    return registry.get(name)(*args, **attrs)
+
+
+def tensor_type(e: Expr) -> TensorType:
+    """The checked tensor type of a forward argument or result."""
+    t = e.checked_type
+    if not isinstance(t, TensorType):
+        raise Error(f"a gradient rule expected a tensor, found a value of type {t}")
+    return t
+
+
+def dtype(e: Expr) -> str:
+    return tensor_type(e).dtype
+
+
+def static_shape(e: Expr, op: str) -> tuple[int, ...]:
+    """The shape of ``e``, which the gradient of ``op`` needs to know before run time."""
+    t = tensor_type(e)
+    if not t.is_static:
+        raise Error(
+            f"the gradient of {op} needs the static shape of its argument, but it has type {t}"
+        )
+    return t.shape  # type: ignore[return-value]
+
+
+def scalar(value: float, dt: str) -> Constant:
+    """A scalar constant of a dtype."""
+    return Constant(np.asarray(value, dtype=dt))
+
+
+def zeros_like(e: Expr) -> Call:
+    return call("zeros_like", e)
+
+
+def unbroadcast(g: Expr, arg: Expr, out_type: Type) -> Expr:
+    """``g`` (shaped like the broadcast result) summed back to the shape of ``arg``."""
+    at = arg.checked_type
+    if isinstance(at, TensorType) and isinstance(out_type, TensorType):
+        if at.is_static and at.shape == out_type.shape:
+            return g
+    return call("collapse_sum_like", g, arg)
+
+
+def fields(e: Expr, n: int) -> list[Expr]:
+    """The fields of a tuple-valued expression, projected unless it is a tuple literal."""
+    if isinstance(e, Tuple):
+        return list(e.fields)
+    return [TupleGetItem(e, i) for i in range(n)]
+
+
+def tuple_size(e: Expr) -> int:
+    t = e.checked_type
+    if not isinstance(t, TupleType):
+        raise Error(f"a gradient rule expected a tuple, found a value of type {t}")
+    return len(t.fields)
+
+
+def keepdims_shape(g: Expr, data: Expr, axes: Sequence[int], keepdims: bool) -> Expr:
+    """The adjoint of a reduction's result with the reduced axes put back as size 1."""
+    if keepdims:
+        return g
+    t = tensor_type(data)
+    if t.is_static:
+        shape = [1 if i in axes else d for i, d in enumerate(t.shape)]
+        return call("reshape", g, newshape=shape)
+    for a in sorted(axes):
+        g = call("expand_dims", g, axis=a)
+    return g
+
+
+def along(vector: Expr, ndim: int, axis: int) -> Expr:
+    """A 1-D vector shaped to broadcast along ``axis`` of a rank-``ndim`` tensor."""
+    trailing = ndim - 1 - axis
+    if trailing == 0:
+        return vector
+    return call("expand_dims", vector, axis=1, num_newaxis=trailing)
+
+
+def reshape_to(g: Expr, data: Expr) -> Expr:
+    """``g`` reshaped to the shape of ``data`` (statically when it is known)."""
+    t = tensor_type(data)
+    if t.is_static:
+        return call("reshape", g, newshape=list(t.shape))
+    return call("reshape_like", g, data)
+
+
+def element_count(data: Expr, axes: Sequence[int]) -> Expr:
+    """How many elements of ``data`` each reduced element covers, as a keepdims tensor/scalar."""
+    t = tensor_type(data)
+    sizes = [t.shape[a] for a in axes]
+    if all(isinstance(s, int) for s in sizes):
+        return scalar(float(np.prod(sizes, dtype=np.int64)), t.dtype)
+    return call("sum", call("ones_like", data), axis=list(axes), keepdims=True)
