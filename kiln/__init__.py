@@ -6,13 +6,15 @@
     out = kiln.interpret(mod, x)        # run @main with the reference interpreter
 """
 
-from kiln import op
+from kiln import op, transform
+from kiln.ad import grad
 from kiln.errors import Error, EvalError, InternalError, ParseError, TypeCheckError
 from kiln.eval import Closure, ConstructorValue, RefValue, interpret
 from kiln.infer import infer_types
 from kiln.ir import *  # noqa: F403
 from kiln.ir import __all__ as _ir_all
 from kiln.text import astext, parse, parse_expr, parse_type
+from kiln.transform import optimize
 
 __all__ = [
     "Closure",
@@ -24,12 +26,15 @@ __all__ = [
     "RefValue",
     "TypeCheckError",
     "astext",
+    "grad",
     "infer_types",
     "interpret",
     "op",
+    "optimize",
     "parse",
     "parse_expr",
     "parse_type",
+    "transform",
     *_ir_all,
 ]
 __version__ = "0.1.0"

@@ -103,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="print the IR before this pass ('*' for all)")
     opt.add_argument("--dump-after", action="append", metavar="PASS",
                      help="print the IR after this pass ('*' for all)")
+    opt.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                     help="show tracebacks, and type-check after every pass")
     opt.set_defaults(run=cmd_optimize)
     return parser
 

@@ -174,6 +174,7 @@ class OpDef:
     lower: Callable[..., Any] | None = None
     _attr_index: dict[str, Attr] = field(init=False, repr=False)
     _defaults: dict[str, Any] = field(init=False, repr=False)
+    _default_attrs: Attrs | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_attr_index", {a.name: a for a in self.attrs})
@@ -181,6 +182,9 @@ class OpDef:
         defaults = {a.name: a.check(a.default, self.name) for a in self.attrs
                     if a.default is not REQUIRED}
         object.__setattr__(self, "_defaults", defaults)
+        # Most calls give no attributes: share one normalized Attrs for them.
+        complete = len(defaults) == len(self.attrs)
+        object.__setattr__(self, "_default_attrs", Attrs(defaults) if complete else None)
 
     @property
     def op(self) -> Op:
@@ -196,6 +200,8 @@ class OpDef:
 
     def normalize_attrs(self, given: Mapping[str, Any], span: Span | None = None) -> Attrs:
         """Every attribute of the op: given values checked, the rest filled with defaults."""
+        if not given and self._default_attrs is not None:
+            return self._default_attrs
         unknown = [k for k in given if k not in self._attr_index]
         if unknown:
             valid = ", ".join(a.name for a in self.attrs) or "none"
