@@ -64,3 +64,12 @@ def test_deep_non_tail_recursion_runs():
     def @main(%n: int32) { @count(%n) }
     """
     assert int(kiln.interpret(kiln.parse(text), np.int32(N))) == N
+
+
+def test_dataflow_graph_goes_through_optimize():
+    mod = dataflow_graph(N)
+    out = kiln.optimize(mod)
+    stats = kiln.transform.fusion_stats(out)
+    assert stats.calls_outside == 0 and stats.primitive_functions < N // 50
+    x = np.array([0.5, -3.0], "float32")
+    np.testing.assert_array_equal(kiln.interpret(out, x), kiln.interpret(mod, x))

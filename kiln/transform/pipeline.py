@@ -14,6 +14,7 @@ from kiln.transform.pass_manager import PassContext, Sequential, get_pass
 # Each step is a registered pass name; a step whose opt_level exceeds the context's is skipped.
 STANDARD_PIPELINE = (
     "infer-type",
+    "to-graph-normal-form",  # pure lets become dataflow, so fusion sees across them
     "simplify-inference",
     "eliminate-common-subexpr",
     "fold-constant",
