@@ -28,8 +28,10 @@ test-slow: $(VENV)/.installed-test
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check kiln tests benchmarks examples
 
-bench: $(VENV)/.installed
+bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/frontend.py
+	$(BIN)/python benchmarks/optimize.py
+	$(BIN)/python benchmarks/ad.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -46,7 +46,8 @@ def bench_model(name: str, build, repeat: int, opt_level: int = 3) -> None:  # n
         out = kiln.optimize(bound, opt_level=opt_level)
         times.append(time.perf_counter() - start)
     after, prims = census(out)
-    print(f"{name:<10} O{opt_level}  operator calls {sum(before.values()):5d} -> {sum(after.values()):5d}   "
+    n_before, n_after = sum(before.values()), sum(after.values())
+    print(f"{name:<10} O{opt_level}  operator calls {n_before:5d} -> {n_after:5d}   "
           f"fused primitive functions {prims:4d}   "
           f"optimize median {statistics.median(times):6.2f} s (of {repeat})")
     changed = sorted(k for k in before | after if before[k] != after[k])

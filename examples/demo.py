@@ -56,14 +56,24 @@ def main() -> None:
         else:
             print(f"result {i}: {item}")
 
-    section("5. and a mistake, as kiln reports it")
+    section("5. optimize: fold, simplify and fuse operators into kernels")
+    optimized = kiln.optimize(mod, opt_level=3)
+    stats = kiln.transform.fusion_stats(optimized)
+    print(f"{stats.calls_inside} operator calls in {stats.primitive_functions} fused kernels "
+          f"(Primitive=1 functions); the optimized @classify:")
+    print(kiln.astext(optimized["classify"]))
+    again = kiln.interpret(optimized, *args)
+    first = adt_to_list(again)[0] if isinstance(again, kiln.ConstructorValue) else again
+    print(f"same result after optimizing: {np.allclose(first[0], items[0][0])}")
+
+    section("6. and a mistake, as kiln reports it")
     broken = text.replace("%w2: Tensor[(3, 16), float32]) {", "%w2: Tensor[(3, 12), float32]) {", 1)
     try:
         kiln.infer_types(kiln.parse(broken, source_name=str(path)))
     except kiln.Error as err:
         print(err)
 
-    section("6. differentiate, and train an MLP with the gradients (examples/train_mlp.py)")
+    section("7. differentiate, and train an MLP with the gradients (examples/train_mlp.py)")
     import train_mlp  # beside this file
 
     body = train_mlp.gradient_program(batch=100)["main"].body
