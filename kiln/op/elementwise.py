@@ -17,6 +17,8 @@ from kiln.errors import Error, EvalError, TypeCheckError
 from kiln.ir.attrs import Attrs
 from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import TensorType, Type
+from kiln.loops import oplib
+from kiln.loops.oplib import LowerFn
 from kiln.op import grad_helpers as gh
 from kiln.op.common import (
     as_array,
@@ -55,6 +57,7 @@ def _unary(
     kind: str = "float",
     differentiable: bool = True,
     gradient: Gradient | None = None,
+    lower: LowerFn | None = None,
 ) -> OpDef:
     """Register an operator applying ``fn`` to every element, keeping shape and dtype."""
 
@@ -72,6 +75,7 @@ def _unary(
         doc=doc,
         differentiable=differentiable,
         gradient=gradient,
+        lower=lower,
     )
 
 
@@ -118,7 +122,13 @@ def _k(c: Call, value: float) -> Expr:
     return scalar(value, gh.dtype(c))
 
 
-exp = _unary("exp", np.exp, "e raised to each element.", gradient=lambda c, g: [g * c])
+exp = _unary(
+    "exp",
+    np.exp,
+    "e raised to each element.",
+    gradient=lambda c, g: [g * c],
+    lower=oplib.unary("exp"),
+)
 log = _unary(
     "log", np.log, "Natural logarithm of each element.", gradient=lambda c, g: [g / _x(c)]
 )
@@ -139,6 +149,7 @@ tanh = _unary(
     np.tanh,
     "Hyperbolic tangent of each element.",
     gradient=lambda c, g: [g * (_k(c, 1.0) - c * c)],
+    lower=oplib.unary("tanh"),
 )
 sigmoid = _unary(
     "sigmoid",
@@ -167,6 +178,7 @@ negative = _unary(
     "Negation of each element.",
     kind="numeric",
     gradient=lambda c, g: [negative(g)],
+    lower=oplib.unary("neg"),
 )
 # where() rather than sign(): the adjoint stays differentiable (sign is not).
 abs_ = _unary(
@@ -229,6 +241,7 @@ def _binary(
     result_dtype: str | None = None,
     differentiable: bool = True,
     gradient: Gradient | None = None,
+    lower: LowerFn | None = None,
 ) -> OpDef:
     """Register a broadcasting binary operator computing ``fn(lhs, rhs)``."""
 
@@ -246,6 +259,7 @@ def _binary(
         doc=doc,
         differentiable=differentiable,
         gradient=gradient,
+        lower=lower,
     )
 
 
@@ -308,18 +322,21 @@ add = _binary(
     np.add,
     "Elementwise sum, with broadcasting.",
     gradient=lambda c, g: _binary_grads(c, g, g),
+    lower=oplib.binary("add"),
 )
 subtract = _binary(
     "subtract",
     np.subtract,
     "Elementwise difference, with broadcasting.",
     gradient=lambda c, g: _binary_grads(c, g, negative(g)),
+    lower=oplib.binary("sub"),
 )
 multiply = _binary(
     "multiply",
     np.multiply,
     "Elementwise product, with broadcasting.",
     gradient=lambda c, g: _binary_grads(c, g * c.args[1], g * c.args[0]),
+    lower=oplib.binary("mul"),
 )
 divide = _binary(
     "divide",
@@ -351,6 +368,7 @@ maximum = _binary(
         where(greater_equal(c.args[0], c.args[1]), g, _zero(g)),
         where(greater_equal(c.args[0], c.args[1]), _zero(g), g),
     ),
+    lower=oplib.binary("max"),
 )
 minimum = _binary(
     "minimum",

@@ -16,6 +16,8 @@ from kiln.errors import EvalError, TypeCheckError
 from kiln.ir.attrs import Attrs
 from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import Dim, TensorType, Type
+from kiln.loops import oplib
+from kiln.loops.oplib import LowerFn
 from kiln.op import grad_helpers as gh
 from kiln.op.common import (
     as_array,
@@ -85,6 +87,7 @@ def _reduction(
     result_dtype: str | None = None,
     differentiable: bool = True,
     gradient: Callable[[Call, Expr], list[Expr | None]] | None = None,
+    lower: LowerFn | None = None,
 ) -> OpDef:
     """Register a reduction computing ``fn(x, axis=axes, keepdims=keepdims)``."""
 
@@ -108,6 +111,7 @@ def _reduction(
         doc=doc,
         differentiable=differentiable,
         gradient=gradient,
+        lower=lower,
     )
 
 
@@ -163,7 +167,13 @@ def _extremum_grad(c: Call, g: Expr) -> list[Expr | None]:
     return [call("where", hit, _spread(c, g), gh.zeros_like(x))]
 
 
-sum_ = _reduction("sum", _sum, "Sum of the elements over the given axes.", gradient=_sum_grad)
+sum_ = _reduction(
+    "sum",
+    _sum,
+    "Sum of the elements over the given axes.",
+    gradient=_sum_grad,
+    lower=oplib.reduction("add", lambda dt: oplib.dtype_const(0, dt)),
+)
 mean = _reduction(
     "mean",
     _mean,

@@ -262,6 +262,7 @@ def register(
     needs_values: bool = False,
     differentiable: bool = True,
     gradient: Callable[..., Any] | None = None,
+    lower: Callable[..., Any] | None = None,
 ) -> OpDef:
     """Add an operator to the registry and return its definition (which is its builder)."""
     if name in _REGISTRY:
@@ -277,6 +278,7 @@ def register(
         needs_values=needs_values,
         differentiable=differentiable,
         gradient=gradient,
+        lower=lower,
     )
     _REGISTRY[name] = opdef
     return opdef

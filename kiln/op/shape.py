@@ -18,6 +18,8 @@ from kiln.errors import EvalError, TypeCheckError
 from kiln.ir.attrs import Attrs
 from kiln.ir.expr import Call, Expr, Tuple, TupleGetItem
 from kiln.ir.ty import ANY, AnyDim, Dim, IncompleteType, SymDim, TensorType, TupleType, Type
+from kiln.loops import oplib
+from kiln.loops.compute import compute
 from kiln.op import grad_helpers as gh
 from kiln.op.common import (
     broadcast_shape,
@@ -166,6 +168,9 @@ reshape = register(
     pattern=OpPattern.INJECTIVE,
     doc="The same elements in a new shape (0 copies, -1 infers, -2..-4 as in Relay).",
     gradient=lambda c, g: [reshape_to(g, c.args[0])],
+    lower=lambda inputs, attrs, out: compute(
+        out.shape, out.dtype,
+        lambda *i: inputs[0](*oplib.reshape_indices(inputs[0].shape, out.shape, i))),
 )
 
 

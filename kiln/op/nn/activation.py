@@ -9,6 +9,8 @@ import numpy as np
 from kiln.ir.attrs import Attrs
 from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import Type
+from kiln.loops import oplib
+from kiln.loops.ir import Binary
 from kiln.op import grad_helpers as gh
 from kiln.op.common import as_array, normalize_axis, require_dtype, tensor_arg
 from kiln.op.grad_helpers import call, scalar
@@ -42,6 +44,7 @@ relu = register(
     pattern=OpPattern.ELEMWISE,
     doc="max(x, 0) elementwise.",
     gradient=lambda c, g: [_positive_or(c, g, gh.zeros_like(g))],
+    lower=oplib.unary(lambda x: Binary("max", x, oplib.dtype_const(0, x.dtype))),
 )
 
 

@@ -10,6 +10,10 @@ from kiln.errors import TypeCheckError
 from kiln.ir.attrs import Attrs
 from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import TensorType, Type
+from kiln.loops import oplib
+from kiln.loops.compute import Tensor, compute, reduce
+from kiln.loops.ir import Binary, Cast
+from kiln.loops.ir import Expr as LExpr
 from kiln.op import grad_helpers as gh
 from kiln.op.common import (
     as_array,
@@ -86,6 +90,23 @@ def _dense_grad(c: Call, g: Expr) -> list[Expr | None]:
     return [ddata, dweight]
 
 
+def _dense_lower(inputs: list, attrs: Attrs, out: Type) -> Tensor:
+    x, w = inputs
+    k = x.shape[-1]
+
+    def body(o: tuple, r: tuple) -> LExpr:
+        a, b = x(*o[:-1], r[0]), w(o[-1], r[0])
+        acc = _accumulator(out.dtype)  # type: ignore[attr-defined]
+        if a.dtype != acc:
+            a, b = Cast(acc, a), Cast(acc, b)
+        return Binary("mul", a, b)
+
+    acc = _accumulator(out.dtype)  # type: ignore[attr-defined]
+    fin = None if acc == out.dtype else (lambda v, o: Cast(out.dtype, v))  # type: ignore
+    return reduce(out.shape, out.dtype, (k,), "add", body,  # type: ignore[attr-defined]
+                  oplib.dtype_const(0, acc), fin, acc)
+
+
 dense = register(
     "nn.dense",
     inputs=("data", "weight"),
@@ -98,6 +119,7 @@ dense = register(
     pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
     doc="data @ weight.T for weight of shape (units, in): a fully connected layer.",
     gradient=_dense_grad,
+    lower=_dense_lower,
 )
 
 
@@ -217,6 +239,13 @@ def _bias_add_grad(c: Call, g: Expr) -> list[Expr | None]:
     return [g, call("sum", g, axis=[c.attrs.axis], exclude=True)]
 
 
+def _bias_add_lower(inputs: list, attrs: Attrs, out: Type) -> Tensor:
+    data, bias = inputs
+    axis = attrs.axis % data.ndim  # type: ignore[operator]
+    return compute(data.shape, data.dtype,
+                   lambda *i: Binary("add", data(*i), bias(i[axis])))
+
+
 bias_add = register(
     "nn.bias_add",
     inputs=("data", "bias"),
@@ -226,6 +255,7 @@ bias_add = register(
     pattern=OpPattern.BROADCAST,
     doc="A 1-D bias added along one axis of data.",
     gradient=_bias_add_grad,
+    lower=_bias_add_lower,
 )
 
 __all__ = ["batch_matmul", "bias_add", "dense"]

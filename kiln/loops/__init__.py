@@ -1,0 +1,32 @@
+"""Level 3: the loop IR, its verifier, printer and reference evaluator, and lowering."""
+
+from kiln.loops.evaluate import evaluate
+from kiln.loops.ir import (
+    FMA,
+    Allocate,
+    Binary,
+    Broadcast,
+    Buffer,
+    Cast,
+    Check,
+    Const,
+    Expr,
+    For,
+    IfThenElse,
+    Kernel,
+    LetStmt,
+    Load,
+    Select,
+    Seq,
+    Stmt,
+    Store,
+    Unary,
+    Var,
+)
+from kiln.loops.verify import verify
+
+__all__ = [
+    "FMA", "Allocate", "Binary", "Broadcast", "Buffer", "Cast", "Check", "Const", "Expr", "For",
+    "IfThenElse", "Kernel", "LetStmt", "Load", "Select", "Seq", "Stmt", "Store", "Unary", "Var",
+    "evaluate", "verify",
+]

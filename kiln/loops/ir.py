@@ -1,0 +1,480 @@
+"""Level 3: the loop IR — buffers, loops, loads and stores, scalar and vector arithmetic.
+
+A fused primitive function lowers to one `Kernel`: a loop nest over buffers. The IR is
+deliberately small and explicit, so that the verifier can prove every access in bounds and
+code generation is a direct translation to LLVM:
+
+- expressions are scalars or short vectors (``lanes > 1``, e.g. 8 × float32 for AVX2):
+  `Const`, `Var`, `Load`, `Binary`, `Unary`, `Cast`, `Select`, `Broadcast`, `FMA`;
+- statements: `For` (serial, parallel, vectorized or unrolled), `Store`, `LetStmt`,
+  `Allocate` (a local buffer: a register tile or scratch space), `Seq`, `IfThenElse`;
+- `Buffer`s have static shapes, are row-major and contiguous; a `Load`/`Store` with
+  ``lanes > 1`` touches ``lanes`` consecutive elements along the last axis from its index.
+
+Nodes are frozen dataclasses; `Var` and `Buffer` compare by identity. Dtypes are kiln's
+dtype names (``float32``, ``int64``, ``bool``, ...); index arithmetic is ``int64``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from kiln.errors import InternalError
+from kiln.ir.ty import DTYPES
+
+INDEX = "int64"
+
+_ids = itertools.count()
+
+
+def _check_dtype(dtype: str) -> None:
+    if dtype not in DTYPES:
+        raise InternalError(f"loop IR: unknown dtype {dtype!r}")
+
+
+# --- buffers and variables ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Buffer:
+    """A row-major contiguous array: a kernel argument (``scope="global"``) or local scratch."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    scope: str = "global"  # "global" (a kernel argument) or "local" (allocated in the kernel)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        _check_dtype(self.dtype)
+        if any(d < 0 for d in self.shape):
+            raise InternalError(f"loop IR: buffer {self.name} has a negative dimension")
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """Element strides of the row-major layout."""
+        out = []
+        step = 1
+        for d in reversed(self.shape):
+            out.append(step)
+            step *= d
+        return tuple(reversed(out))
+
+    def __repr__(self) -> str:
+        return f"Buffer({self.name}: {self.dtype}{list(self.shape)})"
+
+    def __getitem__(self, indices: object) -> Load:
+        if not isinstance(indices, tuple):
+            indices = (indices,)
+        return Load(self, tuple(as_expr(i) for i in indices))
+
+
+# --- expressions -------------------------------------------------------------------------------
+
+
+class Expr:
+    """Base of loop-IR expressions; every expression has a ``dtype`` and ``lanes``."""
+
+    __slots__ = ()
+    dtype: str
+    lanes: int
+
+    # Sugar for writing lowerings: index arithmetic reads like Python.
+    def __add__(self, o: object) -> Expr:
+        return binary("add", self, o)
+
+    def __radd__(self, o: object) -> Expr:
+        return binary("add", o, self)
+
+    def __sub__(self, o: object) -> Expr:
+        return binary("sub", self, o)
+
+    def __rsub__(self, o: object) -> Expr:
+        return binary("sub", o, self)
+
+    def __mul__(self, o: object) -> Expr:
+        return binary("mul", self, o)
+
+    def __rmul__(self, o: object) -> Expr:
+        return binary("mul", o, self)
+
+    def __floordiv__(self, o: object) -> Expr:
+        return binary("floordiv", self, o)
+
+    def __mod__(self, o: object) -> Expr:
+        return binary("floormod", self, o)
+
+    def __neg__(self) -> Expr:
+        return Unary("neg", self)
+
+    def __str__(self) -> str:
+        from kiln.loops.printer import expr_text
+
+        return expr_text(self)
+
+    __hash__ = object.__hash__
+
+
+@dataclass(frozen=True, eq=False)
+class Const(Expr):
+    """A constant (broadcast to every lane when ``lanes > 1``)."""
+
+    value: int | float | bool
+    dtype: str = INDEX
+    lanes: int = 1
+
+    def __post_init__(self) -> None:
+        _check_dtype(self.dtype)
+
+
+@dataclass(frozen=True, eq=False)
+class Var(Expr):
+    """A scalar variable: a loop index or a let-bound value. Compares by identity."""
+
+    name: str
+    dtype: str = INDEX
+    lanes: int = 1
+    uid: int = field(default_factory=lambda: next(_ids), repr=False)
+
+    def __post_init__(self) -> None:
+        _check_dtype(self.dtype)
+
+
+@dataclass(frozen=True, eq=False)
+class Load(Expr):
+    """``buffer[indices]``; with ``lanes > 1``, that many elements along the last axis."""
+
+    buffer: Buffer
+    indices: tuple[Expr, ...]
+    lanes: int = 1
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.buffer.dtype
+
+
+BINARY_OPS = frozenset(
+    ["add", "sub", "mul", "div", "floordiv", "floormod", "truncdiv", "truncmod", "min", "max",
+     "pow", "and", "or", "xor", "lt", "le", "gt", "ge", "eq", "ne"]
+)
+COMPARISONS = frozenset(["lt", "le", "gt", "ge", "eq", "ne"])
+
+
+@dataclass(frozen=True, eq=False)
+class Binary(Expr):
+    """``a op b`` on equal dtypes and lanes; comparisons give bool.
+
+    ``div`` is float division; integers use ``floordiv``/``floormod`` (index arithmetic) or
+    ``truncdiv``/``truncmod`` (C semantics, as kiln's integer divide and mod).
+    """
+
+    op: str
+    a: Expr
+    b: Expr
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return "bool" if self.op in COMPARISONS else self.a.dtype
+
+    @property
+    def lanes(self) -> int:  # type: ignore[override]
+        return self.a.lanes
+
+
+UNARY_OPS = frozenset(
+    ["neg", "not", "abs", "sqrt", "rsqrt", "exp", "log", "tanh", "sigmoid", "erf", "sin", "cos",
+     "floor", "ceil", "round", "sign"]
+)
+
+
+@dataclass(frozen=True, eq=False)
+class Unary(Expr):
+    """A unary operation; transcendentals are emitted as polynomial approximations."""
+
+    op: str
+    a: Expr
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.a.dtype
+
+    @property
+    def lanes(self) -> int:  # type: ignore[override]
+        return self.a.lanes
+
+
+@dataclass(frozen=True, eq=False)
+class Cast(Expr):
+    """Conversion to another dtype (same lanes)."""
+
+    dtype: str
+    a: Expr
+
+    def __post_init__(self) -> None:
+        _check_dtype(self.dtype)
+
+    @property
+    def lanes(self) -> int:  # type: ignore[override]
+        return self.a.lanes
+
+
+@dataclass(frozen=True, eq=False)
+class Select(Expr):
+    """``cond ? a : b``. Both arms are evaluated: an arm must never be an unsafe access."""
+
+    cond: Expr
+    a: Expr
+    b: Expr
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.a.dtype
+
+    @property
+    def lanes(self) -> int:  # type: ignore[override]
+        return self.a.lanes
+
+
+@dataclass(frozen=True, eq=False)
+class Broadcast(Expr):
+    """A scalar repeated in every lane of a vector."""
+
+    value: Expr
+    lanes: int
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.value.dtype
+
+
+@dataclass(frozen=True, eq=False)
+class FMA(Expr):
+    """``a * b + c``, fused (one rounding) where the target has FMA."""
+
+    a: Expr
+    b: Expr
+    c: Expr
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.a.dtype
+
+    @property
+    def lanes(self) -> int:  # type: ignore[override]
+        return self.a.lanes
+
+
+def as_expr(value: object, dtype: str = INDEX) -> Expr:
+    """An expression from an expression or a Python number (an index by default)."""
+    if isinstance(value, Expr):
+        return value
+    if isinstance(value, bool):
+        return Const(value, "bool")
+    if isinstance(value, int):
+        return Const(value, dtype if dtype != "bool" else INDEX)
+    if isinstance(value, float):
+        return Const(value, dtype if dtype.startswith("float") else "float32")
+    raise InternalError(f"loop IR: cannot use {value!r} as an expression")
+
+
+def binary(op: str, a: object, b: object) -> Expr:
+    """``a op b``, turning Python numbers into constants of the other operand's dtype.
+
+    Integer index arithmetic is simplified as it is built (``x + 0``, ``x * 1``, ``x // 1``,
+    constants folded), so lowerings can write plain formulas.
+    """
+    if not isinstance(a, Expr):
+        a = as_expr(a, b.dtype if isinstance(b, Expr) else INDEX)
+        if isinstance(b, Expr) and b.lanes > 1:
+            a = Broadcast(a, b.lanes)
+    if not isinstance(b, Expr):
+        b = as_expr(b, a.dtype)
+        if a.lanes > 1:
+            b = Broadcast(b, a.lanes)
+    if a.dtype == INDEX and b.dtype == INDEX and a.lanes == b.lanes == 1:
+        simpler = _simplify_index(op, a, b)
+        if simpler is not None:
+            return simpler
+    return Binary(op, a, b)
+
+
+def _simplify_index(op: str, a: Expr, b: Expr) -> Expr | None:
+    ca = a.value if isinstance(a, Const) else None
+    cb = b.value if isinstance(b, Const) else None
+    if ca is not None and cb is not None:
+        fold = {"add": ca + cb, "sub": ca - cb, "mul": ca * cb}
+        if op in fold:
+            return Const(fold[op], INDEX)
+        if op == "floordiv" and cb != 0:
+            return Const(ca // cb, INDEX)
+        if op == "floormod" and cb != 0:
+            return Const(ca % cb, INDEX)
+    if op == "add" and ca == 0:
+        return b
+    if op in ("add", "sub") and cb == 0:
+        return a
+    if op == "mul" and (ca == 1 or cb == 1):
+        return b if ca == 1 else a
+    if op == "mul" and (ca == 0 or cb == 0):
+        return Const(0, INDEX)
+    if op == "floordiv" and cb == 1:
+        return a
+    if op == "floormod" and cb == 1:
+        return Const(0, INDEX)
+    return None
+
+
+def const(value: int | float | bool, dtype: str) -> Const:
+    return Const(value, dtype)
+
+
+# --- statements --------------------------------------------------------------------------------
+
+
+class Stmt:
+    """Base of loop-IR statements."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        from kiln.loops.printer import stmt_text
+
+        return stmt_text(self)
+
+
+LOOP_KINDS = ("serial", "parallel", "vectorized", "unrolled")
+
+
+@dataclass(frozen=True, eq=False)
+class For(Stmt):
+    """``for var in [start, start + extent)``.
+
+    ``kind``: serial; parallel (iterations run on the thread pool; they must not depend on
+    each other); vectorized (a hint: the code generator asks LLVM to vectorize this innermost
+    loop); unrolled (fully unrolled; the extent must be a small constant).
+    """
+
+    var: Var
+    start: Expr
+    extent: Expr
+    body: Stmt
+    kind: str = "serial"
+
+    def __post_init__(self) -> None:
+        if self.kind not in LOOP_KINDS:
+            raise InternalError(f"loop IR: unknown loop kind {self.kind!r}")
+
+
+@dataclass(frozen=True, eq=False)
+class Store(Stmt):
+    """``buffer[indices] = value`` (``value.lanes`` consecutive elements when a vector)."""
+
+    buffer: Buffer
+    indices: tuple[Expr, ...]
+    value: Expr
+
+
+@dataclass(frozen=True, eq=False)
+class LetStmt(Stmt):
+    """Bind a scalar (or vector) value to ``var`` in ``body``."""
+
+    var: Var
+    value: Expr
+    body: Stmt
+
+
+@dataclass(frozen=True, eq=False)
+class Allocate(Stmt):
+    """A local buffer live in ``body`` (stack for small ones, heap otherwise)."""
+
+    buffer: Buffer
+    body: Stmt
+
+
+@dataclass(frozen=True, eq=False)
+class Seq(Stmt):
+    """Statements in order."""
+
+    stmts: tuple[Stmt, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stmts", tuple(self.stmts))
+
+
+@dataclass(frozen=True, eq=False)
+class IfThenElse(Stmt):
+    """A branch; unlike `Select`, only the taken side runs (so it may guard an access)."""
+
+    cond: Expr
+    then_case: Stmt
+    else_case: Stmt | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Check(Stmt):
+    """Stop the kernel with an error unless ``cond`` holds (integer division by zero, an
+    index out of range in ``take`` with mode="fast"). The kernel returns a nonzero status and
+    the runtime raises `kiln.EvalError` with ``message``."""
+
+    cond: Expr
+    message: str
+
+
+@dataclass(frozen=True, eq=False)
+class Kernel:
+    """A compiled unit: buffers in (inputs then outputs) and a body.
+
+    ``inputs`` are read, ``outputs`` are written; the code generator may assume they do not
+    overlap (noalias). ``attrs`` carries notes for the code generator and the runtime (e.g. the
+    fused operators, for messages and statistics).
+    """
+
+    name: str
+    inputs: tuple[Buffer, ...]
+    outputs: tuple[Buffer, ...]
+    body: Stmt
+    attrs: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        object.__setattr__(self, "outputs", tuple(self.outputs))
+
+    @property
+    def params(self) -> tuple[Buffer, ...]:
+        return self.inputs + self.outputs
+
+    def __str__(self) -> str:
+        from kiln.loops.printer import kernel_text
+
+        return kernel_text(self)
+
+
+def seq(*stmts: Stmt | None) -> Stmt:
+    """A `Seq` of the non-None statements (the statement itself when there is one)."""
+    kept = [s for s in stmts if s is not None]
+    return kept[0] if len(kept) == 1 else Seq(tuple(kept))
+
+
+def loop_nest(
+    extents: Sequence[int], body_fn, names: Sequence[str] | None = None, kind: str = "serial"
+) -> Stmt:  # noqa: ANN001
+    """``for i0 in extents[0]: for i1 in ...: body_fn(i0, i1, ...)`` (serial loops)."""
+    names = names or [f"i{k}" for k in range(len(extents))]
+    vs = [Var(n) for n in names]
+    stmt = body_fn(*vs)
+    for v, n in reversed(list(zip(vs, extents))):
+        stmt = For(v, Const(0), Const(n), stmt, kind)
+    return stmt

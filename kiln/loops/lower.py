@@ -1,0 +1,254 @@
+"""Lowering a fused primitive function (``Primitive=1``) to one loop-IR kernel.
+
+Each operator call in the function's body is lowered by its operator's ``lower`` rule (which
+stands beside the operator's other rules) to a `Tensor` (kiln/loops/compute.py). Elementwise,
+broadcast and injective results are inlined into their consumers, so the kernel computes them
+without intermediate buffers. A reduction or an extern operator (dense, conv2d, pooling, ...)
+writes each element through a ``write`` callback that applies its fused elementwise consumers
+before storing (the epilogue); only when its result is read other than elementwise, or by
+several outputs, is it materialized into a local buffer first.
+
+Kernels are static: every shape is known (a program with symbolic shapes is lowered once
+its shapes are known at run time). Non-scalar constants become extra kernel inputs, listed
+in ``kernel.attrs["constants"]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import Error, InternalError
+from kiln.ir.expr import Call, Constant, Function, Op, Tuple, TupleGetItem, Var
+from kiln.ir.traverse import post_order
+from kiln.ir.ty import TensorType, TupleType, Type
+from kiln.loops.compute import (
+    BufferTensor,
+    ComputeTensor,
+    MaterializedTensor,
+    NeedsBuffer,
+    Tensor,
+    compute,
+)
+from kiln.loops.ir import (
+    Allocate,
+    Buffer,
+    Const,
+    Kernel,
+    LetStmt,
+    Seq,
+    Stmt,
+    Store,
+)
+from kiln.loops.ir import Var as LVar
+from kiln.loops.schedule import loop_nest
+from kiln.loops.verify import verify
+from kiln.op import registry
+
+Lowered = Any  # a Tensor or a (nested) tuple of Tensors
+
+
+def _static_tensor(t: Type, what: str) -> TensorType:
+    if not isinstance(t, TensorType) or not t.is_static:
+        raise Error(f"{what} has type {t}; kernels need tensors of static shape")
+    return t
+
+
+def _flatten(v: Lowered) -> list[Tensor]:
+    out: list[Tensor] = []
+    stack = [v]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, tuple):
+            stack.extend(reversed(x))
+        else:
+            out.append(x)
+    return out
+
+
+def _param_buffers(fn: Function) -> tuple[list[Buffer], list[Lowered]]:
+    buffers: list[Buffer] = []
+    values: list[Lowered] = []
+    for i, p in enumerate(fn.params):
+        t = p.checked_type
+        if isinstance(t, TupleType):
+            fields = []
+            for j, f in enumerate(t.fields):
+                ft = _static_tensor(f, f"field {j} of parameter %{p.name_hint}")
+                b = Buffer(f"p{i}_{j}", ft.shape, ft.dtype)  # type: ignore[arg-type]
+                buffers.append(b)
+                fields.append(BufferTensor(b))
+            values.append(tuple(fields))
+        else:
+            tt = _static_tensor(t, f"parameter %{p.name_hint}")
+            b = Buffer(f"p{i}", tt.shape, tt.dtype)  # type: ignore[arg-type]
+            buffers.append(b)
+            values.append(BufferTensor(b))
+    return buffers, values
+
+
+class _Lowering:
+    def __init__(self, fn: Function, name: str) -> None:
+        self.fn = fn
+        self.name = name
+        self.inputs, values = _param_buffers(fn)
+        self.env: dict[int, Lowered] = {id(p): v for p, v in zip(fn.params, values)}
+        self.constants: list[tuple[str, np.ndarray]] = []
+        self.locals: list[Buffer] = []
+        self.prelude: list[Stmt] = []  # materializations, in order
+        self.ops: list[str] = []
+
+    # --- building the tensors ----------------------------------------------------------------
+
+    def lower_body(self) -> Lowered:
+        for node in post_order(self.fn.body):
+            if id(node) in self.env:
+                continue
+            match node:
+                case Var():
+                    raise InternalError(f"primitive function uses free variable %{node.name_hint}")
+                case Constant():
+                    self.env[id(node)] = self.constant(node)
+                case Call(op=Op(name=name)):
+                    self.env[id(node)] = self.call(node, name)
+                case Tuple(fields=fields):
+                    self.env[id(node)] = tuple(self.env[id(f)] for f in fields)
+                case TupleGetItem(tuple_value=t, index=i):
+                    self.env[id(node)] = self.env[id(t)][i]
+                case Op():
+                    pass
+                case _:
+                    raise InternalError(f"a primitive function holds a {type(node).__name__}; "
+                                        "only operator calls, constants and tuples can be fused")
+        return self.env[id(self.fn.body)]
+
+    def constant(self, c: Constant) -> Tensor:
+        if c.data.ndim == 0:
+            value = c.data.item()
+            return compute((), c.dtype, lambda: Const(value, c.dtype))
+        b = Buffer(f"c{len(self.constants)}", c.data.shape, c.dtype)
+        self.constants.append((b.name, c.data))
+        self.inputs.append(b)
+        return BufferTensor(b)
+
+    def call(self, node: Call, name: str) -> Lowered:
+        opdef = registry.get(name, node.span)
+        if opdef.lower is None:
+            raise Error(f"operator {name} cannot be compiled yet: it has no lowering to loops",
+                        node.span)
+        args = [self.env[id(a)] for a in node.args]
+        out_type = node.checked_type
+        self.ops.append(name)
+        result = opdef.lower(args, node.attrs, out_type)
+        for t, ty in zip(_flatten(result), _types(out_type)):
+            if t.shape != tuple(ty.shape) or t.dtype != ty.dtype:
+                raise InternalError(f"the lowering of {name} gives {t.dtype}{list(t.shape)} but "
+                                    f"its type is {ty}")
+        return result
+
+    # --- emitting the loops ------------------------------------------------------------------
+
+    def materialize(self, t: MaterializedTensor) -> None:
+        """Write ``t`` into a local buffer; reads of it load from there afterwards."""
+        buf = Buffer(f"t{len(self.locals)}", t.shape, t.dtype, "local")
+        stmt = self.attempt(lambda: t.emit(lambda idx, v: Store(buf, idx, v)))
+        self.locals.append(buf)
+        self.prelude.append(stmt)
+        t.buffer = buf
+
+    def attempt(self, build) -> Stmt:  # noqa: ANN001
+        """Run ``build``, materializing whatever it needs in a buffer, until it succeeds."""
+        for _ in range(10_000):
+            try:
+                return build()
+            except NeedsBuffer as need:
+                if need.tensor.buffer is not None:
+                    raise InternalError("a materialized tensor asked to be materialized") from None
+                self.materialize(need.tensor)  # type: ignore[arg-type]
+        raise InternalError("lowering did not converge")
+
+    def output(self, t: Tensor, out: Buffer) -> Stmt:
+        """The statement writing tensor ``t`` into the output buffer ``out``."""
+        if isinstance(t, MaterializedTensor) and t.buffer is None:
+            return self.attempt(lambda: t.emit(lambda idx, v: Store(out, idx, v)))
+        master = self.epilogue_master(t)
+        if master is not None:
+            def write(idx: tuple, value) -> Stmt:  # noqa: ANN001
+                v = LVar("v", value.dtype)
+                master.current = (idx, v)
+                try:
+                    return LetStmt(v, value, Store(out, idx, t(*idx)))
+                finally:
+                    master.current = None
+
+            for _ in range(1000):
+                try:
+                    return master.emit(write)
+                except NeedsBuffer as need:
+                    if need.tensor is master:
+                        break  # read other than elementwise: plain loops below
+                    self.materialize(need.tensor)  # type: ignore[arg-type]
+        return self.attempt(lambda: loop_nest(t.shape, lambda idx: Store(out, idx, t(*idx))))
+
+    def epilogue_master(self, t: Tensor) -> MaterializedTensor | None:
+        """The first unmaterialized reduce/extern tensor of ``t``'s shape that ``t`` reads
+        elementwise: it will write its elements through ``t`` (the epilogue)."""
+        if not isinstance(t, ComputeTensor):
+            return None
+        probe = tuple(LVar(f"q{k}") for k in range(len(t.shape)))
+        seen: list[MaterializedTensor] = []
+        try:
+            for _ in range(1000):
+                try:
+                    t(*probe)
+                    break
+                except NeedsBuffer as need:
+                    m = need.tensor
+                    if any(m is x for x in seen) or m.shape != t.shape:
+                        return None
+                    seen.append(m)  # type: ignore[arg-type]
+                    m.current = (probe, LVar("probe", m.dtype))  # type: ignore[attr-defined]
+            return seen[0] if seen else None
+        finally:
+            for m in seen:
+                m.current = None
+
+    def run(self) -> Kernel:
+        result = self.lower_body()
+        outs = _flatten(result)
+        out_types = _types(self.fn.checked_type.ret_type)  # type: ignore[attr-defined]
+        out_bufs = [Buffer(f"out{i}", ty.shape, ty.dtype) for i, ty in enumerate(out_types)]
+        # A reduce/extern result read by several outputs is computed once, into a buffer.
+        shared = [t for t in outs if isinstance(t, MaterializedTensor)]
+        for t in shared:
+            if shared.count(t) > 1 and t.buffer is None:
+                self.materialize(t)
+        writes = [self.output(t, b) for t, b in zip(outs, out_bufs)]
+        stmts = self.prelude + writes
+        body: Stmt = stmts[0] if len(stmts) == 1 else Seq(tuple(stmts))
+        for buf in reversed(self.locals):
+            body = Allocate(buf, body)
+        attrs = {"ops": tuple(self.ops), "constants": tuple(self.constants)}
+        return verify(Kernel(self.name, self.inputs, out_bufs, body, attrs))
+
+
+def _types(t: Type) -> list[TensorType]:
+    if isinstance(t, TensorType):
+        return [_static_tensor(t, "the result")]
+    out: list[TensorType] = []
+    stack: list[Type] = [t]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, TupleType):
+            stack.extend(reversed(x.fields))
+        else:
+            out.append(_static_tensor(x, "a result field"))
+    return out
+
+
+def lower_primitive(fn: Function, name: str = "kernel") -> Kernel:
+    """The kernel computing a typed primitive function (see the module docstring)."""
+    if fn.checked_type_ is None:
+        raise InternalError("lower_primitive needs a type-checked function")
+    return _Lowering(fn, name).run()

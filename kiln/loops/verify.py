@@ -1,0 +1,292 @@
+"""The loop-IR verifier: well-formed kernels, and every memory access proven in bounds.
+
+Native code must never read or write outside a buffer, so the verifier does not trust the
+lowering: it bounds every index expression by interval arithmetic over the loop ranges and
+let-bound values, and rejects an access it cannot prove in range. Lowerings make data-
+dependent indices safe by clamping them (``min``/``max``), which the analysis understands.
+Other checks: variables are used in scope, operands agree in dtype and lanes, inputs are
+never written, local buffers are used only inside their allocation, parallel loops do not nest.
+
+A failure is an `InternalError`: a bug in kiln's lowering, never the user's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kiln.errors import InternalError
+from kiln.loops.ir import (
+    COMPARISONS,
+    FMA,
+    Allocate,
+    Binary,
+    Broadcast,
+    Buffer,
+    Cast,
+    Check,
+    Const,
+    Expr,
+    For,
+    IfThenElse,
+    Kernel,
+    LetStmt,
+    Load,
+    Select,
+    Seq,
+    Store,
+    Unary,
+    Var,
+)
+from kiln.loops.printer import expr_text
+
+INT_DTYPES = frozenset(["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"])
+MAX_UNROLL = 256
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Integer bounds, inclusive; None means unbounded on that side."""
+
+    lo: int | None
+    hi: int | None
+
+    def __add__(self, o: Interval) -> Interval:
+        return Interval(_op(self.lo, o.lo, int.__add__), _op(self.hi, o.hi, int.__add__))
+
+    def __sub__(self, o: Interval) -> Interval:
+        return Interval(_op(self.lo, o.hi, int.__sub__), _op(self.hi, o.lo, int.__sub__))
+
+    def __mul__(self, o: Interval) -> Interval:
+        if None in (self.lo, self.hi, o.lo, o.hi):
+            return UNBOUNDED
+        products = [a * b for a in (self.lo, self.hi) for b in (o.lo, o.hi)]  # type: ignore
+        return Interval(min(products), max(products))
+
+
+UNBOUNDED = Interval(None, None)
+
+
+def _op(a: int | None, b: int | None, f) -> int | None:  # noqa: ANN001
+    return None if a is None or b is None else f(a, b)
+
+
+class _Verifier:
+    def __init__(self, kernel: Kernel) -> None:
+        self.kernel = kernel
+        self.inputs = {id(b) for b in kernel.inputs}
+        self.buffers: set[int] = {id(b) for b in kernel.params}
+        self.ranges: dict[int, Interval] = {}  # id(var) -> its interval
+        self.memo: dict[int, Interval] = {}
+
+    def fail(self, message: str) -> InternalError:
+        return InternalError(f"loop IR of kernel {self.kernel.name}: {message}")
+
+    # --- expressions -------------------------------------------------------------------------
+
+    def check_expr(self, root: Expr) -> None:
+        stack = [root]
+        seen: set[int] = set()
+        while stack:
+            e = stack.pop()
+            if id(e) in seen:
+                continue
+            seen.add(id(e))
+            match e:
+                case Var():
+                    if id(e) not in self.ranges:
+                        raise self.fail(f"variable {e.name} is used outside its scope")
+                case Const():
+                    pass
+                case Load():
+                    self.check_access(e.buffer, e.indices, e.lanes, "read")
+                    stack.extend(e.indices)
+                case Binary(a=a, b=b):
+                    if a.dtype != b.dtype or a.lanes != b.lanes:
+                        raise self.fail(f"operands of {e.op} differ: {expr_text(e)} "
+                                        f"({a.dtype}x{a.lanes} vs {b.dtype}x{b.lanes})")
+                    stack.extend((a, b))
+                case Unary(a=a) | Cast(a=a):
+                    stack.append(a)
+                case Select(cond=c, a=a, b=b):
+                    if c.dtype != "bool" or a.dtype != b.dtype or a.lanes != b.lanes:
+                        raise self.fail(f"ill-typed select {expr_text(e)}")
+                    stack.extend((c, a, b))
+                case Broadcast(value=v):
+                    if v.lanes != 1:
+                        raise self.fail("broadcast of a vector")
+                    stack.append(v)
+                case FMA(a=a, b=b, c=c):
+                    if not (a.dtype == b.dtype == c.dtype and a.lanes == b.lanes == c.lanes):
+                        raise self.fail(f"operands of fma differ: {expr_text(e)}")
+                    stack.extend((a, b, c))
+                case _:
+                    raise self.fail(f"unknown expression {type(e).__name__}")
+
+    def bound(self, e: Expr) -> Interval:
+        """Bounds of an integer expression (iterative, memoized per node)."""
+        order: list[Expr] = []
+        stack = [e]
+        while stack:
+            x = stack.pop()
+            if id(x) in self.memo:
+                continue
+            order.append(x)
+            if isinstance(x, Binary):
+                stack.extend((x.a, x.b))
+            elif isinstance(x, (Cast, Unary)):
+                stack.append(x.a)
+            elif isinstance(x, Select):
+                stack.extend((x.a, x.b))
+        for x in reversed(order):
+            if id(x) not in self.memo:
+                self.memo[id(x)] = self._bound1(x)
+        return self.memo[id(e)]
+
+    def _bound1(self, x: Expr) -> Interval:
+        m = self.memo
+        match x:
+            case Const(value=v) if isinstance(v, int) and not isinstance(v, bool):
+                return Interval(v, v)
+            case Var():
+                return self.ranges.get(id(x), UNBOUNDED)
+            case Cast(a=a) if x.dtype in INT_DTYPES and a.dtype in INT_DTYPES:
+                return m[id(a)]
+            case Select(a=a, b=b):
+                ia, ib = m[id(a)], m[id(b)]
+                return Interval(_op(ia.lo, ib.lo, min), _op(ia.hi, ib.hi, max))
+            case Binary(op=op, a=a, b=b) if x.dtype in INT_DTYPES:
+                ia, ib = m[id(a)], m[id(b)]
+                if op == "add":
+                    return ia + ib
+                if op == "sub":
+                    return ia - ib
+                if op == "mul":
+                    return ia * ib
+                if op == "min":  # None is -inf for lo, +inf for hi
+                    lo = None if ia.lo is None or ib.lo is None else min(ia.lo, ib.lo)
+                    hi = ib.hi if ia.hi is None else ia.hi if ib.hi is None else min(ia.hi, ib.hi)
+                    return Interval(lo, hi)
+                if op == "max":
+                    lo = ib.lo if ia.lo is None else ia.lo if ib.lo is None else max(ia.lo, ib.lo)
+                    hi = None if ia.hi is None or ib.hi is None else max(ia.hi, ib.hi)
+                    return Interval(lo, hi)
+                if op in ("floordiv", "truncdiv") and ib.lo == ib.hi and ib.lo and ib.lo > 0:
+                    c = ib.lo
+                    if op == "truncdiv" and (ia.lo is None or ia.lo < 0):
+                        return UNBOUNDED
+                    div = int.__floordiv__
+                    return Interval(_op(ia.lo, c, div), _op(ia.hi, c, div))
+                if op in ("floormod", "truncmod") and ib.lo == ib.hi and ib.lo and ib.lo > 0:
+                    c = ib.lo
+                    if ia.lo is not None and ia.hi is not None and ia.lo >= 0 and ia.hi < c:
+                        return ia
+                    if op == "floormod" or (ia.lo is not None and ia.lo >= 0):
+                        return Interval(0, c - 1)
+                    return Interval(-(c - 1), c - 1)
+        return UNBOUNDED
+
+    def check_access(self, buf: Buffer, indices: tuple[Expr, ...], lanes: int, what: str) -> None:
+        if id(buf) not in self.buffers:
+            raise self.fail(f"buffer {buf.name} is not a parameter or a live local allocation")
+        if len(indices) != buf.ndim:
+            raise self.fail(f"{buf.name} has {buf.ndim} dimensions but is indexed with "
+                            f"{len(indices)}")
+        if lanes > 1 and buf.ndim == 0:
+            raise self.fail(f"vector access to the scalar buffer {buf.name}")
+        for axis, idx in enumerate(indices):
+            if idx.dtype not in INT_DTYPES or idx.lanes != 1:
+                raise self.fail(f"index {expr_text(idx)} of {buf.name} is not a scalar integer")
+            iv = self.bound(idx)
+            extra = lanes - 1 if axis == buf.ndim - 1 else 0
+            if iv.lo is None or iv.hi is None or iv.lo < 0 or iv.hi + extra >= buf.shape[axis]:
+                raise self.fail(
+                    f"cannot prove the {what} of {buf.name}{list(buf.shape)} in bounds: index "
+                    f"{expr_text(idx)} of axis {axis} ranges over [{iv.lo}, {iv.hi}]"
+                    + (f" (+{extra} lanes)" if extra else ""))
+
+    # --- statements --------------------------------------------------------------------------
+
+    def check(self) -> None:
+        seen_names = set()
+        for b in self.kernel.params:
+            if b.scope != "global":
+                raise self.fail(f"kernel parameter {b.name} must have global scope")
+            if b.name in seen_names:
+                raise self.fail(f"two parameters are named {b.name}")
+            seen_names.add(b.name)
+        # Walk with an explicit stack; "exit" markers close scopes.
+        stack: list[tuple[str, object]] = [("stmt", (self.kernel.body, False))]
+        while stack:
+            kind, item = stack.pop()
+            if kind == "exit-var":
+                self.ranges.pop(id(item), None)  # type: ignore[arg-type]
+                continue
+            if kind == "exit-buf":
+                self.buffers.discard(id(item))
+                continue
+            s, in_parallel = item  # type: ignore[misc]
+            match s:
+                case For(var=v, start=start, extent=ext, body=body, kind=loop_kind):
+                    self.check_expr(start)
+                    self.check_expr(ext)
+                    if loop_kind == "parallel" and in_parallel:
+                        raise self.fail("parallel loops must not nest")
+                    if loop_kind == "unrolled" and not (isinstance(ext, Const)
+                                                        and 0 <= ext.value <= MAX_UNROLL):
+                        raise self.fail(f"unrolled loop {v.name} needs a constant extent "
+                                        f"≤ {MAX_UNROLL}")
+                    if id(v) in self.ranges:
+                        raise self.fail(f"loop variable {v.name} is bound twice")
+                    lo, n = self.bound(start), self.bound(ext)
+                    hi = _op(lo.hi, n.hi, lambda a, b: a + b - 1)
+                    self.ranges[id(v)] = Interval(lo.lo, hi)
+                    self.memo.clear()
+                    stack.append(("exit-var", v))
+                    stack.append(("stmt", (body, in_parallel or loop_kind == "parallel")))
+                case Store(buffer=buf, indices=idx, value=val):
+                    if id(buf) in self.inputs:
+                        raise self.fail(f"the input {buf.name} is written")
+                    if val.dtype != buf.dtype:
+                        raise self.fail(f"a {val.dtype} value is stored into {buf.name} "
+                                        f"({buf.dtype})")
+                    self.check_expr(val)
+                    for i in idx:
+                        self.check_expr(i)
+                    self.check_access(buf, idx, val.lanes, "write")
+                case LetStmt(var=v, value=val, body=body):
+                    self.check_expr(val)
+                    if v.dtype != val.dtype or v.lanes != val.lanes:
+                        raise self.fail(f"let {v.name}: {v.dtype} bound to a {val.dtype} value")
+                    self.ranges[id(v)] = self.bound(val) if v.dtype in INT_DTYPES else UNBOUNDED
+                    stack.append(("exit-var", v))
+                    stack.append(("stmt", (body, in_parallel)))
+                case Allocate(buffer=buf, body=body):
+                    if buf.scope != "local":
+                        raise self.fail(f"allocated buffer {buf.name} must have local scope")
+                    self.buffers.add(id(buf))
+                    stack.append(("exit-buf", buf))
+                    stack.append(("stmt", (body, in_parallel)))
+                case Seq(stmts=stmts):
+                    stack.extend(("stmt", (x, in_parallel)) for x in reversed(stmts))
+                case IfThenElse(cond=c, then_case=t, else_case=f):
+                    self.check_expr(c)
+                    if c.dtype != "bool" or c.lanes != 1:
+                        raise self.fail(f"the condition {expr_text(c)} is not a scalar bool")
+                    if f is not None:
+                        stack.append(("stmt", (f, in_parallel)))
+                    stack.append(("stmt", (t, in_parallel)))
+                case Check(cond=c):
+                    self.check_expr(c)
+                    if c.dtype != "bool" or c.lanes != 1:
+                        raise self.fail(f"the check {expr_text(c)} is not a scalar bool")
+                case _:
+                    raise self.fail(f"unknown statement {type(s).__name__}")
+
+
+def verify(kernel: Kernel) -> Kernel:
+    """Check a kernel (raises `InternalError`); returns it for chaining."""
+    _Verifier(kernel).check()
+    return kernel
+
+
+_ = COMPARISONS  # comparisons give bool (see ir.Binary.dtype)

@@ -1,0 +1,1 @@
+"""Runtime: calling compiled kernels, executables, the VM, saving and loading."""
