@@ -10,6 +10,7 @@ from kiln import op, transform
 from kiln.ad import grad
 from kiln.errors import Error, EvalError, InternalError, ParseError, TypeCheckError
 from kiln.eval import Closure, ConstructorValue, RefValue, interpret
+from kiln.frontend import Tensor, script
 from kiln.infer import infer_types
 from kiln.ir import *  # noqa: F403
 from kiln.ir import __all__ as _ir_all
@@ -24,6 +25,7 @@ __all__ = [
     "InternalError",
     "ParseError",
     "RefValue",
+    "Tensor",
     "TypeCheckError",
     "astext",
     "grad",
@@ -34,6 +36,7 @@ __all__ = [
     "parse",
     "parse_expr",
     "parse_type",
+    "script",
     "transform",
     *_ir_all,
 ]
