@@ -43,7 +43,9 @@ def _erf(x: np.ndarray) -> np.ndarray:
 
 
 def _round_half_away(x: np.ndarray) -> np.ndarray:
-    return np.sign(x) * np.floor(np.abs(x) + 0.5)
+    # Not floor(|x| + 0.5): that addition rounds (0.49999997 + 0.5 is 1 in float32).
+    whole = np.trunc(x)
+    return whole + np.where(np.abs(x - whole) >= 0.5, np.sign(x), 0).astype(x.dtype)
 
 
 _UNARY = {

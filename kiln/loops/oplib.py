@@ -7,7 +7,14 @@ common shapes of operator:
 
 - `unary(fn)` / `binary(fn)`: elementwise and broadcasting operators from a scalar function;
 - `reduction(combine, init, finalize)`: sum/max/... over ``axis``/``keepdims``/``exclude``;
-- `dtype_const`, `int_divide`, ...: scalar pieces with kiln's semantics.
+- `reshape_indices`, `reduce_index`, `window_span`: index arithmetic of reshapes, reductions
+  and sliding windows;
+- `guarded_read`, `clamp`: reads that may fall outside a tensor (padding, data-dependent
+  indices), clamped so the verifier can prove the access in bounds and selected away;
+- `dtype_const`, `convert`, `lowest`, `highest`: scalar pieces with numpy's semantics;
+- `elementwise_extern`, `outer_nest`, `fail`: results that need statements (a run-time
+  `Check`, a loop per element, an error known when lowering);
+- `zeros_if_empty`: a rule's guard for results without elements.
 """
 
 from __future__ import annotations
@@ -15,9 +22,24 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from kiln.ir.ty import TensorType, Type
-from kiln.loops.compute import Tensor, broadcast_indices, compute, reduce
-from kiln.loops.ir import INDEX, Binary, Const, Expr, Unary
+from kiln.loops.compute import Indices, Tensor, WriteFn, broadcast_indices, compute, extern, reduce
+from kiln.loops.ir import (
+    INDEX,
+    Binary,
+    Broadcast,
+    Cast,
+    Check,
+    Const,
+    Expr,
+    Select,
+    Stmt,
+    Unary,
+)
+from kiln.loops.ir import binary as ir_binary
+from kiln.loops.schedule import NestSchedule, loop_nest
 
 LowerFn = Callable[[list[Any], Any, Type], Any]
 
@@ -67,14 +89,32 @@ def binary(fn: str | Callable[[Expr, Expr], Expr]) -> LowerFn:
 
 
 def reduced_axes(ndim: int, axis: Sequence[int] | int | None, exclude: bool) -> list[int]:
-    """The axes a reduction runs over, from Relay's ``axis``/``exclude`` attributes."""
-    if axis is None:
-        axes = list(range(ndim))
-    else:
-        axes = sorted({a % ndim for a in ((axis,) if isinstance(axis, int) else axis)})
+    """The axes a reduction runs over, from Relay's ``axis``/``exclude`` attributes.
+
+    As the reference (kiln/op/reduce.py): no axes, or an empty list, means every axis, even
+    with ``exclude``.
+    """
+    if axis is None or (not isinstance(axis, int) and len(axis) == 0):
+        return list(range(ndim))
+    axes = sorted({a % ndim for a in ((axis,) if isinstance(axis, int) else axis)})
     if exclude:
         axes = [k for k in range(ndim) if k not in axes]
     return axes
+
+
+def reduce_index(
+    ndim: int, axes: Sequence[int], keepdims: bool, o: Sequence[Expr], r: Sequence[Expr]
+) -> list[Expr]:
+    """The input indices of a reduction over ``axes``: output indices ``o`` on the kept axes
+    (with ``keepdims`` the output has the reduced axes too, as size 1), ``r`` on the others."""
+    idx: list[Expr] = [Const(0, INDEX)] * ndim
+    kept = [k for k in range(ndim) if k not in axes]
+    outer = [o[k] for k in kept] if keepdims else list(o)
+    for k, v in zip(kept, outer):
+        idx[k] = v
+    for k, v in zip(axes, r):
+        idx[k] = v
+    return idx
 
 
 def reduction(
@@ -82,35 +122,30 @@ def reduction(
     init: Callable[[str], Expr],
     finalize: Callable[[Expr, int], Expr] | None = None,
     acc_dtype: Callable[[str], str] | None = None,
+    empty: str | None = None,
 ) -> LowerFn:
     """A reduction operator with Relay's ``axis``, ``keepdims`` and ``exclude`` attributes.
 
     ``init(dtype)`` gives the starting value, ``finalize(acc, count)`` post-processes the
-    accumulated value (mean divides by the count).
+    accumulated value (mean divides by the count). ``empty``, when given, is the error of a
+    reduction over no elements (max has no value there).
     """
 
     def lower(inputs: list[Tensor], attrs: Any, out_type: Type) -> Tensor:
         out = out_tensor_type(out_type)
         (x,) = inputs
         axes = reduced_axes(x.ndim, attrs["axis"], attrs["exclude"])
-        kept = [k for k in range(x.ndim) if k not in axes]
         extents = [x.shape[k] for k in axes]
         count = 1
         for e in extents:
             count *= e
+        if count == 0 and empty is not None:
+            return fail(out.shape, out.dtype, f"{empty} (a tensor of shape {x.shape})")
         acc = acc_dtype(x.dtype) if acc_dtype else x.dtype
 
         def body(o: tuple[Expr, ...], r: tuple[Expr, ...]) -> Expr:
-            idx: list[Expr] = [Const(0, INDEX)] * x.ndim
-            outer = list(o)
-            if attrs["keepdims"]:
-                outer = [o[k] for k in kept]
-            for k, v in zip(kept, outer):
-                idx[k] = v
-            for k, v in zip(axes, r):
-                idx[k] = v
-            value = x(*idx)
-            return value if value.dtype == acc else _cast(acc, value)
+            value = x(*reduce_index(x.ndim, axes, attrs["keepdims"], o, r))
+            return convert(value, acc)
 
         fin = None
         if finalize is not None:
@@ -120,7 +155,7 @@ def reduction(
             inner = fin
 
             def fin(a: Expr, o: tuple[Expr, ...]) -> Expr:  # noqa: F811
-                return _cast(out.dtype, inner(a, o) if inner else a)
+                return convert(inner(a, o) if inner else a, out.dtype)
 
         return reduce(out.shape, out.dtype, extents, combine, body,  # type: ignore[arg-type]
                       init(acc), fin, acc)
@@ -128,31 +163,199 @@ def reduction(
     return lower
 
 
-def _cast(dtype: str, e: Expr) -> Expr:
-    from kiln.loops.ir import Cast
-
-    return Cast(dtype, e)
-
-
 def reshape_indices(
     in_shape: Sequence[int], out_shape: Sequence[int], idx: Sequence[Expr]
 ) -> tuple[Expr, ...]:
-    """The input indices of a reshape: through the row-major flat position."""
+    """The input indices of a reshape: through the row-major flat position.
+
+    Size-1 axes carry nothing, and leading or trailing axes that the two shapes share map
+    straight across; only the axes between go through the flat position.
+    """
     if tuple(in_shape) == tuple(out_shape):
         return tuple(idx)
+    if 0 in in_shape or 0 in out_shape:
+        # Nothing is read, but the access must still verify: an empty axis's loop index
+        # ranges over [0, -1], which is inside every axis.
+        empty = next(i for i, d in zip(idx, out_shape) if d == 0)
+        return tuple(empty for _ in in_shape)
+    ins = [k for k, d in enumerate(in_shape) if d != 1]
+    outs = [k for k, d in enumerate(out_shape) if d != 1]
+    result: list[Expr] = [Const(0, INDEX)] * len(in_shape)
+    lo = 0
+    while lo < min(len(ins), len(outs)) and in_shape[ins[lo]] == out_shape[outs[lo]]:
+        result[ins[lo]] = idx[outs[lo]]
+        lo += 1
+    hi_in, hi_out = len(ins), len(outs)
+    while hi_in > lo and hi_out > lo and in_shape[ins[hi_in - 1]] == out_shape[outs[hi_out - 1]]:
+        hi_in, hi_out = hi_in - 1, hi_out - 1
+        result[ins[hi_in]] = idx[outs[hi_out]]
     flat: Expr = Const(0, INDEX)
     step = 1
-    for i, d in reversed(list(zip(idx, out_shape))):
-        if d != 1:
-            flat = flat + i * step
-        step *= d
-    out: list[Expr] = []
+    for k in reversed(outs[lo:hi_out]):
+        flat = flat + idx[k] * step
+        step *= out_shape[k]
     step = 1
-    strides = []
-    for d in reversed(in_shape):
-        strides.append(step)
-        step *= d
-    strides.reverse()
-    for d, s in zip(in_shape, strides):
-        out.append(Const(0, INDEX) if d == 1 else (flat // s) % d)
-    return tuple(out)
+    split: list[tuple[int, int]] = []
+    for k in reversed(ins[lo:hi_in]):
+        split.append((k, step))
+        step *= in_shape[k]
+    for n, (k, stride) in enumerate(reversed(split)):
+        # flat is less than the product of these axes: the outermost needs no modulo
+        result[k] = flat // stride if n == 0 else (flat // stride) % in_shape[k]
+    return tuple(result)
+
+
+# --- scalar pieces ----------------------------------------------------------------------------
+
+
+def convert(e: Expr, dtype: str) -> Expr:
+    """``e`` converted to ``dtype`` as numpy's ``astype`` does: to bool means "nonzero"."""
+    if e.dtype == dtype:
+        return e
+    if dtype == "bool":
+        return Binary("ne", e, _splat(dtype_const(0, e.dtype), e.lanes))
+    return Cast(dtype, e)
+
+
+def _splat(c: Const, lanes: int) -> Expr:
+    return c if lanes == 1 else Broadcast(c, lanes)
+
+
+def lowest(dtype: str) -> Const:
+    """The identity of ``max``: -inf, or the integer dtype's minimum."""
+    if dtype.startswith("float"):
+        return Const(float("-inf"), dtype)
+    if dtype == "bool":
+        return Const(False, dtype)
+    return Const(int(np.iinfo(dtype).min), dtype)
+
+
+def highest(dtype: str) -> Const:
+    """The identity of ``min``: inf, or the integer dtype's maximum."""
+    if dtype.startswith("float"):
+        return Const(float("inf"), dtype)
+    if dtype == "bool":
+        return Const(True, dtype)
+    return Const(int(np.iinfo(dtype).max), dtype)
+
+
+def is_signed_int(dtype: str) -> bool:
+    """int8 ... int64 (not the unsigned types, not bool)."""
+    return dtype.startswith("int")
+
+
+def is_float_dtype(dtype: str) -> bool:
+    """float16, float32 or float64."""
+    return dtype.startswith("float")
+
+
+def as_index(value: int) -> Const:
+    """An index constant (int64)."""
+    return Const(int(value), INDEX)
+
+
+def clamp(e: Expr, lo: int | Expr, hi: int | Expr) -> Expr:
+    """``min(max(e, lo), hi)``: how lowerings keep data-dependent indices provably in range."""
+    return ir_binary("min", ir_binary("max", e, lo), hi)
+
+
+def all_of(conds: Sequence[Expr]) -> Expr | None:
+    """The conjunction of bool expressions (None for none)."""
+    out: Expr | None = None
+    for c in conds:
+        out = c if out is None else Binary("and", out, c)
+    return out
+
+
+def guarded_read(
+    t: Tensor,
+    idx: Sequence[Expr],
+    spans: Sequence[tuple[int, int] | None],
+    fill: Expr,
+    extra: Sequence[Expr] = (),
+    read: Callable[[list[Expr]], Expr] | None = None,
+) -> Expr:
+    """``t[idx]`` where the indices fall inside ``t`` (and every ``extra`` holds), else ``fill``.
+
+    ``spans[k]`` is the static range [lo, hi] that index ``k`` can take (None: it is known to be
+    inside). An index whose range may leave the tensor is clamped for the access (so the read
+    is always in bounds, as `Select` evaluates both arms) and tested for the select. A read of
+    an empty tensor is never needed, so it gives ``fill``. ``read``, when given, makes the
+    value from the safe indices instead of reading ``t`` (to divide by a count there, say).
+    """
+    if any(d == 0 for d in t.shape):
+        return fill
+    conds = list(extra)
+    safe: list[Expr] = []
+    for i, span, n in zip(idx, spans, t.shape):
+        access = i
+        if span is not None:
+            lo, hi = span
+            if lo < 0:
+                conds.append(ir_binary("ge", i, 0))
+                access = ir_binary("max", access, 0)
+            if hi > n - 1:
+                conds.append(ir_binary("lt", i, n))
+                access = ir_binary("min", access, n - 1)
+        safe.append(access)
+    value = read(safe) if read is not None else t(*safe)
+    cond = all_of(conds)
+    return value if cond is None else Select(cond, value, fill)
+
+
+def window_span(
+    out_size: int, stride: int, kernel: int, dilation: int, pad: int
+) -> tuple[int, int]:
+    """The range of ``o * stride + r * dilation - pad`` over the output positions ``o`` and the
+    taps ``r`` of a sliding window: where convolution and pooling read their input."""
+    return -pad, (out_size - 1) * stride + (kernel - 1) * dilation - pad
+
+
+# --- lowerings that write their own loops -----------------------------------------------------
+
+
+def fail(shape: Sequence[int], dtype: str, message: str) -> Tensor:
+    """A result that cannot be computed (a max over an empty axis): the kernel stops with
+    ``message`` (as `kiln.EvalError`) when it runs, as the reference implementation raises."""
+    return extern(shape, dtype, lambda write: Check(Const(False, "bool"), message))
+
+
+def outer_nest(
+    shape: Sequence[int], body: Callable[[Indices], Stmt], work_per_element: int
+) -> Stmt:
+    """Loops over ``shape`` around a body with loops of its own (a row of softmax, a window):
+    parallel when the whole work pays for it, and none marked vectorized, as the body holds
+    the innermost loops."""
+    default = NestSchedule.default(shape, work_per_element=work_per_element)
+    return loop_nest(shape, body, NestSchedule(default.parallel_axis, None))
+
+
+def elementwise_extern(
+    shape: Sequence[int],
+    dtype: str,
+    element: Callable[[Indices, WriteFn], Stmt],
+    work_per_element: int = 1,
+) -> Tensor:
+    """An elementwise result whose elements need statements, not just an expression (a run-time
+    `Check`, a loop): ``element(idx, write)`` is the statement for the element at ``idx``,
+    calling ``write(idx, value)`` once. ``work_per_element`` > 1 says the statement loops."""
+    if work_per_element > 1:
+        return extern(shape, dtype, lambda write: outer_nest(
+            shape, lambda idx: element(idx, write), work_per_element))
+    return extern(shape, dtype, lambda write: loop_nest(shape, lambda idx: element(idx, write)))
+
+
+def zeros_if_empty(rule: LowerFn) -> LowerFn:
+    """``rule``, except that a result without elements lowers to a constant: its loops never
+    run, and index arithmetic over an empty range need not (and cannot) be proven in bounds."""
+
+    def lower(inputs: list[Any], attrs: Any, out_type: Type) -> Any:
+        types = out_type.fields if hasattr(out_type, "fields") else None  # a tuple result
+        fields = list(types) if types is not None else [out_type]
+        if all(any(d == 0 for d in t.shape) for t in fields):  # type: ignore[attr-defined]
+            made = tuple(compute(t.shape, t.dtype, lambda *i, t=t: dtype_const(0, t.dtype))
+                         for t in fields)  # type: ignore[attr-defined]
+            return made if types is not None else made[0]
+        return rule(inputs, attrs, out_type)
+
+    return lower

@@ -15,6 +15,10 @@ from kiln.errors import EvalError, TypeCheckError
 from kiln.ir.attrs import Attrs
 from kiln.ir.expr import Call, Expr, const
 from kiln.ir.ty import ANY, TensorType, Type
+from kiln.loops import oplib
+from kiln.loops.compute import Tensor, compute
+from kiln.loops.ir import INDEX, Binary
+from kiln.loops.ir import Expr as LExpr
 from kiln.op import grad_helpers as gh
 from kiln.op.common import shape_str, tensor_arg
 from kiln.op.registry import Attr, OpPattern, register
@@ -32,6 +36,18 @@ def _const_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
     return TensorType(_shape_attr(attrs.shape), attrs.dtype)  # type: ignore[arg-type]
 
 
+def _lower_filled(value: float) -> oplib.LowerFn:
+    """Every element the same constant, of the result's dtype."""
+    return lambda inputs, attrs, out: compute(
+        out.shape, out.dtype, lambda *i: oplib.dtype_const(value, out.dtype))
+
+
+def _lower_full(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+    """The scalar argument (``fill_value``, last) converted to the result's dtype everywhere."""
+    fill = inputs[-1]
+    return compute(out.shape, out.dtype, lambda *i: oplib.convert(fill(), out.dtype))  # type: ignore
+
+
 INIT_ATTRS = (
     Attr("shape", kind="ints", doc="the shape of the result"),
     Attr("dtype", "float32", kind="dtype", doc="the dtype of the result"),
@@ -46,6 +62,7 @@ _zeros = register(
     pattern=OpPattern.ELEMWISE,
     doc="A tensor of zeros.",
     differentiable=False,
+    lower=_lower_filled(0),
 )
 _ones = register(
     "ones",
@@ -56,6 +73,7 @@ _ones = register(
     pattern=OpPattern.ELEMWISE,
     doc="A tensor of ones.",
     differentiable=False,
+    lower=_lower_filled(1),
 )
 
 
@@ -101,6 +119,7 @@ _full = register(
     pattern=OpPattern.ELEMWISE,
     doc="A tensor with every element equal to a scalar.",
     gradient=lambda c, g: [_fill_grad(c, c.args[0], g)],
+    lower=_lower_full,
 )
 
 
@@ -116,6 +135,7 @@ zeros_like = register(
     pattern=OpPattern.ELEMWISE,
     doc="Zeros of the shape and dtype of data.",
     gradient=lambda c, g: [None],  # the values of data do not matter, only its shape
+    lower=_lower_filled(0),
 )
 ones_like = register(
     "ones_like",
@@ -125,6 +145,7 @@ ones_like = register(
     pattern=OpPattern.ELEMWISE,
     doc="Ones of the shape and dtype of data.",
     gradient=lambda c, g: [None],
+    lower=_lower_filled(1),
 )
 
 
@@ -144,6 +165,7 @@ full_like = register(
     pattern=OpPattern.ELEMWISE,
     doc="A tensor like data with every element equal to fill_value (converted to its dtype).",
     gradient=lambda c, g: [None, _fill_grad(c, c.args[1], g)],
+    lower=_lower_full,
 )
 
 
@@ -182,6 +204,19 @@ def _arange(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     return (start + np.arange(n, dtype=wide) * step).astype(attrs.dtype)  # type: ignore
 
 
+def _lower_arange(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+    # As the reference: start + i * step in float64 (or int64), then converted.
+    start, _, step = inputs
+    wide = "float64" if out.dtype.startswith("float") else INDEX  # type: ignore[attr-defined]
+
+    def element(i: LExpr) -> LExpr:
+        at = Binary("add", oplib.convert(start(), wide),
+                    Binary("mul", oplib.convert(i, wide), oplib.convert(step(), wide)))
+        return oplib.convert(at, out.dtype)  # type: ignore[attr-defined]
+
+    return compute(out.shape, out.dtype, element)  # type: ignore[attr-defined]
+
+
 _arange_op = register(
     "arange",
     inputs=("start", "stop", "step"),
@@ -192,6 +227,7 @@ _arange_op = register(
     doc="Evenly spaced values start, start+step, ... up to (not including) stop.",
     needs_values=True,
     differentiable=False,
+    lower=_lower_arange,
 )
 
 

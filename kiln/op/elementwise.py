@@ -18,6 +18,25 @@ from kiln.ir.attrs import Attrs
 from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import TensorType, Type
 from kiln.loops import oplib
+from kiln.loops.compute import Indices, Tensor, WriteFn, broadcast_indices, compute
+from kiln.loops.ir import (
+    Allocate,
+    Binary,
+    Buffer,
+    Check,
+    Const,
+    For,
+    IfThenElse,
+    LetStmt,
+    Load,
+    Select,
+    Seq,
+    Stmt,
+    Store,
+    Unary,
+)
+from kiln.loops.ir import Expr as LExpr
+from kiln.loops.ir import Var as LVar
 from kiln.loops.oplib import LowerFn
 from kiln.op import grad_helpers as gh
 from kiln.op.common import (
@@ -111,6 +130,120 @@ def _erf(x: np.ndarray) -> np.ndarray:
     return np.copysign(out, x)
 
 
+# Lowerings that depend on the dtype: integers round trivially, and integer division needs a
+# run-time check of the divisor (a statement), so it lowers as an elementwise extern.
+
+
+def _float_or_identity(op: str) -> LowerFn:
+    """floor, ceil, round: the loop-IR unary op on floats; integers are already whole."""
+    return oplib.unary(lambda x: Unary(op, x) if oplib.is_float_dtype(x.dtype) else x)
+
+
+def _sign(x: LExpr) -> LExpr:
+    if oplib.is_float_dtype(x.dtype):
+        return Unary("sign", x)
+    one, zero = oplib.dtype_const(1, x.dtype), oplib.dtype_const(0, x.dtype)
+    positive = Select(Binary("gt", x, zero), one, zero)
+    if not oplib.is_signed_int(x.dtype):
+        return positive
+    return Select(Binary("lt", x, zero), oplib.dtype_const(-1, x.dtype), positive)
+
+
+def _abs(x: LExpr) -> LExpr:
+    return x if x.dtype.startswith("uint") else Unary("abs", x)
+
+
+def _float_floor_mod(a: LExpr, b: LExpr) -> LExpr:
+    return Binary("sub", a, Binary("mul", Unary("floor", Binary("div", a, b)), b))
+
+
+_INT_DIVISION = {"divide": "truncdiv", "mod": "truncmod", "floor_divide": "floordiv",
+                 "floor_mod": "floormod"}
+_FLOAT_DIVISION = {
+    "divide": lambda a, b: Binary("div", a, b),
+    "mod": lambda a, b: Binary("truncmod", a, b),  # C's fmod
+    "floor_divide": lambda a, b: Unary("floor", Binary("div", a, b)),
+    "floor_mod": _float_floor_mod,
+}
+
+
+def _division(name: str) -> LowerFn:
+    """divide, mod, floor_divide, floor_mod: float arithmetic, or checked integer division.
+
+    A signed division by -1 is computed as a negation (it wraps for the minimum value, as
+    numpy does, where the machine's division instruction would trap).
+    """
+    float_rule = oplib.binary(_FLOAT_DIVISION[name])
+    op = _INT_DIVISION[name]
+
+    def lower(inputs: list[Tensor], attrs: Attrs, out_type: Type) -> Tensor:
+        out = oplib.out_tensor_type(out_type)
+        if oplib.is_float_dtype(out.dtype):
+            return float_rule(inputs, attrs, out_type)
+        a, b = inputs
+        shape = tuple(out.shape)
+
+        def element(idx: Indices, write: WriteFn) -> Stmt:
+            x, y = LVar("x", out.dtype), LVar("y", out.dtype)
+            zero = oplib.dtype_const(0, out.dtype)
+            if oplib.is_signed_int(out.dtype):
+                minus_one = oplib.dtype_const(-1, out.dtype)
+                by_minus_one = Binary("eq", y, minus_one)
+                safe = Select(by_minus_one, oplib.dtype_const(1, out.dtype), y)
+                value: LExpr = Binary(op, x, safe)
+                if op in ("truncdiv", "floordiv"):
+                    value = Select(by_minus_one, Unary("neg", x), value)
+            else:
+                value = Binary(op, x, y)
+            body = Seq((Check(Binary("ne", y, zero), "integer division by zero"),
+                        write(idx, value)))
+            return LetStmt(x, a(*broadcast_indices(a.shape, shape, idx)),
+                           LetStmt(y, b(*broadcast_indices(b.shape, shape, idx)), body))
+
+        return oplib.elementwise_extern(shape, out.dtype, element)
+
+    return lower
+
+
+def _power_lower(inputs: list[Tensor], attrs: Attrs, out_type: Type) -> Tensor:
+    """Float pow; integers by repeated squaring (wrapping as numpy), a negative exponent is
+    an error."""
+    out = oplib.out_tensor_type(out_type)
+    if oplib.is_float_dtype(out.dtype):
+        return oplib.binary("pow")(inputs, attrs, out_type)
+    a, b = inputs
+    shape, dt = tuple(out.shape), out.dtype
+    bits = np.iinfo(dt).bits - (1 if oplib.is_signed_int(dt) else 0)
+
+    def element(idx: Indices, write: WriteFn) -> Stmt:
+        # state: [result, base, remaining exponent]
+        st = Buffer("pow", (3,), dt, "local")
+        acc, base, rest = (Load(st, (Const(k),)) for k in range(3))
+        k = LVar("bit")
+        one, two = oplib.dtype_const(1, dt), oplib.dtype_const(2, dt)
+        step = Seq((
+            IfThenElse(Binary("eq", Binary("floormod", rest, two), one),
+                       Store(st, (Const(0),), Binary("mul", acc, base))),
+            Store(st, (Const(1),), Binary("mul", base, base)),
+            Store(st, (Const(2),), Binary("floordiv", rest, two)),
+        ))
+        stmts: list[Stmt] = []
+        exponent = b(*broadcast_indices(b.shape, shape, idx))
+        if oplib.is_signed_int(dt):
+            stmts.append(Check(Binary("ge", exponent, oplib.dtype_const(0, dt)),
+                               "integer power with a negative exponent"))
+        stmts += [
+            Store(st, (Const(0),), one),
+            Store(st, (Const(1),), a(*broadcast_indices(a.shape, shape, idx))),
+            Store(st, (Const(2),), exponent),
+            For(k, Const(0), Const(bits), step),
+            write(idx, acc),
+        ]
+        return Allocate(st, Seq(tuple(stmts)))
+
+    return oplib.elementwise_extern(shape, dt, element, work_per_element=bits)
+
+
 # Unary gradients: ``call`` is the forward result y = f(x), computed once and shared.
 
 
@@ -130,19 +263,25 @@ exp = _unary(
     lower=oplib.unary("exp"),
 )
 log = _unary(
-    "log", np.log, "Natural logarithm of each element.", gradient=lambda c, g: [g / _x(c)]
+    "log",
+    np.log,
+    "Natural logarithm of each element.",
+    gradient=lambda c, g: [g / _x(c)],
+    lower=oplib.unary("log"),
 )
 sqrt = _unary(
     "sqrt",
     np.sqrt,
     "Square root of each element.",
     gradient=lambda c, g: [g * _k(c, 0.5) / c],
+    lower=oplib.unary("sqrt"),
 )
 rsqrt = _unary(
     "rsqrt",
     lambda x: 1 / np.sqrt(x),
     "Reciprocal square root of each element.",
     gradient=lambda c, g: [g * _k(c, -0.5) * c * c * c],  # d/dx x^-1/2 = -1/2 y^3
+    lower=oplib.unary("rsqrt"),
 )
 tanh = _unary(
     "tanh",
@@ -156,21 +295,28 @@ sigmoid = _unary(
     lambda x: 1 / (1 + np.exp(-x)),
     "Logistic sigmoid 1/(1+e^-x).",
     gradient=lambda c, g: [g * c * (_k(c, 1.0) - c)],
+    lower=oplib.unary("sigmoid"),
 )
 erf = _unary(
     "erf",
     _erf,
     "Gauss error function of each element.",
     gradient=lambda c, g: [g * _k(c, 2.0 / np.sqrt(np.pi)) * exp(negative(_x(c) * _x(c)))],
+    lower=oplib.unary("erf"),
 )
 sin = _unary(
-    "sin", np.sin, "Sine of each element (radians).", gradient=lambda c, g: [g * cos(_x(c))]
+    "sin",
+    np.sin,
+    "Sine of each element (radians).",
+    gradient=lambda c, g: [g * cos(_x(c))],
+    lower=oplib.unary("sin"),
 )
 cos = _unary(
     "cos",
     np.cos,
     "Cosine of each element (radians).",
     gradient=lambda c, g: [negative(g * sin(_x(c)))],
+    lower=oplib.unary("cos"),
 )
 negative = _unary(
     "negative",
@@ -187,12 +333,23 @@ abs_ = _unary(
     "Absolute value of each element.",
     kind="numeric",
     gradient=lambda c, g: [where(less(_x(c), _k(c, 0.0)), negative(g), g)],
+    lower=oplib.unary(_abs),
 )
 floor = _unary(
-    "floor", np.floor, "Largest integer <= each element.", kind="numeric", differentiable=False
+    "floor",
+    np.floor,
+    "Largest integer <= each element.",
+    kind="numeric",
+    differentiable=False,
+    lower=_float_or_identity("floor"),
 )
 ceil = _unary(
-    "ceil", np.ceil, "Smallest integer >= each element.", kind="numeric", differentiable=False
+    "ceil",
+    np.ceil,
+    "Smallest integer >= each element.",
+    kind="numeric",
+    differentiable=False,
+    lower=_float_or_identity("ceil"),
 )
 round_ = _unary(
     "round",
@@ -200,9 +357,15 @@ round_ = _unary(
     "Nearest integer; halves round away from zero.",
     kind="numeric",
     differentiable=False,
+    lower=_float_or_identity("round"),
 )
 sign = _unary(
-    "sign", np.sign, "-1, 0 or 1 by the sign of each element.", kind="numeric", differentiable=False
+    "sign",
+    np.sign,
+    "-1, 0 or 1 by the sign of each element.",
+    kind="numeric",
+    differentiable=False,
+    lower=oplib.unary(_sign),
 )
 logical_not = _unary(
     "logical_not",
@@ -210,6 +373,7 @@ logical_not = _unary(
     "Boolean negation of each element.",
     kind="bool",
     differentiable=False,
+    lower=oplib.unary("not"),
 )
 
 
@@ -344,6 +508,7 @@ divide = _binary(
     "Elementwise quotient; integers truncate toward zero.",
     # d(a/b)/db = -a/b^2 = -(a/b)/b, from the shared quotient
     gradient=lambda c, g: _binary_grads(c, g / c.args[1], negative(g * c / c.args[1])),
+    lower=_division("divide"),
 )
 
 
@@ -356,7 +521,8 @@ def _power_grad(c: Call, g: Expr) -> list[Expr | None]:
 
 
 power = _binary(
-    "power", _power, "lhs raised to the power rhs, with broadcasting.", gradient=_power_grad
+    "power", _power, "lhs raised to the power rhs, with broadcasting.", gradient=_power_grad,
+    lower=_power_lower,
 )
 # At a tie the whole adjoint goes to lhs.
 maximum = _binary(
@@ -379,36 +545,64 @@ minimum = _binary(
         where(less_equal(c.args[0], c.args[1]), g, _zero(g)),
         where(less_equal(c.args[0], c.args[1]), _zero(g), g),
     ),
+    lower=oplib.binary("min"),
 )
-mod = _binary("mod", _mod, "Remainder of truncated division (sign of lhs).", differentiable=False)
+mod = _binary(
+    "mod",
+    _mod,
+    "Remainder of truncated division (sign of lhs).",
+    differentiable=False,
+    lower=_division("mod"),
+)
 floor_divide = _binary(
-    "floor_divide", _floor_divide, "Quotient rounded toward -infinity.", differentiable=False
+    "floor_divide",
+    _floor_divide,
+    "Quotient rounded toward -infinity.",
+    differentiable=False,
+    lower=_division("floor_divide"),
 )
 floor_mod = _binary(
-    "floor_mod", _floor_mod, "Remainder of floor division (sign of rhs).", differentiable=False
+    "floor_mod",
+    _floor_mod,
+    "Remainder of floor division (sign of rhs).",
+    differentiable=False,
+    lower=_division("floor_mod"),
 )
 
 
-def _compare(name: str, fn: Callable[[np.ndarray, np.ndarray], object], doc: str) -> OpDef:
+def _compare(
+    name: str, fn: Callable[[np.ndarray, np.ndarray], object], doc: str, op: str
+) -> OpDef:
     """Register a broadcasting comparison: any dtype in, bool out, no gradient."""
-    return _binary(name, fn, doc, kind="any", result_dtype="bool", differentiable=False)
+    return _binary(
+        name, fn, doc, kind="any", result_dtype="bool", differentiable=False,
+        lower=oplib.binary(op),
+    )
 
 
-equal = _compare("equal", np.equal, "lhs == rhs elementwise, as bool.")
-not_equal = _compare("not_equal", np.not_equal, "lhs != rhs elementwise, as bool.")
-less = _compare("less", np.less, "lhs < rhs elementwise, as bool.")
-less_equal = _compare("less_equal", np.less_equal, "lhs <= rhs elementwise, as bool.")
-greater = _compare("greater", np.greater, "lhs > rhs elementwise, as bool.")
-greater_equal = _compare("greater_equal", np.greater_equal, "lhs >= rhs elementwise, as bool.")
+equal = _compare("equal", np.equal, "lhs == rhs elementwise, as bool.", "eq")
+not_equal = _compare("not_equal", np.not_equal, "lhs != rhs elementwise, as bool.", "ne")
+less = _compare("less", np.less, "lhs < rhs elementwise, as bool.", "lt")
+less_equal = _compare("less_equal", np.less_equal, "lhs <= rhs elementwise, as bool.", "le")
+greater = _compare("greater", np.greater, "lhs > rhs elementwise, as bool.", "gt")
+greater_equal = _compare(
+    "greater_equal", np.greater_equal, "lhs >= rhs elementwise, as bool.", "ge"
+)
 logical_and = _binary(
     "logical_and",
     np.logical_and,
     "Boolean and of bool tensors.",
     kind="bool",
     differentiable=False,
+    lower=oplib.binary("and"),
 )
 logical_or = _binary(
-    "logical_or", np.logical_or, "Boolean or of bool tensors.", kind="bool", differentiable=False
+    "logical_or",
+    np.logical_or,
+    "Boolean or of bool tensors.",
+    kind="bool",
+    differentiable=False,
+    lower=oplib.binary("or"),
 )
 
 
@@ -438,6 +632,19 @@ def _where_grad(c: Call, g: Expr) -> list[Expr | None]:
     ]
 
 
+def _where_lower(inputs: list[Tensor], attrs: Attrs, out_type: Type) -> Tensor:
+    out = oplib.out_tensor_type(out_type)
+    cond, x, y = inputs
+    shape = tuple(out.shape)
+
+    def element(*i: LExpr) -> LExpr:
+        return Select(cond(*broadcast_indices(cond.shape, shape, i)),
+                      x(*broadcast_indices(x.shape, shape, i)),
+                      y(*broadcast_indices(y.shape, shape, i)))
+
+    return compute(shape, out.dtype, element)
+
+
 where = register(
     "where",
     inputs=("condition", "x", "y"),
@@ -449,6 +656,7 @@ where = register(
     pattern=OpPattern.BROADCAST,
     doc="Elements of x where condition is true, else of y, with broadcasting.",
     gradient=_where_grad,
+    lower=_where_lower,
 )
 
 
@@ -485,6 +693,21 @@ def _clip_grad(c: Call, g: Expr) -> list[Expr | None]:
     return [where(inside, g, zeros_like(g))]
 
 
+def _clip_bound(value: float, dtype: str) -> float | int:
+    """A bound as the reference applies it: converted to an integer dtype, within its range."""
+    if not is_int(dtype):
+        return value
+    info = np.iinfo(dtype)
+    return min(max(int(np.clip(value, info.min, info.max)), int(info.min)), int(info.max))
+
+
+def _clip_lower(inputs: list[Tensor], attrs: Attrs, out_type: Type) -> Tensor:
+    (x,) = inputs
+    lo = oplib.dtype_const(_clip_bound(attrs.a_min, x.dtype), x.dtype)  # type: ignore[arg-type]
+    hi = oplib.dtype_const(_clip_bound(attrs.a_max, x.dtype), x.dtype)  # type: ignore[arg-type]
+    return compute(x.shape, x.dtype, lambda *i: Binary("min", Binary("max", x(*i), lo), hi))
+
+
 clip = register(
     "clip",
     inputs=("a",),
@@ -497,6 +720,7 @@ clip = register(
     pattern=OpPattern.ELEMWISE,
     doc="Each element limited to the range [a_min, a_max].",
     gradient=_clip_grad,
+    lower=_clip_lower,
 )
 
 
@@ -535,6 +759,8 @@ cast = register(
     pattern=OpPattern.ELEMWISE,
     doc="Each element converted to another dtype (floats to integers truncate).",
     gradient=_cast_grad,
+    lower=lambda inputs, attrs, out: compute(
+        out.shape, out.dtype, lambda *i: oplib.convert(inputs[0](*i), out.dtype)),
 )
 
 # fmt: off

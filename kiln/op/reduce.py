@@ -17,6 +17,23 @@ from kiln.ir.attrs import Attrs
 from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import Dim, TensorType, Type
 from kiln.loops import oplib
+from kiln.loops.compute import Tensor
+from kiln.loops.ir import (
+    INDEX,
+    Allocate,
+    Binary,
+    Buffer,
+    Const,
+    For,
+    IfThenElse,
+    LetStmt,
+    Load,
+    Seq,
+    Stmt,
+    Store,
+    Var,
+)
+from kiln.loops.ir import Expr as LExpr
 from kiln.loops.oplib import LowerFn
 from kiln.op import grad_helpers as gh
 from kiln.op.common import (
@@ -167,6 +184,23 @@ def _extremum_grad(c: Call, g: Expr) -> list[Expr | None]:
     return [call("where", hit, _spread(c, g), gh.zeros_like(x))]
 
 
+def _mean_lower(inputs: list[Tensor], attrs: Attrs, out_type: Type) -> Tensor:
+    # Floats: the sum divided by the count (float16 accumulates in float32, as numpy's mean);
+    # integers: the wrapping sum divided by the count, truncated.
+    dtype = inputs[0].dtype
+    if is_int(dtype):
+        rule = oplib.reduction(
+            "add", lambda dt: oplib.dtype_const(0, dt),
+            lambda acc, n: Binary("truncdiv", acc, oplib.dtype_const(n, acc.dtype)),
+            empty="mean of no elements")
+    else:
+        rule = oplib.reduction(
+            "add", lambda dt: oplib.dtype_const(0, dt),
+            lambda acc, n: Binary("div", acc, oplib.dtype_const(n, acc.dtype)),
+            acc_dtype=lambda dt: "float32" if dt == "float16" else dt)
+    return rule(inputs, attrs, out_type)
+
+
 sum_ = _reduction(
     "sum",
     _sum,
@@ -179,15 +213,28 @@ mean = _reduction(
     _mean,
     "Arithmetic mean over the given axes (integers truncate).",
     gradient=_mean_grad,
+    lower=_mean_lower,
 )
 prod = _reduction(
-    "prod", _prod, "Product of the elements over the given axes.", gradient=_prod_grad
+    "prod",
+    _prod,
+    "Product of the elements over the given axes.",
+    gradient=_prod_grad,
+    lower=oplib.reduction("mul", lambda dt: oplib.dtype_const(1, dt)),
 )
 max_ = _reduction(
-    "max", np.max, "Largest element over the given axes.", gradient=_extremum_grad
+    "max",
+    np.max,
+    "Largest element over the given axes.",
+    gradient=_extremum_grad,
+    lower=oplib.reduction("max", oplib.lowest, empty="max over an empty axis"),
 )
 min_ = _reduction(
-    "min", np.min, "Smallest element over the given axes.", gradient=_extremum_grad
+    "min",
+    np.min,
+    "Smallest element over the given axes.",
+    gradient=_extremum_grad,
+    lower=oplib.reduction("min", oplib.highest, empty="min over an empty axis"),
 )
 all_ = _reduction(
     "all",
@@ -195,6 +242,7 @@ all_ = _reduction(
     "True where every element over the axes is true.",
     kind="bool",
     differentiable=False,
+    lower=oplib.reduction("and", lambda dt: oplib.dtype_const(True, dt)),
 )
 any_ = _reduction(
     "any",
@@ -202,10 +250,60 @@ any_ = _reduction(
     "True where some element over the axes is true.",
     kind="bool",
     differentiable=False,
+    lower=oplib.reduction("or", lambda dt: oplib.dtype_const(False, dt)),
 )
 
 
 # --- argmax, argmin -----------------------------------------------------------------------
+
+
+def _arg_lower(name: str, order: str) -> LowerFn:
+    """argmax (``order="gt"``) or argmin (``"lt"``): a scan keeping the best value and its
+    flat index in two local accumulators. Like numpy, the first NaN wins (the last with
+    select_last_index)."""
+
+    def lower(inputs: list[Tensor], attrs: Attrs, out_type: Type) -> Tensor:
+        (x,) = inputs
+        out = oplib.out_tensor_type(out_type)
+        axes = oplib.reduced_axes(x.ndim, attrs.axis, attrs.exclude)  # type: ignore[arg-type]
+        extents = [x.shape[a] for a in axes]
+        if math.prod(extents) == 0:
+            return oplib.fail(out.shape, out.dtype, f"{name} over an empty axis of a tensor "
+                              f"of shape {x.shape}")
+        last = bool(attrs.select_last_index)
+        strides = [math.prod(extents[k + 1:]) for k in range(len(extents))]
+
+        def element(o: tuple[LExpr, ...], write: oplib.WriteFn) -> Stmt:
+            best = Buffer("best", (1,), x.dtype, "local")
+            at = Buffer("best_at", (1,), INDEX, "local")
+            zero = (Const(0),)
+            rs = tuple(Var(f"r{k}") for k in range(len(axes)))
+            v = Var("v", x.dtype)
+            flat: LExpr = Const(0)
+            for r, stride in zip(rs, strides):
+                flat = flat + r * stride
+            have = Load(best, zero)
+            cond: LExpr = Binary({"gt": "ge", "lt": "le"}[order] if last else order, v, have)
+            if oplib.is_float_dtype(x.dtype):
+                nan = Binary("ne", v, v)
+                if not last:
+                    nan = Binary("and", nan, Binary("eq", have, have))
+                cond = Binary("or", cond, nan)
+            scan: Stmt = LetStmt(
+                v, x(*oplib.reduce_index(x.ndim, axes, attrs.keepdims, o, rs)),  # type: ignore
+                IfThenElse(cond, Seq((Store(best, zero, v), Store(at, zero, flat)))))
+            for r, n in reversed(list(zip(rs, extents))):
+                scan = For(r, Const(0), Const(n), scan)
+            first = x(*oplib.reduce_index(x.ndim, axes, attrs.keepdims, o,  # type: ignore
+                                          [Const(0)] * len(axes)))
+            body = Seq((Store(best, zero, first), Store(at, zero, Const(0)), scan,
+                        write(o, oplib.convert(Load(at, zero), out.dtype))))
+            return Allocate(best, Allocate(at, body))
+
+        return oplib.elementwise_extern(out.shape, out.dtype, element,
+                                        work_per_element=math.prod(extents))
+
+    return lower
 
 
 def _arg_reduction(name: str, fn: Callable[..., np.ndarray], doc: str) -> OpDef:
@@ -237,6 +335,7 @@ def _arg_reduction(name: str, fn: Callable[..., np.ndarray], doc: str) -> OpDef:
         pattern=OpPattern.COMM_REDUCE,
         doc=doc,
         differentiable=False,
+        lower=_arg_lower(name, "gt" if name == "argmax" else "lt"),
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -19,7 +19,32 @@ from kiln.ir.attrs import Attrs
 from kiln.ir.expr import Call, Expr, Tuple, TupleGetItem
 from kiln.ir.ty import ANY, AnyDim, Dim, IncompleteType, SymDim, TensorType, TupleType, Type
 from kiln.loops import oplib
-from kiln.loops.compute import compute
+from kiln.loops.compute import (
+    Indices,
+    Tensor,
+    WriteFn,
+    broadcast_indices,
+    compute,
+    extern,
+    reduce,
+)
+from kiln.loops.ir import (
+    INDEX,
+    Allocate,
+    Binary,
+    Buffer,
+    Check,
+    Const,
+    LetStmt,
+    Load,
+    Select,
+    Seq,
+    Stmt,
+    Store,
+)
+from kiln.loops.ir import Expr as LExpr
+from kiln.loops.ir import Var as LVar
+from kiln.loops.schedule import NestSchedule, loop_nest
 from kiln.op import grad_helpers as gh
 from kiln.op.common import (
     broadcast_shape,
@@ -201,6 +226,19 @@ def _transpose_grad(c: Call, g: Expr) -> list[Expr | None]:
     return [call("transpose", g, axes=[int(i) for i in np.argsort(perm)])]
 
 
+def _transpose_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+    (x,) = inputs
+    perm = _permutation(x.ndim, attrs.axes)  # type: ignore[arg-type]
+
+    def element(*i: LExpr) -> LExpr:
+        idx: list[LExpr] = [Const(0)] * x.ndim
+        for k, p in enumerate(perm):
+            idx[p] = i[k]
+        return x(*idx)
+
+    return compute(out.shape, out.dtype, element)  # type: ignore[attr-defined]
+
+
 transpose = register(
     "transpose",
     inputs=("data",),
@@ -212,6 +250,7 @@ transpose = register(
     pattern=OpPattern.INJECTIVE,
     doc="Dimensions permuted (reversed when axes is None).",
     gradient=_transpose_grad,
+    lower=_transpose_lower,
 )
 
 
@@ -232,6 +271,13 @@ def _expand_dims_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | Non
     return TensorType(_expanded(data.shape, attrs.axis, attrs.num_newaxis), data.dtype)
 
 
+def _lower_as_reshape(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+    """Operators that only change the shape: the same elements in row-major order."""
+    x = inputs[0]
+    return compute(out.shape, out.dtype,  # type: ignore[attr-defined]
+                   lambda *i: x(*oplib.reshape_indices(x.shape, out.shape, i)))  # type: ignore
+
+
 expand_dims = register(
     "expand_dims",
     inputs=("data",),
@@ -246,6 +292,7 @@ expand_dims = register(
     pattern=OpPattern.INJECTIVE,
     doc="Size-1 axes inserted at a position.",
     gradient=lambda c, g: [reshape_to(g, c.args[0])],
+    lower=_lower_as_reshape,
 )
 
 
@@ -281,6 +328,7 @@ squeeze = register(
     pattern=OpPattern.INJECTIVE,
     doc="Size-1 dimensions removed.",
     gradient=lambda c, g: [reshape_to(g, c.args[0])],
+    lower=_lower_as_reshape,
 )
 
 
@@ -352,6 +400,37 @@ def _concatenate_grad(c: Call, g: Expr) -> list[Expr | None]:
     return [Tuple(tuple(slices))]
 
 
+@oplib.zeros_if_empty
+def _concatenate_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+    # A chain of selects on the joined axis; each field is read at a clamped index, so every
+    # arm is a safe access.
+    fields = [f for f in inputs[0] if f.shape[attrs.axis % f.ndim] > 0]  # type: ignore
+    axis = attrs.axis % out.ndim  # type: ignore
+
+    def element(*i: LExpr) -> LExpr:
+        value: LExpr | None = None
+        start = sum(f.shape[axis] for f in fields)
+        for f in reversed(fields):
+            size = f.shape[axis]
+            start -= size
+            at = list(i)
+            at[axis] = i[axis] - start
+            if start > 0:
+                at[axis] = Binary("max", at[axis], Const(0))
+            if start + size < out.shape[axis]:  # type: ignore[attr-defined]
+                at[axis] = Binary("min", at[axis], Const(size - 1))
+            here = f(*at)
+            value = here if value is None else Select(Binary("lt", i[axis], Const(start + size)),
+                                                      here, value)
+        assert value is not None
+        return value
+
+    if not fields:  # nothing to read: an empty result
+        return compute(out.shape, out.dtype,  # type: ignore[attr-defined]
+                       lambda *i: oplib.dtype_const(0, out.dtype))  # type: ignore
+    return compute(out.shape, out.dtype, element)  # type: ignore[attr-defined]
+
+
 concatenate = register(
     "concatenate",
     inputs=("data",),
@@ -361,6 +440,7 @@ concatenate = register(
     pattern=OpPattern.INJECTIVE,
     doc="A tuple of tensors joined along an existing axis.",
     gradient=_concatenate_grad,
+    lower=_concatenate_lower,
 )
 
 
@@ -391,6 +471,20 @@ def _stack_grad(c: Call, g: Expr) -> list[Expr | None]:
     return [Tuple(tuple(call("squeeze", TupleGetItem(parts, i), axis=[axis]) for i in range(n)))]
 
 
+def _stack_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+    fields = list(inputs[0])
+    axis = attrs.axis % out.ndim  # type: ignore
+
+    def element(*i: LExpr) -> LExpr:
+        rest = i[:axis] + i[axis + 1:]
+        value = fields[-1](*rest)
+        for k in reversed(range(len(fields) - 1)):
+            value = Select(Binary("eq", i[axis], Const(k)), fields[k](*rest), value)
+        return value
+
+    return compute(out.shape, out.dtype, element)  # type: ignore[attr-defined]
+
+
 stack = register(
     "stack",
     inputs=("data",),
@@ -400,6 +494,7 @@ stack = register(
     pattern=OpPattern.INJECTIVE,
     doc="A tuple of equal-shaped tensors joined along a new axis.",
     gradient=_stack_grad,
+    lower=_stack_lower,
 )
 
 
@@ -445,6 +540,20 @@ def _split_grad(c: Call, g: Expr) -> list[Expr | None]:
     return [call("concatenate", Tuple(tuple(parts)), axis=c.attrs.axis)]
 
 
+def _split_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> tuple[Tensor, ...]:
+    (x,) = inputs
+    axis = attrs.axis % x.ndim  # type: ignore
+    parts = []
+    start = 0
+    for field in out.fields:  # type: ignore[attr-defined]
+        def element(*i: LExpr, start: int = start) -> LExpr:
+            return x(*i[:axis], i[axis] + start, *i[axis + 1:])
+
+        parts.append(compute(field.shape, field.dtype, element))
+        start += field.shape[axis]
+    return tuple(parts)
+
+
 split = register(
     "split",
     inputs=("data",),
@@ -463,6 +572,7 @@ split = register(
     pattern=OpPattern.INJECTIVE,
     doc="A tensor cut along an axis into a tuple of tensors.",
     gradient=_split_grad,
+    lower=_split_lower,
 )
 
 
@@ -543,6 +653,106 @@ def _take_grad_rule(c: Call, g: Expr) -> list[Expr | None]:
     return [call("take_grad", g, data, indices, **dict(c.attrs)), None]
 
 
+def _take_geometry(
+    data_shape: tuple[int, ...], indices_ndim: int, attrs: Attrs
+) -> tuple[tuple[int, ...], int, int]:
+    """The shape take reads from (flattened when axis is None), its axis and batch_dims."""
+    axis, batch = attrs.axis, attrs.batch_dims
+    if axis is None:
+        return (math.prod(data_shape),), 0, 0
+    axis = axis + len(data_shape) if axis < 0 else axis  # type: ignore[operator]
+    batch = batch + indices_ndim if batch < 0 else batch  # type: ignore[operator]
+    return data_shape, axis, batch  # type: ignore[return-value]
+
+
+def _take_source(x: Tensor, shape: tuple[int, ...]) -> Callable[..., LExpr]:
+    """Read ``x`` as the shape take indexes (its own, or flattened)."""
+    if shape == x.shape:
+        return x
+    return lambda *i: x(*oplib.reshape_indices(x.shape, shape, i))
+
+
+def _take_position(o: Indices, idx: Tensor, axis: int, batch: int) -> LExpr:
+    """The raw index (int64) that picks output element ``o``."""
+    return oplib.convert(idx(*o[:batch], *o[axis:axis + idx.ndim - batch]), INDEX)
+
+
+def _take_fix(k: LExpr, n: int, mode: str) -> LExpr:
+    """An index brought into [0, n) as the mode says (fast: checked separately, clamped to
+    keep the access provably in bounds)."""
+    return k % n if mode == "wrap" else oplib.clamp(k, 0, n - 1)
+
+
+def _in_range(k: LExpr, n: int) -> LExpr:
+    return Binary("and", Binary("ge", k, Const(0)), Binary("lt", k, Const(n)))
+
+
+def _take_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+    x, idx = inputs
+    shape, axis, batch = _take_geometry(x.shape, idx.ndim, attrs)
+    n = shape[axis]
+    if n == 0 and math.prod(idx.shape):
+        return oplib.fail(out.shape, out.dtype, f"take from axis {axis} of size 0")  # type: ignore
+    if 0 in out.shape:  # type: ignore[attr-defined]
+        return compute(out.shape, out.dtype,  # type: ignore[attr-defined]
+                       lambda *i: oplib.dtype_const(0, out.dtype))  # type: ignore[attr-defined]
+    src = _take_source(x, shape)
+    after = axis + idx.ndim - batch
+
+    def read(o: Indices, k: LExpr) -> LExpr:
+        return src(*o[:axis], k, *o[after:])
+
+    if attrs.mode != "fast":
+        return compute(out.shape, out.dtype,  # type: ignore[attr-defined]
+                       lambda *o: read(o, _take_fix(_take_position(o, idx, axis, batch), n,
+                                                    attrs.mode)))  # type: ignore[arg-type]
+
+    def element(o: Indices, write: WriteFn) -> Stmt:
+        k = LVar("k")
+        message = f"take with mode fast: an index is outside [0, {n}) on axis {axis}"
+        return LetStmt(k, _take_position(o, idx, axis, batch),
+                       Seq((Check(_in_range(k, n), message),
+                            write(o, read(o, oplib.clamp(k, 0, n - 1))))))
+
+    return oplib.elementwise_extern(out.shape, out.dtype, element)  # type: ignore[attr-defined]
+
+
+def _take_grad_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+    # A scatter: out_grad added, in row-major order as numpy's add.at, into a zeroed local
+    # buffer shaped as take reads the data; then written out.
+    g, x, idx = inputs
+    shape, axis, batch = _take_geometry(x.shape, idx.ndim, attrs)
+    n = shape[axis]
+    if n == 0 and math.prod(idx.shape):
+        return oplib.fail(out.shape, out.dtype, f"take from axis {axis} of size 0")  # type: ignore
+    after = axis + idx.ndim - batch
+    zero = oplib.dtype_const(0, g.dtype)
+
+    def emit(write: WriteFn) -> Stmt:
+        acc = Buffer("acc", shape, g.dtype, "local")
+
+        def scatter(o: Indices) -> Stmt:
+            k = LVar("k")
+            at = (*o[:axis], _take_fix(k, n, attrs.mode), *o[after:])  # type: ignore[arg-type]
+            add = Store(acc, at, Binary("add", Load(acc, at), g(*o)))
+            if attrs.mode == "fast":
+                message = f"take with mode fast: an index is outside [0, {n}) on axis {axis}"
+                add = Seq((Check(_in_range(k, n), message), add))
+            return LetStmt(k, _take_position(o, idx, axis, batch), add)
+
+        def result(p: Indices) -> Stmt:
+            flat = oplib.reshape_indices(shape, x.shape, p)
+            return write(p, Load(acc, flat))
+
+        stmts = [loop_nest(shape, lambda i: Store(acc, i, zero))]
+        if n > 0:
+            stmts.append(loop_nest(g.shape, scatter, NestSchedule(None, None)))
+        stmts.append(loop_nest(x.shape, result))
+        return Allocate(acc, Seq(tuple(stmts)))
+
+    return extern(out.shape, out.dtype, emit)  # type: ignore[attr-defined]
+
+
 take = register(
     "take",
     inputs=("data", "indices"),
@@ -556,6 +766,7 @@ take = register(
     pattern=OpPattern.INJECTIVE,
     doc="Elements of data picked by integer indices along an axis.",
     gradient=_take_grad_rule,
+    lower=_take_lower,
 )
 
 def _take_grad_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
@@ -591,6 +802,7 @@ take_grad = register(
     pattern=OpPattern.OPAQUE,
     doc="The adjoint of take: out_grad added into zeros shaped like data at the taken places.",
     gradient=lambda c, g: [call("take", g, c.args[2], **dict(c.attrs)), None, None],
+    lower=_take_grad_lower,
 )
 
 
@@ -677,6 +889,58 @@ def _strided_slice_grad_rule(c: Call, g: Expr) -> list[Expr | None]:
     return [call("strided_slice_grad", g, c.args[0], **dict(c.attrs))]
 
 
+def _slice_ranges(attrs: Attrs, shape: tuple[int, ...]) -> dict[int, tuple[int, int, int]]:
+    """(start, step, length) of each sliced axis, as Python's slicing resolves them."""
+    out = {}
+    for axis, b, e, s in _slice_plan(attrs, len(shape)):
+        start, stop, step = slice(b, e, s).indices(shape[axis])
+        out[axis] = (start, step, len(range(start, stop, step)))
+    return out
+
+
+@oplib.zeros_if_empty
+def _strided_slice_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+    (x,) = inputs
+    ranges = _slice_ranges(attrs, x.shape)
+
+    def element(*i: LExpr) -> LExpr:
+        idx = list(i)
+        for axis, (start, step, _) in ranges.items():
+            idx[axis] = i[axis] * step + start
+        return x(*idx)
+
+    return compute(out.shape, out.dtype, element)  # type: ignore[attr-defined]
+
+
+@oplib.zeros_if_empty
+def _strided_slice_grad_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+    # Each element of the result is out_grad's element that the slice took from there, or 0.
+    g, x = inputs
+    ranges = _slice_ranges(attrs, x.shape)
+    zero = oplib.dtype_const(0, g.dtype)
+    if any(n == 0 for _, _, n in ranges.values()):
+        return compute(x.shape, g.dtype, lambda *i: zero)
+
+    def element(*p: LExpr) -> LExpr:
+        # Along a sliced axis, element p came from slice position q = (p - start) / step when
+        # that is a whole number in [0, n).
+        idx: list[LExpr] = list(p)
+        spans: list[tuple[int, int] | None] = [None] * len(p)
+        exact = []
+        for axis, (start, step, _) in ranges.items():
+            s, last = abs(step), x.shape[axis] - 1
+            if step > 0:
+                d, lo, hi = p[axis] - start, -start, last - start
+            else:
+                d, lo, hi = Const(start) - p[axis], start - last, start
+            idx[axis], spans[axis] = d // s, (lo // s, hi // s)
+            if s != 1:
+                exact.append(Binary("eq", d % s, Const(0)))
+        return oplib.guarded_read(g, idx, spans, zero, exact)
+
+    return compute(x.shape, g.dtype, element)
+
+
 strided_slice = register(
     "strided_slice",
     inputs=("data",),
@@ -692,6 +956,7 @@ strided_slice = register(
     pattern=OpPattern.INJECTIVE,
     doc="A strided window of a tensor, with Python slicing rules per axis.",
     gradient=_strided_slice_grad_rule,
+    lower=_strided_slice_lower,
 )
 
 
@@ -724,6 +989,7 @@ strided_slice_grad = register(
     pattern=OpPattern.INJECTIVE,
     doc="The adjoint of strided_slice: out_grad placed in zeros shaped like data.",
     gradient=lambda c, g: [call("strided_slice", g, **dict(c.attrs)), None],
+    lower=_strided_slice_grad_lower,
 )
 
 # --- broadcast_to, tile -------------------------------------------------------------------
@@ -748,6 +1014,12 @@ def _broadcast_to_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | No
     return TensorType(target, data.dtype)
 
 
+def _broadcast_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+    x = inputs[0]
+    shape = tuple(out.shape)  # type: ignore[attr-defined]
+    return compute(shape, x.dtype, lambda *i: x(*broadcast_indices(x.shape, shape, i)))
+
+
 broadcast_to = register(
     "broadcast_to",
     inputs=("data",),
@@ -757,6 +1029,7 @@ broadcast_to = register(
     pattern=OpPattern.BROADCAST,
     doc="A tensor repeated along size-1 and new leading axes to a given shape.",
     gradient=lambda c, g: [call("collapse_sum_like", g, c.args[0])],
+    lower=_broadcast_lower,
 )
 
 
@@ -790,6 +1063,18 @@ def _tile_grad(c: Call, g: Expr) -> list[Expr | None]:
     return [call("reshape", summed, newshape=list(shape))]
 
 
+@oplib.zeros_if_empty
+def _tile_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+    (x,) = inputs
+    offset = out.ndim - x.ndim  # type: ignore[attr-defined]
+
+    def element(*i: LExpr) -> LExpr:
+        # size 0 never happens in a loop that runs: the result is empty then
+        return x(*(i[offset + k] % d if d > 0 else Const(0) for k, d in enumerate(x.shape)))
+
+    return compute(out.shape, out.dtype, element)  # type: ignore[attr-defined]
+
+
 tile = register(
     "tile",
     inputs=("data",),
@@ -799,6 +1084,7 @@ tile = register(
     pattern=OpPattern.INJECTIVE,
     doc="A tensor repeated whole along each axis.",
     gradient=_tile_grad,
+    lower=_tile_lower,
 )
 
 
@@ -840,6 +1126,24 @@ def _collapse_sum(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     return np.sum(x, axis=axes, keepdims=True, dtype=x.dtype).reshape(shape)
 
 
+def _collapse_sum_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+    x, like = inputs
+    lead = x.ndim - like.ndim
+    axes = list(range(lead)) + [lead + k for k, d in enumerate(like.shape)
+                                if d == 1 and x.shape[lead + k] != 1]
+
+    def body(o: Indices, r: Indices) -> LExpr:
+        idx: list[LExpr] = [Const(0)] * x.ndim
+        for k in range(like.ndim):
+            idx[lead + k] = o[k] if x.shape[lead + k] == like.shape[k] else Const(0)
+        for a, v in zip(axes, r):
+            idx[a] = v
+        return x(*idx)
+
+    return reduce(out.shape, out.dtype, [x.shape[a] for a in axes], "add",  # type: ignore
+                  body, oplib.dtype_const(0, x.dtype))
+
+
 collapse_sum_like = register(
     "collapse_sum_like",
     inputs=("data", "collapse_type"),
@@ -848,6 +1152,7 @@ collapse_sum_like = register(
     pattern=OpPattern.COMM_REDUCE,
     doc="data summed over the axes along which collapse_type broadcasts to it.",
     gradient=lambda c, g: [call("broadcast_to_like", g, c.args[0]), None],
+    lower=_collapse_sum_lower,
 )
 
 
@@ -868,6 +1173,7 @@ broadcast_to_like = register(
     pattern=OpPattern.BROADCAST,
     doc="data broadcast to the shape of broadcast_type.",
     gradient=lambda c, g: [call("collapse_sum_like", g, c.args[0]), None],
+    lower=_broadcast_lower,
 )
 
 
@@ -892,6 +1198,7 @@ reshape_like = register(
     pattern=OpPattern.INJECTIVE,
     doc="data with the shape of shape_like (the same number of elements).",
     gradient=lambda c, g: [reshape_to(g, c.args[0]), None],
+    lower=_lower_as_reshape,
 )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -10,7 +10,23 @@ from kiln.ir.attrs import Attrs
 from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import Type
 from kiln.loops import oplib
-from kiln.loops.ir import Binary
+from kiln.loops.compute import Tensor, WriteFn, extern
+from kiln.loops.ir import (
+    Allocate,
+    Binary,
+    Buffer,
+    Const,
+    For,
+    LetStmt,
+    Load,
+    Select,
+    Seq,
+    Stmt,
+    Store,
+    Unary,
+)
+from kiln.loops.ir import Expr as LExpr
+from kiln.loops.ir import Var as LVar
 from kiln.op import grad_helpers as gh
 from kiln.op.common import as_array, normalize_axis, require_dtype, tensor_arg
 from kiln.op.grad_helpers import call, scalar
@@ -63,6 +79,14 @@ def _leaky_relu(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     return as_array(np.where(x > 0, x, x * attrs.alpha), x.dtype.name)
 
 
+def _leaky_relu_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+    def scalar(x: LExpr) -> LExpr:
+        alpha = oplib.dtype_const(attrs.alpha, x.dtype)  # type: ignore[arg-type]
+        return Select(Binary("gt", x, oplib.dtype_const(0, x.dtype)), x, Binary("mul", x, alpha))
+
+    return oplib.unary(scalar)(inputs, attrs, out)
+
+
 leaky_relu = register(
     "nn.leaky_relu",
     inputs=("data",),
@@ -74,6 +98,7 @@ leaky_relu = register(
     gradient=lambda c, g: [
         _positive_or(c, g, g * scalar(c.attrs.alpha, gh.dtype(c)))  # type: ignore[arg-type]
     ],
+    lower=_leaky_relu_lower,
 )
 
 
@@ -104,6 +129,55 @@ def _log_softmax_grad(c: Call, g: Expr) -> list[Expr | None]:
     return [g - call("exp", c) * total]
 
 
+Index = tuple[LExpr, ...]
+
+
+def _softmax_lower(log: bool) -> oplib.LowerFn:
+    """softmax / log_softmax: for each row along the axis, a pass for the maximum, a pass for
+    the sum of exponentials, and a pass writing the results (through the epilogue)."""
+
+    def lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+        (x,) = inputs
+        dt = x.dtype
+        axis = attrs.axis % x.ndim  # type: ignore[operator]
+        n = x.shape[axis]
+        rows = x.shape[:axis] + x.shape[axis + 1:]
+
+        def row(o: Index, write: WriteFn) -> Stmt:
+            def scan(body: Callable[[Index], Stmt]) -> Stmt:
+                k = LVar("k")
+                return For(k, Const(0), Const(n), body((*o[:axis], k, *o[axis:])))
+
+            acc = Buffer("row", (2,), dt, "local")  # [maximum, sum of exponentials]
+            first, second = (Const(0),), (Const(1),)
+            mx, total = LVar("mx", dt), LVar("total", dt)
+
+            def shifted(i: Index) -> LExpr:
+                return Binary("sub", x(*i), mx)
+
+            def result(i: Index) -> LExpr:
+                if log:
+                    return Binary("sub", shifted(i), Unary("log", total))
+                return Binary("div", Unary("exp", shifted(i)), total)
+
+            sums = Seq((
+                Store(acc, second, oplib.dtype_const(0, dt)),
+                scan(lambda i: Store(acc, second, Binary("add", Load(acc, second),
+                                                         Unary("exp", shifted(i))))),
+                LetStmt(total, Load(acc, second), scan(lambda i: write(i, result(i)))),
+            ))
+            return Allocate(acc, Seq((
+                Store(acc, first, oplib.lowest(dt)),
+                scan(lambda i: Store(acc, first, Binary("max", Load(acc, first), x(*i)))),
+                LetStmt(mx, Load(acc, first), sums),
+            )))
+
+        return extern(x.shape, dt, lambda write: oplib.outer_nest(
+            rows, lambda o: row(o, write), 3 * n))
+
+    return lower
+
+
 softmax = register(
     "nn.softmax",
     inputs=("data",),
@@ -113,6 +187,7 @@ softmax = register(
     pattern=OpPattern.OPAQUE,
     doc="exp(x) / sum(exp(x)) along an axis, computed stably.",
     gradient=_softmax_grad,
+    lower=_softmax_lower(log=False),
 )
 log_softmax = register(
     "nn.log_softmax",
@@ -123,6 +198,7 @@ log_softmax = register(
     pattern=OpPattern.OPAQUE,
     doc="log(softmax(x)) along an axis, computed stably.",
     gradient=_log_softmax_grad,
+    lower=_softmax_lower(log=True),
 )
 
 __all__ = ["leaky_relu", "log_softmax", "relu", "softmax"]

@@ -10,6 +10,10 @@ from kiln.errors import TypeCheckError
 from kiln.ir.attrs import Attrs
 from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import ANY, TensorType, Type
+from kiln.loops import oplib
+from kiln.loops.compute import Tensor, reduce
+from kiln.loops.ir import Binary, Const
+from kiln.loops.ir import Expr as LExpr
 from kiln.op import grad_helpers as gh
 from kiln.op.common import (
     as_array,
@@ -113,6 +117,42 @@ def _conv2d(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     return as_array(np.concatenate(parts, axis=-1).transpose(0, 3, 1, 2), out)  # type: ignore
 
 
+def _accumulate(out_dtype: str) -> tuple[str, object]:
+    """The accumulator dtype (float16 sums in float32, as the reference) and the finalizer."""
+    acc = "float32" if out_dtype == "float16" else out_dtype
+    fin = None if acc == out_dtype else (lambda v, o: oplib.convert(v, out_dtype))
+    return acc, fin
+
+
+def _product(a: LExpr, b: LExpr, acc: str) -> LExpr:
+    return Binary("mul", oplib.convert(a, acc), oplib.convert(b, acc))
+
+
+@oplib.zeros_if_empty
+def _conv2d_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+    # A plain reduction over (input channels of the group, kernel rows, kernel columns); the
+    # zero padding is a select around a clamped read.
+    x, w = inputs
+    og, cg, kh, kw = w.shape[0] // attrs.groups, w.shape[1], w.shape[2], w.shape[3]  # type: ignore
+    (sh, sw), (dh, dw) = pair(attrs.strides, "strides"), pair(attrs.dilation, "dilation")
+    top, left, _, _ = padding4(attrs.padding, "padding")
+    oh, ow = out.shape[2:]  # type: ignore[attr-defined]
+    spans = [None, None, oplib.window_span(oh, sh, kh, dh, top),
+             oplib.window_span(ow, sw, kw, dw, left)]
+    acc, fin = _accumulate(out.dtype)  # type: ignore[attr-defined]
+    zero = oplib.dtype_const(0, x.dtype)
+
+    def body(o: tuple, r: tuple) -> LExpr:
+        b, oc, y, xx = o
+        rc, ry, rx = r
+        ch = rc if attrs.groups == 1 else (oc // og) * cg + rc
+        at = [b, ch, y * sh + ry * dh - top, xx * sw + rx * dw - left]
+        return _product(oplib.guarded_read(x, at, spans, zero), w(oc, rc, ry, rx), acc)
+
+    return reduce(out.shape, out.dtype, (cg, kh, kw), "add", body,  # type: ignore
+                  oplib.dtype_const(0, acc), fin, acc)  # type: ignore[arg-type]
+
+
 conv2d = register(
     "nn.conv2d",
     inputs=("data", "weight"),
@@ -147,6 +187,7 @@ conv2d = register(
     pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
     doc="2-D convolution (cross-correlation) of NCHW data with an OIHW kernel.",
     gradient=lambda c, g: _conv2d_grad(c, g),
+    lower=_conv2d_lower,
 )
 
 
@@ -364,6 +405,40 @@ def _conv2d_transpose_grad(c: Call, g: Expr) -> list[Expr | None]:
     return [ddata, dweight]
 
 
+@oplib.zeros_if_empty
+def _conv2d_transpose_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+    # Gathered rather than scattered: output row y takes input row iy through kernel row i
+    # when y + top = iy * stride + i * dilation.
+    x, w = inputs
+    c, og, kh, kw = w.shape
+    cg = c // attrs.groups  # type: ignore[operator]
+    (sh, sw), (dh, dw) = pair(attrs.strides, "strides"), pair(attrs.dilation, "dilation")
+    top, left, _, _ = padding4(attrs.padding, "padding")
+    oh, ow = out.shape[2:]  # type: ignore[attr-defined]
+    acc, fin = _accumulate(out.dtype)  # type: ignore[attr-defined]
+    zero = oplib.dtype_const(0, x.dtype)
+
+    def source(o: LExpr, r: LExpr, size: int, k: int, s: int, d: int, pad: int) -> tuple:
+        """(input index, its span, the exactness test or None) along one axis."""
+        offset = o + pad - r * d
+        lo, hi = pad - (k - 1) * d, size - 1 + pad
+        exact = None if s == 1 else Binary("eq", offset % s, Const(0))
+        return offset // s, (lo // s, hi // s), exact
+
+    def body(o: tuple, r: tuple) -> LExpr:
+        b, oc, y, xx = o
+        rc, ry, rx = r
+        ch = rc if attrs.groups == 1 else (oc // og) * cg + rc
+        iy, span_y, exact_y = source(y, ry, oh, kh, sh, dh, top)
+        ix, span_x, exact_x = source(xx, rx, ow, kw, sw, dw, left)
+        exact = [e for e in (exact_y, exact_x) if e is not None]
+        value = oplib.guarded_read(x, [b, ch, iy, ix], [None, None, span_y, span_x], zero, exact)
+        return _product(value, w(ch, oc if attrs.groups == 1 else oc % og, ry, rx), acc)
+
+    return reduce(out.shape, out.dtype, (cg, kh, kw), "add", body,  # type: ignore
+                  oplib.dtype_const(0, acc), fin, acc)  # type: ignore[arg-type]
+
+
 conv2d_transpose = register(
     "nn.conv2d_transpose",
     inputs=("data", "weight"),
@@ -386,6 +461,7 @@ conv2d_transpose = register(
     pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
     doc="Transposed 2-D convolution (the adjoint of conv2d) of NCHW data with an IOHW kernel.",
     gradient=_conv2d_transpose_grad,
+    lower=_conv2d_transpose_lower,
 )
 
 
@@ -468,6 +544,32 @@ def _backward_weight_grad(c: Call, g: Expr) -> list[Expr | None]:
     ]
 
 
+@oplib.zeros_if_empty
+def _conv2d_backward_weight_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+    # weight[o, c, i, j] = sum over (batch, output rows, output columns) of
+    # grad[b, o, y, x] * data[b, group(o) * cg + c, y * stride + i * dilation - pad, ...]
+    g, x = inputs
+    n, o_all, oh, ow = g.shape
+    og = o_all // attrs.groups  # type: ignore[operator]
+    _, cg, kh, kw = out.shape  # type: ignore[attr-defined]
+    (sh, sw), (dh, dw) = pair(attrs.strides, "strides"), pair(attrs.dilation, "dilation")
+    top, left, _, _ = padding4(attrs.padding, "padding")
+    spans = [None, None, oplib.window_span(oh, sh, kh, dh, top),
+             oplib.window_span(ow, sw, kw, dw, left)]
+    acc, fin = _accumulate(out.dtype)  # type: ignore[attr-defined]
+    zero = oplib.dtype_const(0, x.dtype)
+
+    def body(o: tuple, r: tuple) -> LExpr:
+        oc, c, i, j = o
+        b, y, xx = r
+        ch = c if attrs.groups == 1 else (oc // og) * cg + c
+        at = [b, ch, y * sh + i * dh - top, xx * sw + j * dw - left]
+        return _product(g(b, oc, y, xx), oplib.guarded_read(x, at, spans, zero), acc)
+
+    return reduce(out.shape, out.dtype, (n, oh, ow), "add", body,  # type: ignore
+                  oplib.dtype_const(0, acc), fin, acc)  # type: ignore[arg-type]
+
+
 conv2d_backward_weight = register(
     "nn.conv2d_backward_weight",
     inputs=("grad", "data"),
@@ -483,6 +585,7 @@ conv2d_backward_weight = register(
     pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
     doc="The adjoint of conv2d's weight: grad (of conv2d's result) correlated with data.",
     gradient=_backward_weight_grad,
+    lower=_conv2d_backward_weight_lower,
 )
 
 __all__ = ["conv2d", "conv2d_backward_weight", "conv2d_transpose"]

@@ -12,7 +12,7 @@ from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import TensorType, Type
 from kiln.loops import oplib
 from kiln.loops.compute import Tensor, compute, reduce
-from kiln.loops.ir import Binary, Cast
+from kiln.loops.ir import Binary, Cast, Const
 from kiln.loops.ir import Expr as LExpr
 from kiln.op import grad_helpers as gh
 from kiln.op.common import (
@@ -193,6 +193,26 @@ def _with_batch(arg: Expr, out: object) -> TensorType:
     return TensorType((out.shape[0], *t.shape[1:]), t.dtype)  # type: ignore[attr-defined]
 
 
+def _batch_matmul_lower(inputs: list, attrs: Attrs, out: Type) -> Tensor:
+    x, y = inputs
+    ta, tb = bool(attrs.transpose_a), bool(attrs.transpose_b)
+    k = x.shape[1] if ta else x.shape[2]
+    acc = _accumulator(out.dtype)  # type: ignore[attr-defined]
+    batch = out.shape[0]  # type: ignore[attr-defined]
+
+    def body(o: tuple, r: tuple) -> LExpr:
+        b, i, j = o
+        bx = b if x.shape[0] == batch else Const(0)
+        by = b if y.shape[0] == batch else Const(0)
+        a = x(bx, r[0], i) if ta else x(bx, i, r[0])
+        c = y(by, j, r[0]) if tb else y(by, r[0], j)
+        return Binary("mul", oplib.convert(a, acc), oplib.convert(c, acc))
+
+    fin = None if acc == out.dtype else (lambda v, o: Cast(out.dtype, v))  # type: ignore
+    return reduce(out.shape, out.dtype, (k,), "add", body,  # type: ignore[attr-defined]
+                  oplib.dtype_const(0, acc), fin, acc)
+
+
 batch_matmul = register(
     "nn.batch_matmul",
     inputs=("x", "y"),
@@ -206,6 +226,7 @@ batch_matmul = register(
     pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
     doc="Matrix products of a batch of matrices (y transposed by default, as in TVM).",
     gradient=_batch_matmul_grad,
+    lower=_batch_matmul_lower,
 )
 
 

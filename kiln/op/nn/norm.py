@@ -6,7 +6,7 @@ moving statistics it is given (and returns them unchanged), and dropout is the i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -14,6 +14,23 @@ from kiln.errors import TypeCheckError
 from kiln.ir.attrs import Attrs
 from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import TensorType, TupleType, Type
+from kiln.loops import oplib
+from kiln.loops.compute import Tensor, WriteFn, compute, extern
+from kiln.loops.ir import (
+    Allocate,
+    Binary,
+    Buffer,
+    Const,
+    For,
+    LetStmt,
+    Load,
+    Seq,
+    Stmt,
+    Store,
+    Unary,
+)
+from kiln.loops.ir import Expr as LExpr
+from kiln.loops.ir import Var as LVar
 from kiln.op import grad_helpers as gh
 from kiln.op.common import (
     as_array,
@@ -108,6 +125,28 @@ def _batch_norm_grad(c: Call, g: Expr) -> list[Expr | None]:
     return [dx, dgamma, dbeta, dmean, dvar]
 
 
+def _copy(t: Tensor) -> Tensor:
+    return compute(t.shape, t.dtype, lambda *i: t(*i))
+
+
+def _batch_norm_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> tuple[Tensor, ...]:
+    # As the reference: scale = 1 / sqrt(var + eps) (* gamma); (x - mean) * scale (+ beta).
+    x, gamma, beta, mean, var = inputs
+    axis = attrs.axis % x.ndim  # type: ignore[operator]
+    dt = x.dtype
+
+    def element(*i: LExpr) -> LExpr:
+        c = (i[axis],)
+        scale = Binary("div", oplib.dtype_const(1, dt),
+                       Unary("sqrt", Binary("add", var(*c), oplib.dtype_const(attrs.epsilon, dt))))
+        if attrs.scale:
+            scale = Binary("mul", scale, gamma(*c))
+        value = Binary("mul", Binary("sub", x(*i), mean(*c)), scale)
+        return Binary("add", value, beta(*c)) if attrs.center else value
+
+    return compute(x.shape, dt, element), _copy(mean), _copy(var)
+
+
 batch_norm = register(
     "nn.batch_norm",
     inputs=BATCH_NORM_INPUTS,
@@ -123,6 +162,7 @@ batch_norm = register(
     doc="(x - mean) / sqrt(var + eps) * gamma + beta per channel, from the moving statistics; "
     "a tuple (out, moving_mean, moving_var).",
     gradient=_batch_norm_grad,
+    lower=_batch_norm_lower,
 )
 
 
@@ -175,6 +215,53 @@ def _layer_norm_grad(c: Call, g: Expr) -> list[Expr | None]:
     return [dx, dgamma, dbeta]
 
 
+def _layer_norm_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+    """Per row along the axis: the mean, then the variance about it (two passes, as the
+    reference), then the normalized values written through the epilogue."""
+    x, gamma, beta = inputs
+    dt = x.dtype
+    axis = attrs.axis % x.ndim  # type: ignore[operator]
+    n = x.shape[axis]
+    rows = x.shape[:axis] + x.shape[axis + 1:]
+    count, eps = oplib.dtype_const(n, dt), oplib.dtype_const(attrs.epsilon, dt)  # type: ignore
+
+    def row(o: tuple[LExpr, ...], write: WriteFn) -> Stmt:
+        def scan(body: Callable[[tuple[LExpr, ...], LExpr], Stmt]) -> Stmt:
+            k = LVar("k")
+            return For(k, Const(0), Const(n), body((*o[:axis], k, *o[axis:]), k))
+
+        acc = Buffer("row", (1,), dt, "local")
+        zero = (Const(0),)
+        mean, std = LVar("mean", dt), LVar("std", dt)
+
+        def accumulate(value: Callable[[tuple[LExpr, ...]], LExpr]) -> Stmt:
+            return Seq((Store(acc, zero, oplib.dtype_const(0, dt)),
+                        scan(lambda i, k: Store(acc, zero, Binary("add", Load(acc, zero),
+                                                                  value(i))))))
+
+        def centred(i: tuple[LExpr, ...]) -> LExpr:
+            return Binary("sub", x(*i), mean)
+
+        def normalized(i: tuple[LExpr, ...], k: LExpr) -> LExpr:
+            value = Binary("div", centred(i), std)
+            if attrs.scale:
+                value = Binary("mul", value, gamma(k))
+            return Binary("add", value, beta(k)) if attrs.center else value
+
+        variance = Binary("div", Load(acc, zero), count)
+        return Allocate(acc, Seq((
+            accumulate(lambda i: x(*i)),
+            LetStmt(mean, Binary("div", Load(acc, zero), count), Seq((
+                accumulate(lambda i: Binary("mul", centred(i), centred(i))),
+                LetStmt(std, Unary("sqrt", Binary("add", variance, eps)),
+                        scan(lambda i, k: write(i, normalized(i, k)))),
+            ))),
+        )))
+
+    return extern(x.shape, dt, lambda write: oplib.outer_nest(
+        rows, lambda o: row(o, write), 3 * n))
+
+
 layer_norm = register(
     "nn.layer_norm",
     inputs=LAYER_NORM_INPUTS,
@@ -189,6 +276,7 @@ layer_norm = register(
     pattern=OpPattern.OPAQUE,
     doc="(x - mean) / sqrt(var + eps) * gamma + beta, statistics taken along one axis.",
     gradient=_layer_norm_grad,
+    lower=_layer_norm_lower,
 )
 
 
@@ -218,6 +306,10 @@ dropout = register(
     pattern=OpPattern.OPAQUE,
     doc="Dropout as at inference: a tuple (data unchanged, a mask of ones).",
     gradient=lambda c, g: [gh.fields(g, 2)[0]],  # the identity, as at inference
+    lower=lambda inputs, attrs, out: (
+        _copy(inputs[0]),
+        compute(inputs[0].shape, inputs[0].dtype,
+                lambda *i: oplib.dtype_const(1, inputs[0].dtype))),
 )
 
 __all__ = ["batch_norm", "dropout", "layer_norm"]

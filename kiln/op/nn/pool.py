@@ -17,6 +17,25 @@ from kiln.errors import EvalError, TypeCheckError
 from kiln.ir.attrs import Attrs
 from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import TensorType, Type
+from kiln.loops import oplib
+from kiln.loops.compute import Tensor, WriteFn, extern, reduce
+from kiln.loops.ir import (
+    INDEX,
+    Allocate,
+    Binary,
+    Buffer,
+    Const,
+    For,
+    IfThenElse,
+    LetStmt,
+    Load,
+    Seq,
+    Stmt,
+    Store,
+    Var,
+)
+from kiln.loops.ir import Expr as LExpr
+from kiln.loops.schedule import NestSchedule, loop_nest
 from kiln.op import grad_helpers as gh
 from kiln.op.common import (
     as_array,
@@ -120,6 +139,82 @@ def _avg_pool2d(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     return as_array(sums / counts, x.dtype.name)
 
 
+# --- lowering: windows read with clamped indices; padding is a select -------------------------
+
+
+class _Window:
+    """The geometry of a pooling window over NCHW data of ``shape`` giving ``out_hw``."""
+
+    def __init__(self, attrs: Attrs, shape: tuple[int, ...], out_hw: tuple[int, ...]) -> None:
+        (self.kh, self.kw), (self.sh, self.sw), (self.dh, self.dw), pads, _ = _geometry(attrs)
+        self.top, self.left, self.bottom, self.right = pads
+        self.h, self.w = shape[2], shape[3]
+        self.oh, self.ow = out_hw
+        self.spans = [None, None,
+                      oplib.window_span(self.oh, self.sh, self.kh, self.dh, self.top),
+                      oplib.window_span(self.ow, self.sw, self.kw, self.dw, self.left)]
+        self.count_include_pad = bool(attrs.get("count_include_pad", False))
+
+    def at(self, o: tuple, ry: LExpr, rx: LExpr) -> list[LExpr]:
+        """Where tap (ry, rx) of output element ``o``'s window reads the input."""
+        b, c, y, x = o
+        return [b, c, y * self.sh + ry * self.dh - self.top, x * self.sw + rx * self.dw - self.left]
+
+    def read(self, t: Tensor, o: tuple, ry: LExpr, rx: LExpr, fill: LExpr) -> LExpr:
+        return oplib.guarded_read(t, self.at(o, ry, rx), self.spans, fill)
+
+    def divisor(self, y: LExpr, x: LExpr) -> LExpr:
+        """How many taps of window (y, x) count for average pooling (at least 1), int64.
+
+        Along an axis, tap r sits at o * stride + r * dilation in padded coordinates; the
+        taps inside [lo, hi) number clamp(ceil((hi - base) / d)) - clamp(ceil((lo - base) / d)).
+        """
+        def along(o: LExpr, s: int, d: int, k: int, before: int, size: int, after: int) -> LExpr:
+            lo, hi = (0, before + size + after) if self.count_include_pad else (before,
+                                                                                  before + size)
+            base = o * s
+
+            def taps_below(edge: int) -> LExpr:
+                return oplib.clamp((Const(edge + d - 1) - base) // d, 0, k)
+
+            return taps_below(hi) - taps_below(lo)
+
+        rows = along(y, self.sh, self.dh, self.kh, self.top, self.h, self.bottom)
+        cols = along(x, self.sw, self.dw, self.kw, self.left, self.w, self.right)
+        return Binary("max", rows * cols, Const(1))
+
+
+def _avg_acc(dtype: str) -> str:
+    return "int64" if is_int(dtype) else ("float32" if dtype == "float16" else dtype)
+
+
+def _average(total: LExpr, count: LExpr, out_dtype: str) -> LExpr:
+    """``total / count`` as the reference divides: truncated for integers."""
+    op = "div" if oplib.is_float_dtype(total.dtype) else "truncdiv"
+    return oplib.convert(Binary(op, total, oplib.convert(count, total.dtype)), out_dtype)
+
+
+@oplib.zeros_if_empty
+def _max_pool2d_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+    (x,) = inputs
+    win = _Window(attrs, x.shape, out.shape[2:])  # type: ignore[attr-defined]
+    low = oplib.lowest(x.dtype)
+    return reduce(out.shape, out.dtype, (win.kh, win.kw), "max",  # type: ignore[attr-defined]
+                  lambda o, r: win.read(x, o, *r, low), low)
+
+
+@oplib.zeros_if_empty
+def _avg_pool2d_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+    (x,) = inputs
+    win = _Window(attrs, x.shape, out.shape[2:])  # type: ignore[attr-defined]
+    acc = _avg_acc(x.dtype)
+    zero = oplib.dtype_const(0, x.dtype)
+    return reduce(out.shape, out.dtype, (win.kh, win.kw), "add",  # type: ignore[attr-defined]
+                  lambda o, r: oplib.convert(win.read(x, o, *r, zero), acc),
+                  oplib.dtype_const(0, acc),
+                  lambda total, o: _average(total, win.divisor(o[2], o[3]), x.dtype), acc)
+
+
 def _pool_attrs(count_include_pad: bool) -> tuple[Attr, ...]:
     attrs = (
         Attr("pool_size", kind="ints", convert=pair, doc="window size (h, w)"),
@@ -158,6 +253,7 @@ max_pool2d = register(
     pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
     doc="Largest element of each 2-D window of NCHW data.",
     gradient=lambda c, g: [call("nn.max_pool2d_grad", g, c.args[0], **dict(c.attrs))],
+    lower=_max_pool2d_lower,
 )
 avg_pool2d = register(
     "nn.avg_pool2d",
@@ -168,6 +264,7 @@ avg_pool2d = register(
     pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
     doc="Mean of each 2-D window of NCHW data.",
     gradient=lambda c, g: [call("nn.avg_pool2d_grad", g, c.args[0], **dict(c.attrs))],
+    lower=_avg_pool2d_lower,
 )
 
 
@@ -232,6 +329,86 @@ def _avg_pool2d_grad(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     return _scatter_windows(x.shape, attrs, taps, g.dtype.name)
 
 
+@oplib.zeros_if_empty
+def _max_pool2d_grad_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+    """A scatter per (batch, channel) plane: each window's out_grad is added, in a zeroed local
+    plane, at the window's first largest element (taps in padding never win a place in the
+    data); then the plane is written out."""
+    g, x = inputs
+    win = _Window(attrs, x.shape, g.shape[2:])
+    dt = x.dtype
+    zero = oplib.dtype_const(0, dt)
+
+    def window(plane: Buffer, o: tuple) -> Stmt:
+        best = Buffer("best", (1,), dt, "local")
+        at = Buffer("best_at", (1,), INDEX, "local")
+        first = (Const(0),)
+        ry, rx, v = Var("ry"), Var("rx"), Var("v", dt)
+        have = Load(best, first)
+        better = Binary("or", Binary("gt", v, have),
+                        Binary("and", Binary("ne", v, v), Binary("eq", have, have)))
+        scan = For(ry, Const(0), Const(win.kh), For(rx, Const(0), Const(win.kw), LetStmt(
+            v, win.read(x, o, ry, rx, Const(float("-inf"), dt)),
+            IfThenElse(better, Seq((Store(best, first, v),
+                                    Store(at, first, ry * win.kw + rx)))))))
+        tap = Var("tap")
+        y, xx = win.at(o, tap // win.kw, tap % win.kw)[2:]
+        inside = oplib.all_of([Binary("ge", y, Const(0)), Binary("lt", y, Const(win.h)),
+                               Binary("ge", xx, Const(0)), Binary("lt", xx, Const(win.w))])
+        place = (oplib.clamp(y, 0, win.h - 1), oplib.clamp(xx, 0, win.w - 1))
+        add = Store(plane, place, Binary("add", Load(plane, place), g(*o)))
+        return Allocate(best, Allocate(at, Seq((
+            Store(best, first, Const(float("-inf"), dt)),
+            Store(at, first, Const(0)),
+            scan,
+            LetStmt(tap, Load(at, first), IfThenElse(inside, add)),  # type: ignore[arg-type]
+        ))))
+
+    def plane_of(bc: tuple, write: WriteFn) -> Stmt:
+        plane = Buffer("plane", (win.h, win.w), dt, "local")
+        hw = (win.h, win.w)
+        inner = NestSchedule(None, None)  # inside the loop over planes, which may be parallel
+        return Allocate(plane, Seq((
+            loop_nest(hw, lambda p: Store(plane, p, zero), inner, names="z"),
+            loop_nest(g.shape[2:], lambda p: window(plane, (*bc, *p)), inner, names="o"),
+            loop_nest(hw, lambda p: write((*bc, *p), Load(plane, p)), inner, names="y"),
+        )))
+
+    work = win.h * win.w * 2 + g.shape[2] * g.shape[3] * win.kh * win.kw
+    return extern(x.shape, dt, lambda write: oplib.outer_nest(
+        x.shape[:2], lambda bc: plane_of(bc, write), work))
+
+
+@oplib.zeros_if_empty
+def _avg_pool2d_grad_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+    """Gathered: input element (y, x) sums, over the taps of the windows covering it, each
+    window's out_grad divided by that window's divisor (as the forward pass divided)."""
+    g, x = inputs
+    win = _Window(attrs, x.shape, g.shape[2:])
+    zero = oplib.dtype_const(0, g.dtype)
+
+    def source(p: LExpr, r: LExpr, size: int, k: int, s: int, d: int, pad: int) -> tuple:
+        offset = p + pad - r * d
+        lo, hi = pad - (k - 1) * d, size - 1 + pad
+        exact = None if s == 1 else Binary("eq", offset % s, Const(0))
+        return offset // s, (lo // s, hi // s), exact
+
+    def body(o: tuple, r: tuple) -> LExpr:
+        b, c, y, xx = o
+        oy, span_y, exact_y = source(y, r[0], win.h, win.kh, win.sh, win.dh, win.top)
+        ox, span_x, exact_x = source(xx, r[1], win.w, win.kw, win.sw, win.dw, win.left)
+        exact = [e for e in (exact_y, exact_x) if e is not None]
+
+        def share(at: list[LExpr]) -> LExpr:
+            count = oplib.convert(win.divisor(at[2], at[3]), g.dtype)
+            return Binary("div", g(*at), count)
+
+        return oplib.guarded_read(g, [b, c, oy, ox], [None, None, span_y, span_x], zero, exact,
+                                  read=share)
+
+    return reduce(out.shape, out.dtype, (win.kh, win.kw), "add", body, zero)  # type: ignore
+
+
 max_pool2d_grad = register(
     "nn.max_pool2d_grad",
     inputs=("out_grad", "data"),
@@ -242,6 +419,7 @@ max_pool2d_grad = register(
     doc="The adjoint of max_pool2d: each window's out_grad added at its largest element.",
     # Its own derivative would gather at each window's largest element, an operator kiln lacks.
     differentiable=False,
+    lower=_max_pool2d_grad_lower,
 )
 avg_pool2d_grad = register(
     "nn.avg_pool2d_grad",
@@ -253,6 +431,7 @@ avg_pool2d_grad = register(
     doc="The adjoint of avg_pool2d: each window's out_grad spread evenly over the window.",
     # Linear in out_grad, whose adjoint is avg_pool2d again; data gives only the shape.
     gradient=lambda c, g: [call("nn.avg_pool2d", g, **dict(c.attrs)), None],
+    lower=_avg_pool2d_grad_lower,
 )
 
 
@@ -289,6 +468,27 @@ GLOBAL_POOL_ATTRS = (
     Attr("out_layout", "", kind="str", doc="layout of the result ('' or NCHW)"),
 )
 
+def _global_avg_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+    (x,) = inputs
+    count = x.shape[2] * x.shape[3]
+    if count == 0:
+        return oplib.fail(out.shape, out.dtype,  # type: ignore[attr-defined]
+                          f"global average pooling over no elements (shape {x.shape})")
+    acc = _avg_acc(x.dtype)
+    return reduce(out.shape, out.dtype, x.shape[2:], "add",  # type: ignore[attr-defined]
+                  lambda o, r: oplib.convert(x(o[0], o[1], *r), acc), oplib.dtype_const(0, acc),
+                  lambda total, o: _average(total, Const(count), x.dtype), acc)
+
+
+def _global_max_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+    (x,) = inputs
+    if x.shape[2] * x.shape[3] == 0:
+        return oplib.fail(out.shape, out.dtype,  # type: ignore[attr-defined]
+                          f"global max pooling over no elements (shape {x.shape})")
+    return reduce(out.shape, out.dtype, x.shape[2:], "max",  # type: ignore[attr-defined]
+                  lambda o, r: x(o[0], o[1], *r), oplib.lowest(x.dtype))
+
+
 global_avg_pool2d = register(
     "nn.global_avg_pool2d",
     inputs=("data",),
@@ -300,6 +500,7 @@ global_avg_pool2d = register(
     gradient=lambda c, g: [
         call("broadcast_to_like", g, c.args[0]) / gh.element_count(c.args[0], (2, 3))
     ],
+    lower=_global_avg_lower,
 )
 global_max_pool2d = register(
     "nn.global_max_pool2d",
@@ -310,6 +511,7 @@ global_max_pool2d = register(
     pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
     doc="Largest element over the whole height and width of NCHW data, as (N, C, 1, 1).",
     gradient=lambda c, g: _global_max_grad(c, g),
+    lower=_global_max_lower,
 )
 
 

@@ -10,6 +10,10 @@ from kiln.errors import Error, TypeCheckError
 from kiln.ir.attrs import Attrs
 from kiln.ir.expr import Call, Expr, const
 from kiln.ir.ty import ANY, Dim, TensorType, Type
+from kiln.loops import oplib
+from kiln.loops.compute import Tensor, compute
+from kiln.loops.ir import Binary, Select
+from kiln.loops.ir import Expr as LExpr
 from kiln.op import grad_helpers as gh
 from kiln.op.common import dim_product, shape_str, tensor_arg
 from kiln.op.grad_helpers import call, reshape_to
@@ -136,6 +140,51 @@ def _unpad_axis(g: Expr, data: Expr, axis: int, before: int, after: int, mode: s
     return out
 
 
+def _edge(j: LExpr, n: int, before: int, after: int) -> LExpr:
+    """Index ``j`` (from -before to n - 1 + after) clamped to the border element."""
+    if before:
+        j = Binary("max", j, oplib.as_index(0))
+    if after:
+        j = Binary("min", j, oplib.as_index(n - 1))
+    return j
+
+
+def _reflect(j: LExpr, n: int, before: int, after: int) -> LExpr:
+    """Index ``j`` mirrored at the borders without repeating them (numpy's reflect); the
+    relation ensures one reflection suffices. Clamped too, for the verifier."""
+    if before:
+        j = Select(Binary("lt", j, oplib.as_index(0)), Binary("sub", oplib.as_index(0), j), j)
+    if after:
+        j = Select(Binary("gt", j, oplib.as_index(n - 1)),
+                   Binary("sub", oplib.as_index(2 * (n - 1)), j), j)
+    return _edge(j, n, before, after)
+
+
+@oplib.zeros_if_empty
+def _pad_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+    x, value = inputs
+    widths = attrs.pad_width
+
+    def shifted(i: tuple[LExpr, ...]) -> list[LExpr]:
+        return [Binary("sub", j, oplib.as_index(b)) if b else j
+                for j, (b, _) in zip(i, widths)]  # type: ignore[misc]
+
+    if attrs.pad_mode == "constant":
+        fill = oplib.convert(value(), x.dtype)
+        spans = [(-b, n + a - 1) for (b, a), n in zip(widths, x.shape)]  # type: ignore[misc]
+
+        def element(*i: LExpr) -> LExpr:
+            return oplib.guarded_read(x, shifted(i), spans, fill)
+    else:
+        fix = _edge if attrs.pad_mode == "edge" else _reflect
+
+        def element(*i: LExpr) -> LExpr:
+            return x(*(fix(j, n, b, a)
+                       for j, n, (b, a) in zip(shifted(i), x.shape, widths)))  # type: ignore
+
+    return compute(out.shape, out.dtype, element)  # type: ignore[attr-defined]
+
+
 _pad_op = register(
     "nn.pad",
     inputs=("data", "pad_value"),
@@ -148,6 +197,7 @@ _pad_op = register(
     pattern=OpPattern.INJECTIVE,
     doc="data padded on each side of each axis (pad_value is converted to data's dtype).",
     gradient=_pad_grad,
+    lower=_pad_lower,
 )
 
 
@@ -181,6 +231,9 @@ batch_flatten = register(
     pattern=OpPattern.INJECTIVE,
     doc="Each item of the batch flattened: shape (N, d1 * d2 * ...).",
     gradient=lambda c, g: [reshape_to(g, c.args[0])],
+    lower=lambda inputs, attrs, out: compute(
+        out.shape, out.dtype,
+        lambda *i: inputs[0](*oplib.reshape_indices(inputs[0].shape, out.shape, i))),
 )
 
 __all__ = ["batch_flatten", "pad"]
