@@ -64,11 +64,23 @@ class BufferTensor(Tensor):
         return Load(self.buffer, tuple(idx))
 
 
+_EPOCH = [0]
+
+
+def new_epoch() -> None:
+    """Forget every `ComputeTensor`'s shared reads (see below).
+
+    The lowering driver starts a new epoch for each element write and each attempt: a read
+    cached in one may mention a variable bound only there (the value being written).
+    """
+    _EPOCH[0] += 1
+
+
 class ComputeTensor(Tensor):
     """An element-by-element definition, inlined where it is read.
 
-    Reading it twice at the same index objects gives the same expression object, so shared
-    subexpressions stay shared (the code generator emits each node once).
+    Reading it twice at the same index objects (within one epoch) gives the same expression
+    object, so shared subexpressions stay shared (the code generator emits each node once).
     """
 
     def __init__(self, shape: Sequence[int], dtype: str, fn: Callable[..., Expr]) -> None:
@@ -76,10 +88,14 @@ class ComputeTensor(Tensor):
         self.dtype = dtype
         self.fn = fn
         self._memo: dict[tuple[int, ...], tuple[Indices, Expr]] = {}
+        self._epoch = _EPOCH[0]
 
     def __call__(self, *idx: Expr) -> Expr:
         if len(idx) != len(self.shape):
             raise InternalError(f"a rank-{len(self.shape)} tensor read with {len(idx)} indices")
+        if self._epoch != _EPOCH[0]:
+            self._memo.clear()
+            self._epoch = _EPOCH[0]
         key = tuple(id(i) for i in idx)
         hit = self._memo.get(key)
         if hit is not None:

@@ -30,6 +30,7 @@ from kiln.loops.compute import (
     NeedsBuffer,
     Tensor,
     compute,
+    new_epoch,
 )
 from kiln.loops.ir import (
     Allocate,
@@ -152,7 +153,12 @@ class _Lowering:
     def materialize(self, t: MaterializedTensor) -> None:
         """Write ``t`` into a local buffer; reads of it load from there afterwards."""
         buf = Buffer(f"t{len(self.locals)}", t.shape, t.dtype, "local")
-        stmt = self.attempt(lambda: t.emit(lambda idx, v: Store(buf, idx, v)))
+
+        def store(idx: tuple, v) -> Stmt:  # noqa: ANN001
+            new_epoch()
+            return Store(buf, idx, v)
+
+        stmt = self.attempt(lambda: t.emit(store))
         self.locals.append(buf)
         self.prelude.append(stmt)
         t.buffer = buf
@@ -160,6 +166,7 @@ class _Lowering:
     def attempt(self, build) -> Stmt:  # noqa: ANN001
         """Run ``build``, materializing whatever it needs in a buffer, until it succeeds."""
         for _ in range(10_000):
+            new_epoch()
             try:
                 return build()
             except NeedsBuffer as need:
@@ -175,6 +182,7 @@ class _Lowering:
         master = self.epilogue_master(t)
         if master is not None:
             def write(idx: tuple, value) -> Stmt:  # noqa: ANN001
+                new_epoch()
                 v = LVar("v", value.dtype)
                 master.current = (idx, v)
                 try:
@@ -183,6 +191,7 @@ class _Lowering:
                     master.current = None
 
             for _ in range(1000):
+                new_epoch()
                 try:
                     return master.emit(write)
                 except NeedsBuffer as need:
@@ -198,6 +207,7 @@ class _Lowering:
             return None
         probe = tuple(LVar(f"q{k}") for k in range(len(t.shape)))
         seen: list[MaterializedTensor] = []
+        new_epoch()
         try:
             for _ in range(1000):
                 try:
@@ -213,6 +223,7 @@ class _Lowering:
         finally:
             for m in seen:
                 m.current = None
+            new_epoch()  # reads made while probing mention the probe variables
 
     def run(self) -> Kernel:
         result = self.lower_body()

@@ -1,0 +1,358 @@
+"""Emit: a loop-IR kernel as an LLVM module (the first of code generation's three stages).
+
+Calling convention. Every kernel is ``i32 @<symbol>(ptr %args)``: ``args[i]`` is the data
+pointer of the i-th parameter (inputs, then outputs). It returns 0, or a status: k (1-based)
+when the k-th `Check` of the kernel (in order of appearance) fails, or ``len(checks) + j``
+when the j-th heap allocation fails (`status_messages` lists them all; the messages stay on
+the Python side). The wrapper loads the pointers and calls ``@<symbol>.body``, whose
+parameters are marked ``noalias`` and ``dereferenceable`` (inputs never overlap outputs;
+every buffer is exactly its shape): inlined, that becomes alias metadata the vectorizer uses.
+
+Statements. Loops are rotated basic-block loops; ``vectorized`` ones carry
+``llvm.loop.vectorize.enable``, ``unrolled`` ones are emitted unrolled (their extents are
+small constants), ``parallel`` ones are outlined and run on libgomp's threads (outline.py).
+A local `Allocate` of up to `STACK_LIMIT` bytes (and `STACK_BUDGET` for the kernel) is an
+``alloca`` in the function's entry block (SROA turns register tiles into registers); a
+larger one is ``malloc``/``free``d, NULL-checked. A failed `Check` frees the live heap
+buffers and returns its status.
+
+Statements are walked with an explicit work stack (nesting can be deep); expressions are
+emitted by `ExprEmitter`, once per statement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from itertools import count
+
+from llvmlite import ir
+
+from kiln.codegen.emit_expr import Memo
+from kiln.codegen.function import (
+    FunctionState,
+    Work,
+    alloca,
+    int_as,
+    mark_buffer_params,
+    nbytes,
+)
+from kiln.codegen.llvmtypes import (
+    I1,
+    I8,
+    I32,
+    I64,
+    PTR,
+    VOID,
+    ModuleContext,
+    itemsize,
+    memory_type,
+    value_type,
+    with_element,
+)
+from kiln.codegen.outline import emit_parallel
+from kiln.errors import InternalError
+from kiln.loops.ir import (
+    Allocate,
+    Buffer,
+    Check,
+    Const,
+    Expr,
+    For,
+    IfThenElse,
+    Kernel,
+    LetStmt,
+    Seq,
+    Stmt,
+    Store,
+    Var,
+)
+
+STACK_LIMIT = 64 * 1024  # bytes: a larger local buffer goes on the heap
+STACK_BUDGET = 256 * 1024  # bytes: all of a kernel's stack buffers together
+
+
+# --- what a kernel's status codes mean ---------------------------------------------------------
+
+
+def _pre_order(kernel: Kernel) -> list[Stmt]:
+    out: list[Stmt] = []
+    stack: list[Stmt] = [kernel.body]
+    while stack:
+        s = stack.pop()
+        out.append(s)
+        match s:
+            case For(body=body) | LetStmt(body=body) | Allocate(body=body):
+                stack.append(body)
+            case Seq(stmts=stmts):
+                stack.extend(reversed(stmts))
+            case IfThenElse(then_case=t, else_case=f):
+                if f is not None:
+                    stack.append(f)
+                stack.append(t)
+    return out
+
+
+def checks(kernel: Kernel) -> list[Check]:
+    """The kernel's `Check`s in order of appearance (status k is the k-th, 1-based)."""
+    return [s for s in _pre_order(kernel) if isinstance(s, Check)]
+
+
+def heap_allocations(kernel: Kernel) -> list[Buffer]:
+    """Local buffers that go on the heap, in order of appearance: each one larger than
+    `STACK_LIMIT`, and any that would take the kernel's stack buffers past `STACK_BUDGET`
+    (they all live in the entry block at once; a worker thread's stack is not large)."""
+    out: list[Buffer] = []
+    used = 0
+    seen: set[int] = set()
+    for s in _pre_order(kernel):
+        if not isinstance(s, Allocate) or id(s.buffer) in seen:
+            continue
+        seen.add(id(s.buffer))
+        size = nbytes(s.buffer)
+        if size > STACK_LIMIT or used + size > STACK_BUDGET:
+            out.append(s.buffer)
+        else:
+            used += size
+    return out
+
+
+def status_messages(kernel: Kernel) -> list[str]:
+    """The message of each nonzero status (index status - 1)."""
+    out = [c.message for c in checks(kernel)]
+    for buf in heap_allocations(kernel):
+        out.append(f"out of memory: cannot allocate {nbytes(buf)} bytes for the local buffer "
+                   f"{buf.name} of kernel {kernel.name}")
+    return out
+
+
+# --- the kernel --------------------------------------------------------------------------------
+
+
+class _KernelEmitter:
+    """Emits one kernel's module: the entry point, its body, outlined parallel loops."""
+
+    def __init__(self, kernel: Kernel, symbol: str, triple: str, data_layout: str) -> None:
+        self.kernel = kernel
+        self.symbol = symbol
+        self.module = ir.Module(name=symbol)
+        self.module.triple = triple
+        self.module.data_layout = data_layout
+        self.mc = ModuleContext(self.module)
+        self.check_status = {id(c): k + 1 for k, c in enumerate(checks(kernel))}
+        n_checks = len(self.check_status)
+        self.heap_status = {id(b): n_checks + k + 1
+                            for k, b in enumerate(heap_allocations(kernel))}
+        self.parallel_count = count()
+        self.rules: dict[type, Callable[[FunctionState, Stmt, Work], None]] = {
+            For: self._for, Store: self._store, LetStmt: self._let, Allocate: self._allocate,
+            Seq: self._seq, IfThenElse: self._if, Check: self._check,
+        }
+
+    def emit(self) -> ir.Module:
+        params = list(self.kernel.params)
+        body_fn = ir.Function(self.module, ir.FunctionType(I32, [PTR] * len(params)),
+                              f"{self.symbol}.body")
+        body_fn.linkage = "internal"
+        body_fn.attributes.add("alwaysinline")
+        body_fn.attributes.add("nounwind")
+        mark_buffer_params(body_fn, params, 0)
+        f = FunctionState(self.mc, body_fn, {}, {id(b): a for b, a in zip(params, body_fn.args)})
+        self.emit_stmts(f, self.kernel.body)
+        f.finish()
+
+        entry = ir.Function(self.module, ir.FunctionType(I32, [PTR]), self.symbol)
+        entry.attributes.add("nounwind")
+        b = ir.IRBuilder(entry.append_basic_block("entry"))
+        args = []
+        for k in range(len(params)):
+            slot = b.gep(entry.args[0], [ir.Constant(I64, k)], source_etype=PTR, inbounds=True)
+            args.append(b.load(slot, typ=PTR, align=8))
+        b.ret(b.call(body_fn, args))
+        return self.module
+
+    # --- the statement walk ------------------------------------------------------------------
+
+    def emit_stmts(self, f: FunctionState, root: Stmt) -> None:
+        work: Work = [root]
+        while work:
+            item = work.pop()
+            if isinstance(item, Stmt):
+                rule = self.rules.get(type(item))
+                if rule is None:
+                    raise InternalError(f"codegen: unknown statement {type(item).__name__}")
+                rule(f, item, work)
+            else:
+                item()
+
+    def _seq(self, f: FunctionState, s: Seq, work: Work) -> None:
+        work.extend(reversed(s.stmts))
+
+    def _store(self, f: FunctionState, s: Store, work: Work) -> None:
+        memo: Memo = {}
+        value = f.expr(s.value, memo)
+        ptr = f.x.address(s.buffer, s.indices, memo)
+        if s.buffer.dtype == "bool":
+            value = f.b.zext(value, with_element(value.type, I8))
+        f.b.store(value, ptr, align=itemsize(s.buffer.dtype))
+
+    def _let(self, f: FunctionState, s: LetStmt, work: Work) -> None:
+        value = f.expr(s.value, {})
+        key = id(s.var)
+        previous = f.env.get(key)
+        f.env[key] = value
+
+        def unbind() -> None:
+            if previous is None:
+                f.env.pop(key, None)
+            else:
+                f.env[key] = previous
+
+        work.append(unbind)
+        work.append(s.body)
+
+    def _allocate(self, f: FunctionState, s: Allocate, work: Work) -> None:
+        buf = s.buffer
+        key = id(buf)
+        size = nbytes(buf)
+        if key not in self.heap_status:
+            f.buffers[key] = alloca(f.entry, ir.ArrayType(memory_type(buf.dtype),
+                                                           max(buf.size, 1)), buf.name)
+            work.append(lambda: f.buffers.pop(key, None))
+            work.append(s.body)
+            return
+        malloc = self.mc.declare("malloc", PTR, [I64])
+        ptr = f.b.call(malloc, [ir.Constant(I64, size)], name=buf.name)
+        ok, fail = f.block(f"{buf.name}.ok"), f.block(f"{buf.name}.oom")
+        f.b.cbranch(self.likely(f, f.b.icmp_unsigned("!=", ptr, ir.Constant(PTR, None))),
+                    ok, fail)
+        f.b.position_at_end(fail)
+        self.return_status(f, ir.Constant(I32, self.heap_status[key]))
+        f.b.position_at_end(ok)
+        f.buffers[key] = ptr
+        f.heap.append(ptr)
+
+        def release() -> None:
+            f.heap.pop()
+            f.b.call(self.mc.declare("free", VOID, [PTR]), [ptr])
+            f.buffers.pop(key, None)
+
+        work.append(release)
+        work.append(s.body)
+
+    def _if(self, f: FunctionState, s: IfThenElse, work: Work) -> None:
+        cond = f.expr(s.cond, {})
+        then_bb = f.block("then")
+        else_bb = f.block("else") if s.else_case is not None else None
+        merge = f.block("endif")
+        f.b.cbranch(cond, then_bb, else_bb or merge)
+        f.b.position_at_end(then_bb)
+
+        def after_then() -> None:
+            f.b.branch(merge)
+            if else_bb is None:
+                f.b.position_at_end(merge)
+                return
+            f.b.position_at_end(else_bb)
+            work.append(after_else)
+            work.append(s.else_case)  # type: ignore[arg-type]
+
+        def after_else() -> None:
+            f.b.branch(merge)
+            f.b.position_at_end(merge)
+
+        work.append(after_then)
+        work.append(s.then_case)
+
+    def _check(self, f: FunctionState, s: Check, work: Work) -> None:
+        cond = f.expr(s.cond, {})
+        ok, fail = f.block("check.ok"), f.block("check.fail")
+        f.b.cbranch(self.likely(f, cond), ok, fail)
+        f.b.position_at_end(fail)
+        self.return_status(f, ir.Constant(I32, self.check_status[id(s)]))
+        f.b.position_at_end(ok)
+
+    def likely(self, f: FunctionState, cond: ir.Value) -> ir.Value:
+        expect = self.mc.declare("llvm.expect.i1", I1, [I1, I1])
+        return f.b.call(expect, [cond, ir.Constant(I1, 1)])
+
+    def return_status(self, f: FunctionState, status: ir.Value) -> None:
+        free = self.mc.declare("free", VOID, [PTR])
+        for ptr in reversed(f.heap):
+            f.b.call(free, [ptr])
+        f.b.ret(status)
+
+    # --- loops -------------------------------------------------------------------------------
+
+    def _for(self, f: FunctionState, s: For, work: Work) -> None:
+        if s.kind == "parallel":
+            emit_parallel(self, f, s, f"{self.symbol}.par{next(self.parallel_count)}")
+        elif s.kind == "unrolled":
+            self._unrolled(f, s, work)
+        else:
+            memo: Memo = {}
+            vt = value_type(s.var.dtype)
+            start = int_as(f.b, f.index(s.start, memo), vt)
+            n = int_as(f.b, f.index(s.extent, memo), vt)
+            self._loop(f, s.var, start, n, s.extent, s.body, s.kind, work)
+
+    def _loop(self, f: FunctionState, var: Var, start: ir.Value, n: ir.Value, extent: Expr,
+              body: Stmt, kind: str, work: Work) -> None:
+        """``for var in [start, start + n)`` as a rotated loop: guard, body, latch."""
+        known = extent.value if isinstance(extent, Const) else None
+        if known is not None and known <= 0:
+            return
+        end = f.b.add(start, n, flags=["nsw"])
+        pre = f.b.block
+        body_bb, exit_bb = f.block(f"{var.name}.loop"), f.block(f"{var.name}.end")
+        if known is None:
+            f.b.cbranch(f.b.icmp_signed(">", n, ir.Constant(n.type, 0)), body_bb, exit_bb)
+        else:
+            f.b.branch(body_bb)
+        f.b.position_at_end(body_bb)
+        i = f.b.phi(start.type, name=var.name)
+        i.add_incoming(start, pre)
+        f.env[id(var)] = i
+
+        def latch() -> None:
+            nxt = f.b.add(i, ir.Constant(i.type, 1), flags=["nsw"])
+            i.add_incoming(nxt, f.b.block)
+            br = f.b.cbranch(f.b.icmp_signed("<", nxt, end), body_bb, exit_bb)
+            br.set_metadata("llvm.loop", self._loop_metadata(kind))
+            f.b.position_at_end(exit_bb)
+            f.env.pop(id(var), None)
+
+        work.append(latch)
+        work.append(body)
+
+    def _loop_metadata(self, kind: str) -> ir.MDValue:
+        md = self.module
+        hints = [md.add_metadata([ir.MetaDataString(md, "llvm.loop.mustprogress")])]
+        if kind == "vectorized":
+            hints.append(self.module.add_metadata(
+                [ir.MetaDataString(self.module, "llvm.loop.vectorize.enable"),
+                 ir.Constant(I1, 1)]))
+        # A loop ID refers to itself, so that each loop's node is distinct.
+        node = self.module.add_metadata(
+            [ir.MetaDataString(self.module, f"kiln.loop.{len(self.module.metadata)}")])
+        node.operands = (node, *hints)
+        return node
+
+    def _unrolled(self, f: FunctionState, s: For, work: Work) -> None:
+        start = f.index(s.start, {})
+        vt = value_type(s.var.dtype)
+        start = int_as(f.b, start, vt)
+        extent = s.extent.value  # the verifier requires a small constant
+        items: Work = []
+        for k in range(int(extent)):  # type: ignore[arg-type]
+            value = (ir.Constant(vt, start.constant + k) if isinstance(start, ir.Constant)
+                     else f.b.add(start, ir.Constant(vt, k), flags=["nsw"]))
+            items.append(lambda v=value: f.env.__setitem__(id(s.var), v))
+            items.append(s.body)
+        items.append(lambda: f.env.pop(id(s.var), None))
+        work.extend(reversed(items))
+
+
+def emit_kernel(kernel: Kernel, symbol: str, triple: str = "", data_layout: str = ""
+                ) -> ir.Module:
+    """The LLVM module defining ``i32 @<symbol>(ptr args)`` for ``kernel``."""
+    return _KernelEmitter(kernel, symbol, triple, data_layout).emit()

@@ -1,0 +1,152 @@
+"""Emit loop-IR expressions as LLVM instructions (part of the emit stage).
+
+`ExprEmitter.emit` walks an expression iteratively (loop-IR expressions can be hundreds
+deep) and emits every node once per statement: values are memoized by node identity, since
+lowerings share subexpressions freely. The semantics of each operation are in arith.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from llvmlite import ir
+
+from kiln.codegen import arith
+from kiln.codegen.llvmtypes import (
+    I64,
+    ModuleContext,
+    constant,
+    itemsize,
+    kind,
+    memory_type,
+    splat,
+)
+from kiln.errors import InternalError
+from kiln.loops.ir import (
+    FMA,
+    Binary,
+    Broadcast,
+    Buffer,
+    Cast,
+    Const,
+    Expr,
+    Load,
+    Select,
+    Unary,
+    Var,
+)
+
+Memo = dict[int, ir.Value]
+
+
+class ExprEmitter:
+    """Emits expressions at the builder's position, with variables and buffers bound."""
+
+    def __init__(self, mc: ModuleContext, builder: ir.IRBuilder, env: dict[int, ir.Value],
+                 buffers: dict[int, ir.Value]) -> None:
+        self.mc = mc
+        self.b = builder
+        self.env = env
+        self.buffers = buffers
+        self.rules: dict[type, Callable[[Expr, Memo], ir.Value]] = {
+            Const: self._const, Var: self._var, Load: self._load, Binary: self._binary,
+            Unary: self._unary, Cast: self._cast, Select: self._select,
+            Broadcast: self._broadcast, FMA: self._fma,
+        }
+
+    def emit(self, root: Expr, memo: Memo) -> ir.Value:
+        """The value of ``root``; ``memo`` maps emitted nodes (by identity) to values."""
+        stack: list[tuple[Expr, bool]] = [(root, False)]
+        while stack:
+            e, ready = stack.pop()
+            if id(e) in memo:
+                continue
+            if ready:
+                rule = self.rules.get(type(e))
+                if rule is None:
+                    raise InternalError(f"codegen: unknown expression {type(e).__name__}")
+                memo[id(e)] = rule(e, memo)
+                continue
+            stack.append((e, True))
+            stack.extend((c, False) for c in _children(e) if id(c) not in memo)
+        return memo[id(root)]
+
+    def address(self, buf: Buffer, indices: tuple[Expr, ...], memo: Memo) -> ir.Value:
+        """The address of ``buf[indices]`` (row-major; the verifier proved it in bounds,
+        so the index arithmetic cannot overflow: ``nsw``)."""
+        b = self.b
+        flat: ir.Value | None = None
+        for idx, stride in zip(indices, buf.strides):
+            if isinstance(idx, Const) and idx.value == 0:
+                continue
+            i = self.as_index(self.emit(idx, memo), idx.dtype)
+            if stride != 1:
+                i = b.mul(i, ir.Constant(I64, stride), flags=["nsw"])
+            flat = i if flat is None else b.add(flat, i, flags=["nsw"])
+        base = self.buffers.get(id(buf))
+        if base is None:
+            raise InternalError(f"codegen: buffer {buf.name} is not bound")
+        if flat is None:
+            return base
+        return b.gep(base, [flat], inbounds=True, source_etype=memory_type(buf.dtype))
+
+    def as_index(self, v: ir.Value, dtype: str) -> ir.Value:
+        """An integer value widened to i64."""
+        if v.type.width == 64:
+            return v
+        return self.b.zext(v, I64) if kind(dtype) in ("uint", "bool") else self.b.sext(v, I64)
+
+    # --- rules -------------------------------------------------------------------------------
+
+    def _const(self, e: Const, memo: Memo) -> ir.Value:
+        return constant(e.dtype, e.value, e.lanes)
+
+    def _var(self, e: Var, memo: Memo) -> ir.Value:
+        v = self.env.get(id(e))
+        if v is None:
+            raise InternalError(f"codegen: variable {e.name} is not bound")
+        return v
+
+    def _load(self, e: Load, memo: Memo) -> ir.Value:
+        ptr = self.address(e.buffer, e.indices, memo)
+        mt = memory_type(e.dtype, e.lanes)
+        v = self.b.load(ptr, typ=mt, align=itemsize(e.dtype))
+        if e.dtype == "bool":
+            v = self.b.icmp_unsigned("!=", v, ir.Constant(mt, None))
+        return v
+
+    def _select(self, e: Select, memo: Memo) -> ir.Value:
+        return self.b.select(memo[id(e.cond)], memo[id(e.a)], memo[id(e.b)])
+
+    def _broadcast(self, e: Broadcast, memo: Memo) -> ir.Value:
+        return splat(self.b, memo[id(e.value)], e.lanes)
+
+    def _fma(self, e: FMA, memo: Memo) -> ir.Value:
+        return arith.fma(self.mc, self.b, e.dtype, memo[id(e.a)], memo[id(e.b)], memo[id(e.c)])
+
+    def _binary(self, e: Binary, memo: Memo) -> ir.Value:
+        return arith.binary(self.mc, self.b, e.op, e.a.dtype, memo[id(e.a)], memo[id(e.b)],
+                            e.b)
+
+    def _unary(self, e: Unary, memo: Memo) -> ir.Value:
+        return arith.unary(self.mc, self.b, e.op, e.dtype, memo[id(e.a)])
+
+    def _cast(self, e: Cast, memo: Memo) -> ir.Value:
+        return arith.cast(self.mc, self.b, e.a.dtype, e.dtype, memo[id(e.a)])
+
+
+def _children(e: Expr) -> tuple[Expr, ...]:
+    match e:
+        case Load(indices=idx):
+            return idx
+        case Binary(a=a, b=b):
+            return (a, b)
+        case Unary(a=a) | Cast(a=a):
+            return (a,)
+        case Select(cond=c, a=a, b=b):
+            return (c, a, b)
+        case Broadcast(value=v):
+            return (v,)
+        case FMA(a=a, b=b, c=c):
+            return (a, b, c)
+    return ()

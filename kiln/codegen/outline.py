@@ -1,0 +1,186 @@
+"""Parallel loops: outlined bodies run on libgomp's threads (emit stage).
+
+A ``parallel`` loop runs its iterations on native threads with no Python in between. The
+loop body becomes ``@<symbol>.parK.chunk(lo, hi, buffers..., values...)``, running
+``for var in [lo, hi)`` with the buffers it uses as ``noalias`` parameters and the variables
+it reads passed by value; ``@<symbol>.parK(ptr data)`` is what each thread runs: it reads
+the captured values from the struct at ``data``, takes its contiguous share of the
+iterations (thread t of n gets ``[start + t·c, start + (t+1)·c)``, c = ⌈extent / n⌉) and
+calls the chunk. The kernel fills the struct and calls ``GOMP_parallel(fn, data, n, 0)``
+with n = min(``kiln_num_threads``, extent), or calls the chunk directly when n is 1. A
+thread whose chunk fails a Check stores the status into the struct; the kernel then frees
+its heap buffers and returns it. Local buffers allocated inside the body belong to each
+thread's own call (the verifier forbids nested parallel loops).
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, is_dataclass
+from typing import Protocol
+
+from llvmlite import ir
+
+from kiln.codegen.function import FunctionState, alloca, field, mark_buffer_params
+from kiln.codegen.llvmtypes import I1, I32, I64, PTR, VOID, ModuleContext
+from kiln.loops.ir import INDEX, Buffer, Cast, Const, Expr, For, Load, Stmt, Store, Var
+
+NUM_THREADS_SYMBOL = "kiln_num_threads"  # an int32 in the runtime (kiln/codegen/threads.py)
+
+
+class StatementEmitter(Protocol):
+    """What outlining needs from the kernel's statement emitter (emit.py)."""
+
+    module: ir.Module
+    mc: ModuleContext
+    symbol: str
+
+    def emit_stmts(self, f: FunctionState, root: Stmt) -> None: ...
+
+    def likely(self, f: FunctionState, cond: ir.Value) -> ir.Value: ...
+
+    def return_status(self, f: FunctionState, status: ir.Value) -> None: ...
+
+
+def emit_parallel(em: StatementEmitter, f: FunctionState, s: For, name: str) -> None:
+    """Emit the parallel loop ``s`` into ``f`` as a libgomp parallel region."""
+    if isinstance(s.extent, Const) and s.extent.value <= 0:
+        return  # no iterations
+    memo: dict = {}
+    start = f.index(s.start, memo)
+    n = f.index(s.extent, memo)
+    names, bufs = free_refs(s.body)
+    cvars = [v for v in names if id(v) in f.env and v is not s.var]
+    cbufs = [b for b in bufs if id(b) in f.buffers]
+    captured_types = [f.env[id(v)].type for v in cvars]
+    chunk = _chunk_function(em, s, name, cvars, cbufs, captured_types)
+
+    # What every thread reads: status, start, extent, then the captured values.
+    data_t = ir.LiteralStructType([I32, I64, I64] + [PTR] * len(cbufs) + captured_types)
+    outlined = _thread_function(em, name, data_t, chunk, len(cbufs) + len(cvars))
+    data = alloca(f.entry, data_t, f"{name}.data")
+    values = [ir.Constant(I32, 0), start, n] + [f.buffers[id(b)] for b in cbufs] \
+        + [f.env[id(v)] for v in cvars]
+    for k, value in enumerate(values):
+        f.b.store(value, field(f.b, data, data_t, k))
+    want = f.b.sext(f.b.load(_num_threads(em.module), typ=I32, align=4), I64)
+    threads = f.b.select(f.b.icmp_signed("<", want, n), want, n)
+    many, one, join = f.block(f"{name}.threads"), f.block(f"{name}.inline"), \
+        f.block(f"{name}.join")
+    f.b.cbranch(f.b.icmp_signed(">", threads, ir.Constant(I64, 1)), many, one)
+    f.b.position_at_end(many)
+    gomp = em.mc.declare("GOMP_parallel", VOID, [PTR, PTR, I32, I32])
+    f.b.call(gomp, [outlined, data, f.b.trunc(threads, I32), ir.Constant(I32, 0)])
+    status_many = f.b.load(field(f.b, data, data_t, 0), typ=I32, align=4)
+    f.b.branch(join)
+    f.b.position_at_end(one)
+    status_one = f.b.call(chunk, [start, f.b.add(start, n, flags=["nsw"])] + values[3:])
+    f.b.branch(join)
+    f.b.position_at_end(join)
+    status = f.b.phi(I32)
+    status.add_incoming(status_many, many)
+    status.add_incoming(status_one, one)
+    ok, fail = f.block(f"{name}.ok"), f.block(f"{name}.fail")
+    f.b.cbranch(em.likely(f, f.b.icmp_unsigned("==", status, ir.Constant(I32, 0))), ok, fail)
+    f.b.position_at_end(fail)
+    em.return_status(f, status)
+    f.b.position_at_end(ok)
+
+
+def _chunk_function(em: StatementEmitter, s: For, name: str, cvars: list[Var],
+                    cbufs: list[Buffer], captured_types: list[ir.Type]) -> ir.Function:
+    """``i32 @name.chunk(lo, hi, buffers..., values...)``: ``for var in [lo, hi): body``."""
+    chunk = ir.Function(em.module, ir.FunctionType(
+        I32, [I64, I64] + [PTR] * len(cbufs) + captured_types), f"{name}.chunk")
+    chunk.linkage = "internal"
+    chunk.attributes.add("alwaysinline")
+    chunk.attributes.add("nounwind")
+    mark_buffer_params(chunk, cbufs, 2)
+    lo, hi = chunk.args[0], chunk.args[1]
+    cf_assume = []
+    if isinstance(s.start, Const) and isinstance(s.extent, Const):
+        # The chunk lies inside the loop's range: tell LLVM, so that it can treat index
+        # arithmetic as unsigned (floordiv/floormod by constants become shifts and masks).
+        first, end = int(s.start.value), int(s.start.value) + int(s.extent.value)
+        cf_assume = [("sge", lo, first), ("sle", hi, end), ("sle", lo, "hi")]
+    env = {id(v): a for v, a in zip(cvars, chunk.args[2 + len(cbufs):])}
+    buffers = {id(b): a for b, a in zip(cbufs, chunk.args[2:])}
+    cf = FunctionState(em.mc, chunk, env, buffers)
+    assume = em.mc.declare("llvm.assume", VOID, [I1]) if cf_assume else None
+    for pred, value, bound in cf_assume:
+        other = hi if bound == "hi" else ir.Constant(I64, bound)
+        cond = cf.b.icmp_signed({"sge": ">=", "sle": "<="}[pred], value, other)
+        cf.b.call(assume, [cond])
+    lo_var, n_var = Var("lo", INDEX), Var("n", INDEX)
+    env[id(lo_var)] = lo
+    env[id(n_var)] = cf.b.sub(hi, lo)
+    start: Expr = lo_var if s.var.dtype == INDEX else Cast(s.var.dtype, lo_var)
+    extent: Expr = n_var if s.var.dtype == INDEX else Cast(s.var.dtype, n_var)
+    em.emit_stmts(cf, For(s.var, start, extent, s.body, "serial"))
+    cf.finish()
+    return chunk
+
+
+def _thread_function(em: StatementEmitter, name: str, data_t: ir.LiteralStructType,
+                     chunk: ir.Function, ncaptured: int) -> ir.Function:
+    """``void @name(ptr data)``: this thread's contiguous share of the iterations."""
+    fn = ir.Function(em.module, ir.FunctionType(VOID, [PTR]), name)
+    fn.linkage = "internal"
+    fn.attributes.add("nounwind")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    data = fn.args[0]
+    loaded = [b.load(field(b, data, data_t, k), typ=data_t.elements[k])
+              for k in range(1, 3 + ncaptured)]
+    start, n, captured = loaded[0], loaded[1], loaded[2:]
+    tid = b.sext(b.call(em.mc.declare("omp_get_thread_num", I32, []), []), I64)
+    nt = b.sext(b.call(em.mc.declare("omp_get_num_threads", I32, []), []), I64)
+    per = b.sdiv(b.add(n, b.sub(nt, ir.Constant(I64, 1))), nt)
+    lo = b.add(start, b.mul(tid, per))
+    end = b.add(start, n)
+    hi = b.add(lo, per)
+    hi = b.select(b.icmp_signed("<", hi, end), hi, end)
+    run, report, done = (fn.append_basic_block(x) for x in ("run", "report", "done"))
+    b.cbranch(b.icmp_signed("<", lo, hi), run, done)
+    b.position_at_end(run)
+    status = b.call(chunk, [lo, hi, *captured])
+    b.cbranch(b.icmp_unsigned("!=", status, ir.Constant(I32, 0)), report, done)
+    b.position_at_end(report)
+    b.atomic_rmw("xchg", field(b, data, data_t, 0), status, "monotonic")
+    b.branch(done)
+    b.position_at_end(done)
+    b.ret_void()
+    return fn
+
+
+def _num_threads(module: ir.Module) -> ir.GlobalVariable:
+    g = module.globals.get(NUM_THREADS_SYMBOL)
+    if g is None:
+        g = ir.GlobalVariable(module, I32, NUM_THREADS_SYMBOL)
+        g.linkage = "external"
+    return g
+
+
+def free_refs(body: Stmt) -> tuple[list[Var], list[Buffer]]:
+    """Variables and buffers a statement refers to, in a deterministic order."""
+    names: dict[int, Var] = {}
+    bufs: dict[int, Buffer] = {}
+    seen: set[int] = set()
+    stack: list[object] = [body]
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        match x:
+            case Var():
+                names.setdefault(id(x), x)
+            case Load(buffer=b) | Store(buffer=b):
+                bufs.setdefault(id(b), b)
+        if is_dataclass(x):
+            for fld in fields(x):
+                value = getattr(x, fld.name)
+                if isinstance(value, (Stmt, Expr)):
+                    stack.append(value)
+                elif isinstance(value, tuple):
+                    stack.extend(v for v in value if isinstance(v, (Stmt, Expr)))
+    return list(names.values()), list(bufs.values())
+

@@ -1,0 +1,229 @@
+"""Parallel loops on native threads: results equal the single-threaded ones and the
+evaluator's; kernels may be called from several Python threads at once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.codegen import compile_kernels, has_libgomp, num_threads, threads
+from kiln.loops.ir import (
+    Allocate,
+    Binary,
+    Buffer,
+    Cast,
+    Const,
+    For,
+    Kernel,
+    LetStmt,
+    Load,
+    Seq,
+    Store,
+    Unary,
+    Var,
+)
+
+from .conftest import assert_same, sentinel
+
+RNG = np.random.default_rng(11)
+
+
+def row_softmax_like(rows: int, cols: int, heap: bool = False) -> Kernel:
+    """Per row (in parallel): a local row buffer, a max, exp, a sum — plus a captured scale."""
+    x = Buffer("x", (rows, cols), "float32")
+    s = Buffer("s", (), "float32")
+    y = Buffer("y", (rows, cols), "float32")
+    tmp = Buffer("tmp", (cols if not heap else 20_000,), "float32", "local")
+    acc = Buffer("acc", (1,), "float32", "local")
+    i, j = Var("i"), Var("j")
+    scale = Var("scale", "float32")
+    z = (Const(0),)
+    row = Seq((
+        Store(acc, z, Const(float("-inf"), "float32")),
+        For(j, Const(0), Const(cols), Store(acc, z, Binary("max", Load(acc, z),
+                                                            Load(x, (i, j))))),
+        For(j, Const(0), Const(cols), Store(tmp, (j,), Unary(
+            "exp", Binary("sub", Load(x, (i, j)), Load(acc, z)))), "vectorized"),
+        Store(acc, z, Const(0.0, "float32")),
+        For(j, Const(0), Const(cols), Store(acc, z, Binary("add", Load(acc, z),
+                                                            Load(tmp, (j,))))),
+        For(j, Const(0), Const(cols), Store(y, (i, j), Binary("mul", Binary(
+            "div", Load(tmp, (j,)), Load(acc, z)), scale)), "vectorized"),
+    ))
+    body = LetStmt(scale, Load(s, ()), For(i, Const(0), Const(rows),
+                                           Allocate(tmp, Allocate(acc, row)), "parallel"))
+    return Kernel(f"softmax{rows}x{cols}{'h' if heap else ''}", (x, s), (y,), body)
+
+
+def test_libgomp_is_used_here() -> None:
+    assert has_libgomp()
+    assert num_threads() >= 1
+
+
+@pytest.mark.parametrize(("rows", "cols"), [(1, 5), (2, 3), (3, 17), (64, 33), (257, 8)])
+def test_parallel_rows_match_the_evaluator_and_one_thread(rows: int, cols: int) -> None:
+    k = row_softmax_like(rows, cols)
+    x = RNG.standard_normal((rows, cols)).astype("float32")
+    s = np.array(2.0, dtype="float32")
+    with threads(2):
+        (many,) = assert_same(k, x, s, rtol=1e-5, atol=1e-7)
+    with threads(1):
+        (one,) = assert_same(k, x, s, rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(many, one)
+
+
+def test_heap_buffers_inside_parallel_iterations() -> None:
+    k = row_softmax_like(9, 40, heap=True)
+    x = RNG.standard_normal((9, 40)).astype("float32")
+    s = np.array(1.0, dtype="float32")
+    lib = compile_kernels([k])
+    outs = []
+    for n in (1, 2, 3):
+        y = sentinel((9, 40), "float32")
+        with threads(n):
+            lib[k.name](x, s, y)
+        outs.append(y)
+    np.testing.assert_allclose(outs[0], np.exp(x - x.max(1, keepdims=True))
+                               / np.exp(x - x.max(1, keepdims=True)).sum(1, keepdims=True),
+                               rtol=1e-5)
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(outs[0], outs[2])
+
+
+def test_a_parallel_loop_with_an_offset_start_and_int32_variable() -> None:
+    x = Buffer("x", (100,), "int32")
+    y = Buffer("y", (100,), "int32")
+    i = Var("i", "int32")
+    body = Seq((
+        Store(y, (Const(0),), Const(-1, "int32")),
+        For(i, Const(3, "int32"), Const(90, "int32"), Store(
+            y, (Cast("int64", i),), Binary("mul", Load(x, (Cast("int64", i),)), i)), "parallel"),
+    ))
+    k = Kernel("offset", (x,), (y,), body)
+    with threads(2):
+        assert_same(k, RNG.integers(-50, 50, size=100).astype("int32"))
+
+
+def test_the_thread_count_comes_from_the_environment() -> None:
+    script = textwrap.dedent("""
+        import numpy as np
+        from kiln.codegen import compile_kernels, num_threads
+        from tests.codegen.test_parallel import row_softmax_like
+        k = row_softmax_like(300, 64)
+        x = np.random.default_rng(3).standard_normal((300, 64)).astype("float32")
+        y = np.empty_like(x)
+        compile_kernels([k])[k.name](x, np.array(1.5, dtype="float32"), y)
+        print(num_threads())
+        np.save(__import__("sys").argv[1], y)
+    """)
+    results = []
+    for count in ("1", "2"):
+        out = os.path.join(os.environ["KILN_CACHE"], f"threads{count}.npy")
+        env = dict(os.environ, KILN_NUM_THREADS=count)
+        done = subprocess.run([sys.executable, "-c", script, out], env=env, text=True,
+                              capture_output=True, timeout=300, cwd=_repo())
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split()[-1] == count
+        results.append(np.load(out))
+    np.testing.assert_array_equal(results[0], results[1])
+    env = dict(os.environ, KILN_NUM_THREADS="many")
+    done = subprocess.run([sys.executable, "-c", "import kiln.codegen as c; c.num_threads()"],
+                          env=env, text=True, capture_output=True, timeout=300, cwd=_repo())
+    assert done.returncode != 0 and "KILN_NUM_THREADS must be a positive integer" in done.stderr
+
+
+def _repo() -> str:
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_set_num_threads_rejects_nonsense() -> None:
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(kiln.Error):
+            kiln.codegen.set_num_threads(bad)  # type: ignore[arg-type]
+
+
+def test_four_python_threads_call_compiled_kernels_at_once() -> None:
+    parallel = row_softmax_like(128, 64)
+    a, b, i = Buffer("a", (4096,), "float64"), Buffer("b", (4096,), "float64"), Var("i")
+    serial = Kernel("scale", (a,), (b,), For(i, Const(0), Const(4096), Store(
+        b, (i,), Binary("mul", Unary("sqrt", Load(a, (i,))), Const(3.0, "float64"))),
+        "vectorized"))
+    lib = compile_kernels([parallel, serial])
+    s = np.array(1.0, dtype="float32")
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(30):
+                x = rng.standard_normal((128, 64)).astype("float32")
+                y = np.empty_like(x)
+                lib[parallel.name](x, s, y)
+                e = np.exp(x - x.max(1, keepdims=True))
+                np.testing.assert_allclose(y, e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-8)
+                u = rng.random(4096)
+                v = np.empty_like(u)
+                lib["scale"](u, v)
+                np.testing.assert_array_equal(v, np.sqrt(u) * 3.0)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    with threads(2):
+        workers = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+    assert not errors, errors[0]
+
+
+def test_lowered_kernels_with_parallel_loops() -> None:
+    import kiln as k_
+    from kiln.ir.traverse import post_order
+    from kiln.loops.lower import lower_primitive
+
+    text = """
+    def @main(%x: Tensor[(256, 160), float32], %y: Tensor[(160), float32]) {
+      tanh(add(multiply(%x, %y), %y))
+    }
+    """
+    mod = k_.infer_types(k_.optimize(k_.parse(text)))
+    (fn,) = [n for n in post_order(mod["main"]) if isinstance(n, k_.Function)
+             and n.attrs.get("Primitive")]
+    kernel = lower_primitive(fn, "big")
+    assert "parallel" in str(kernel)
+    x = RNG.standard_normal((256, 160)).astype("float32")
+    y = RNG.standard_normal(160).astype("float32")
+    lib = compile_kernels([kernel])
+    outs = []
+    for n in (1, 2):
+        out = np.empty((256, 160), dtype="float32")
+        with threads(n):
+            lib["big"](x, y, out)
+        outs.append(out)
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_allclose(outs[0], np.tanh(x * y + y), rtol=1e-6, atol=1e-7)
+
+
+def test_parallel_loops_with_no_iterations_or_a_computed_extent() -> None:
+    x = Buffer("x", (50,), "float32")
+    n = Buffer("n", (), "int64")
+    y = Buffer("y", (50,), "float32")
+    i, j, m = Var("i"), Var("j"), Var("m")
+    body = Seq((
+        For(i, Const(0), Const(0), Store(y, (i,), Const(1.0, "float32")), "parallel"),
+        LetStmt(m, Binary("max", Binary("min", Load(n, ()), Const(50)), Const(0)), For(
+            j, Const(0), m, Store(y, (j,), Unary("exp", Load(x, (j,)))), "parallel")),
+    ))
+    k = Kernel("computed", (x, n), (y,), body)
+    xs = RNG.standard_normal(50).astype("float32")
+    for count in (0, 1, 7, 50, -3):
+        with threads(2):
+            assert_same(k, xs, np.array(count, dtype="int64"), rtol=1e-6)
