@@ -4,6 +4,7 @@
     mod = kiln.infer_types(mod)         # every expression gets .checked_type
     print(kiln.astext(mod))             # Relay text again
     out = kiln.interpret(mod, x)        # run @main with the reference interpreter
+    exe = kiln.build(mod)               # compile to machine code; exe(x), exe.save(path)
 """
 
 from kiln import op, transform
@@ -14,6 +15,7 @@ from kiln.frontend import Tensor, script
 from kiln.infer import infer_types
 from kiln.ir import *  # noqa: F403
 from kiln.ir import __all__ as _ir_all
+from kiln.runtime import Executable, build, load
 from kiln.text import astext, parse, parse_expr, parse_type
 from kiln.transform import optimize
 
@@ -22,15 +24,18 @@ __all__ = [
     "ConstructorValue",
     "Error",
     "EvalError",
+    "Executable",
     "InternalError",
     "ParseError",
     "RefValue",
     "Tensor",
     "TypeCheckError",
     "astext",
+    "build",
     "grad",
     "infer_types",
     "interpret",
+    "load",
     "op",
     "optimize",
     "parse",

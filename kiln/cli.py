@@ -3,6 +3,9 @@
     kiln optimize model.rly                      the standard pipeline, Relay text out
     kiln optimize --passes fold-constant,fuse-ops model.rly -o out.rly
     kiln optimize --list                         every pass, with its opt level
+    kiln build model.rly -o model.kiln           compile to an executable file
+    kiln run model.kiln --inputs in.npz          run it (a .rly is built first)
+    kiln show --level ssa model.rly              the program at a level: relay, fused, ssa, loops
 
 Errors are one line on stderr and a non-zero exit status; ``--debug`` shows the traceback.
 """
@@ -13,10 +16,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kiln.errors import Error
+
+if TYPE_CHECKING:
+    from kiln.runtime.build import Executable
 
 
 def _read_module(path: str):  # noqa: ANN202
@@ -82,6 +89,128 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _build(path: str, args: argparse.Namespace) -> Executable:
+    from kiln.runtime.build import build
+
+    return build(_read_module(path), target=args.target, opt_level=args.opt_level,
+                 params=_read_params(args.params))
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    exe = _build(args.model, args)
+    out = args.output or str(Path(args.model).with_suffix(".kiln"))
+    exe.save(out)
+    if args.stats:
+        print(exe.stats(), file=sys.stderr)
+    print(f"kiln: wrote {out} ({Path(out).stat().st_size} bytes): {exe.signature}",
+          file=sys.stderr)
+    return 0
+
+
+def _read_inputs(path: str | None, names: list[str]) -> tuple[list[np.ndarray], dict]:
+    """Arrays by parameter name, or in order as numpy's savez names them (arr_0, ...)."""
+    if path is None:
+        if names:
+            raise Error(f"the program takes {', '.join('%' + n for n in names)}: give them "
+                        "with --inputs file.npz")
+        return [], {}
+    arrays = _read_params(path) or {}
+    positional = [arrays.pop(f"arr_{i}") for i in range(len(arrays)) if f"arr_{i}" in arrays]
+    return positional, arrays
+
+
+def _flat_outputs(value: object, name: str = "output") -> dict[str, np.ndarray]:
+    from kiln.eval.values import ConstructorValue
+
+    out: dict[str, np.ndarray] = {}
+    stack: list[tuple[str, object]] = [(name, value)]
+    while stack:
+        key, v = stack.pop()
+        if isinstance(v, np.ndarray):
+            out[key] = v
+        elif isinstance(v, tuple):
+            stack.extend((f"{key}_{i}", f) for i, f in reversed(list(enumerate(v))))
+        else:
+            kind = v.name if isinstance(v, ConstructorValue) else type(v).__name__
+            raise Error(f"{key} is a {kind} value, which an .npz file cannot hold")
+    return dict(sorted(out.items()))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import time
+
+    from kiln.runtime.artifact import load
+
+    if args.model.endswith(".rly"):
+        exe = _build(args.model, args)
+    else:
+        if args.params:
+            raise Error("--params binds weights when building: give it with a .rly model")
+        exe = load(args.model)
+    names = [p.hint for p in exe.program.main.params]
+    positional, named = _read_inputs(args.inputs, names)
+    start = time.perf_counter()
+    result = exe(*positional, **named)
+    elapsed = time.perf_counter() - start
+    if args.output:
+        outputs = _flat_outputs(result)
+        try:
+            np.savez(args.output, **outputs)
+        except OSError as e:
+            raise Error(f"{args.output}: cannot write it ({e.strerror or e})") from None
+    else:
+        try:
+            outputs = _flat_outputs(result)
+        except Error:
+            print(repr(result))
+        else:
+            with np.printoptions(threshold=20, edgeitems=3, precision=5):
+                for key, v in outputs.items():
+                    print(f"{key}: {v.dtype}{list(v.shape)} = {v}")
+    if args.time:
+        print(f"kiln: ran in {elapsed * 1e3:.3f} ms", file=sys.stderr)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from kiln.infer import infer_types
+    from kiln.ssa import lower_kernels, lower_module, plan_memory
+    from kiln.text import astext
+    from kiln.transform.pipeline import optimize
+
+    mod = _read_module(args.model)
+    if args.level == "relay":
+        text = astext(infer_types(mod))
+    else:
+        fused = optimize(mod, opt_level=args.opt_level, params=_read_params(args.params))
+        if args.level == "fused":
+            text = astext(fused)
+        else:
+            program = lower_module(fused)
+            plan = plan_memory(program)
+            if args.level == "ssa":
+                text = f"{program}\n// {plan}\n"
+            else:
+                lower_kernels(program)
+                text = "\n\n".join(
+                    str(k.kernel) if k.kernel is not None else
+                    f"// kernel @{k.name} has symbolic shapes: it is lowered for the shapes "
+                    "it meets when run" for k in program.kernels.values()) + "\n"
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _compile_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--params", help="an .npz of weights to bind to @main's parameters by name")
+    p.add_argument("--opt-level", type=int, default=3, choices=range(5), metavar="N",
+                   help="optimization level 0-4 (default 3)")
+    p.add_argument("--target", default="llvm", choices=("llvm", "evaluator"),
+                   help="llvm: machine code (default); evaluator: the loop-IR interpreter")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kiln", description="kiln, a deep-learning compiler")
     parser.add_argument("--debug", action="store_true",
@@ -106,6 +235,40 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                      help="show tracebacks, and type-check after every pass")
     opt.set_defaults(run=cmd_optimize)
+
+    bld = sub.add_parser("build", help="compile a Relay program to an executable file",
+                         description="Optimize, fuse, lower and compile a Relay program; write "
+                         "one file that `kiln run` (or kiln.load) runs without recompiling.")
+    bld.add_argument("model", help="a Relay text file (.rly)")
+    bld.add_argument("-o", "--output", help="the executable to write (default: MODEL.kiln)")
+    _compile_options(bld)
+    bld.add_argument("--stats", action="store_true", help="print kernels, memory and times")
+    bld.set_defaults(run=cmd_build)
+
+    run = sub.add_parser("run", help="run an executable (or a .rly, built first)",
+                         description="Run @main of a compiled executable on inputs from an "
+                         ".npz file (arrays named after the parameters, or arr_0, arr_1, ... "
+                         "in order).")
+    run.add_argument("model", help="an executable (.kiln) or a Relay text file (.rly)")
+    run.add_argument("--inputs", help="an .npz of the arguments of @main")
+    run.add_argument("-o", "--output", help="write the results to this .npz (output, or "
+                     "output_0, output_1, ... for a tuple) instead of printing them")
+    run.add_argument("--time", action="store_true", help="report how long the call took")
+    _compile_options(run)
+    run.set_defaults(run=cmd_run)
+
+    show = sub.add_parser("show", help="print a program at one level of the compiler",
+                          description="Print a Relay program as kiln sees it at a level: "
+                          "relay (typed text), fused (after kiln.optimize), ssa (the SSA "
+                          "program with its memory plan), loops (the loop IR of each kernel).")
+    show.add_argument("model", help="a Relay text file (.rly)")
+    show.add_argument("--level", required=True, choices=("relay", "fused", "ssa", "loops"),
+                      help="which level to print")
+    show.add_argument("-o", "--output", help="write the text here instead of stdout")
+    show.add_argument("--params", help="an .npz of weights to bind to @main's parameters")
+    show.add_argument("--opt-level", type=int, default=3, choices=range(5), metavar="N",
+                      help="optimization level 0-4 (default 3)")
+    show.set_defaults(run=cmd_show)
     return parser
 
 

@@ -145,6 +145,12 @@ class _Projection:
         )
 
 
+def _is_nullary_constructor(e: Expr) -> bool:
+    # A value such as `Nil` is polymorphic: when rewriting shares one such node between uses
+    # at different types, each use gets its own instance of the constructor's type.
+    return isinstance(e, Call) and isinstance(e.op, Constructor) and not e.args
+
+
 class _Inferer:
     """One run of inference over a module (or a lone expression)."""
 
@@ -232,7 +238,7 @@ class _Inferer:
     def visit(self, e: Expr, outer: Span | None) -> Visit:
         """The type of ``e`` (a generator, run by `trampoline`)."""
         t = self.types.get(id(e))
-        if t is not None:
+        if t is not None and not _is_nullary_constructor(e):
             return t
         span = span_of(e, outer)
         match e:

@@ -1,1 +1,9 @@
-"""Runtime: calling compiled kernels, executables, the VM, saving and loading."""
+"""Executables: building (kiln.build), the VM, kernels, saving and loading (kiln.load)."""
+
+from kiln.runtime.artifact import load
+from kiln.runtime.build import Executable, ExecutableStats, build
+from kiln.runtime.executor import register_executor
+from kiln.runtime.vm import VM, VMClosure
+
+__all__ = ["VM", "Executable", "ExecutableStats", "VMClosure", "build", "load",
+           "register_executor"]

@@ -9,6 +9,7 @@ directly, element by element — the oracle in tests, far too slow for anything 
 
 from __future__ import annotations
 
+import weakref
 from typing import Protocol
 
 import numpy as np
@@ -24,8 +25,31 @@ class KernelFunction(Protocol):
     def __call__(self, *arrays: np.ndarray) -> None: ...
 
 
+_SIGNATURES: weakref.WeakKeyDictionary[Kernel, tuple[tuple[tuple[int, ...], np.dtype], ...]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _signature(kernel: Kernel) -> tuple[tuple[tuple[int, ...], np.dtype], ...]:
+    sig = _SIGNATURES.get(kernel)
+    if sig is None:
+        sig = tuple((b.shape, np.dtype(b.dtype)) for b in kernel.params)
+        _SIGNATURES[kernel] = sig
+    return sig
+
+
 def check_arrays(kernel: Kernel, arrays: tuple[np.ndarray, ...]) -> None:
     """Every argument is exactly what the kernel expects (native code trusts this)."""
+    # The common case, fast: the VM calls kernels tens of thousands of times a second.
+    sig = _signature(kernel)
+    n_in = len(kernel.inputs)
+    if len(arrays) == len(sig):
+        for k, ((shape, dtype), a) in enumerate(zip(sig, arrays)):
+            if (type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype
+                    or not a.flags.c_contiguous or not a.flags.aligned
+                    or (k >= n_in and not a.flags.writeable)):
+                break
+        else:
+            return
     params = kernel.params
     if len(arrays) != len(params):
         raise InternalError(f"kernel {kernel.name} takes {len(params)} arrays, got {len(arrays)}")
@@ -34,8 +58,10 @@ def check_arrays(kernel: Kernel, arrays: tuple[np.ndarray, ...]) -> None:
             raise InternalError(
                 f"kernel {kernel.name}: {b.name} must be a {b.dtype}{list(b.shape)} array, got "
                 f"{getattr(a, 'dtype', type(a).__name__)}{list(getattr(a, 'shape', ()))}")
-        if not a.flags.c_contiguous:
-            raise InternalError(f"kernel {kernel.name}: {b.name} is not C-contiguous")
+        if not a.flags.c_contiguous or not a.flags.aligned:
+            raise InternalError(f"kernel {kernel.name}: {b.name} is not C-contiguous and aligned")
+        if a.dtype != np.dtype(b.dtype):
+            raise InternalError(f"kernel {kernel.name}: {b.name} is not in native byte order")
     for a in arrays[len(kernel.inputs):]:
         if not a.flags.writeable:
             raise InternalError(f"kernel {kernel.name}: an output array is read-only")

@@ -1,0 +1,254 @@
+"""Saving an executable to one file, and loading it back with no compiler work.
+
+The file (``.kiln``), all integers little-endian:
+
+    offset 0   magic  b"KILNEXE\\0"
+           8   u32    format version (FORMAT_VERSION)
+          12   u32    reserved, 0
+          16   u64    length H of the header
+          24   H      header: UTF-8 JSON {"sections": [{"name", "offset", "length"}], ...}
+           …          sections, each starting at a multiple of 64
+    end - 32   32     SHA-256 of every byte before it
+
+Sections: ``program`` (the SSA program as JSON, kiln/ssa/serialize.py), ``kernels`` (each
+kernel's loop IR as JSON, kiln/runtime/kernel_format.py: signatures for the runtime's
+checks, and what the evaluator runs when there is no machine code), ``constants`` (the
+weights' raw bytes, each at a 64-byte boundary; dtype and shape are in the program), and
+``machine_code`` (kiln.codegen's object-code blob, itself checksummed and stamped with the
+CPU it was compiled for) when the kernels were compiled natively.
+
+Loading reads the file into one aligned buffer, checks the magic, version and checksum
+before looking at anything else, and then reads each section field by field: a truncated
+or corrupted file is a `kiln.Error` naming the file, never a crash. Nothing is unpickled
+and no code from the file runs except the machine code itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kiln.errors import Error, InternalError
+from kiln.ir.ty import DTYPES, TensorType
+from kiln.runtime.compiler import EVALUATOR, NATIVE, KernelSet, load_kernels
+from kiln.runtime.kernel_format import read_kernel, write_kernel
+from kiln.ssa.memory import FunctionPlan, MemoryPlan, tensor_bytes
+from kiln.ssa.serialize import (
+    parse_relay_function,
+    read_program,
+    relay_function_text,
+    write_program,
+)
+from kiln.ssa.verify import problems
+
+if TYPE_CHECKING:
+    from kiln.runtime.build import Executable
+
+MAGIC = b"KILNEXE\x00"
+FORMAT_VERSION = 1
+_ALIGN = 64
+_PREFIX = struct.Struct("<8sIIQ")  # magic, version, reserved, header length
+_DIGEST = 32
+
+
+class _Bad(Error):
+    """A file that is not a valid executable (the message names the file)."""
+
+
+def _pad(n: int) -> int:
+    return (-n) % _ALIGN
+
+
+def save(exe: Executable, path: str | Path) -> None:
+    """Write ``exe`` to ``path`` (atomically: a temporary file renamed into place)."""
+    program = exe.program
+    doc = write_program(program, relay_function_text)
+    doc["plan"] = {name: [p.arena_bytes, p.intermediate_bytes, p.planned, p.heap, p.heap_bytes]
+                   for name, p in exe.plan.functions.items()}
+    kernels = [decl.kernel for decl in program.kernels.values() if decl.kernel is not None]
+    kernel_docs = [write_kernel(k) for k in kernels]
+    backend = exe.kernels.backend
+    machine_code = exe.kernels.object_code() if backend == NATIVE else None
+    if backend == NATIVE and kernels and machine_code is None:
+        backend = EVALUATOR  # nothing native to save: the loop IR will be run
+    constants = bytearray()
+    offsets = []
+    for c in program.constants:
+        constants += b"\0" * _pad(len(constants))
+        offsets.append(len(constants))
+        constants += np.ascontiguousarray(c).astype(c.dtype.newbyteorder("<"), copy=False).tobytes()
+    doc["constant_offsets"] = offsets
+    sections = [
+        ("program", json.dumps(doc, separators=(",", ":")).encode()),
+        ("kernels", json.dumps(kernel_docs, separators=(",", ":")).encode()),
+        ("constants", bytes(constants)),
+    ]
+    if machine_code is not None:
+        sections.append(("machine_code", machine_code))
+    meta = {"backend": backend, "target": exe.target, "opt_level": exe.opt_level,
+            "kiln_format": FORMAT_VERSION}
+    # The header holds the section offsets, which depend on the header's length: place the
+    # sections after a header sized generously, then pad the header to that size.
+    table = [{"name": n, "offset": 0, "length": len(d)} for n, d in sections]
+    header = json.dumps({**meta, "sections": table}).encode()
+    room = len(header) + 64 + 16 * len(sections)
+    start = _PREFIX.size + room
+    start += _pad(start)
+    offset = start
+    for entry, (_, data) in zip(table, sections):
+        entry["offset"] = offset
+        offset += len(data) + _pad(len(data))
+    header = json.dumps({**meta, "sections": table}).encode()
+    if len(header) > start - _PREFIX.size:
+        raise InternalError("the executable's header outgrew the room made for it")
+    header += b" " * (start - _PREFIX.size - len(header))
+    body = bytearray(_PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(header)))
+    body += header
+    for _, data in sections:
+        body += data
+        body += b"\0" * _pad(len(data))
+    body += hashlib.sha256(body).digest()
+    path = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp",
+                                   dir=str(path.parent) if str(path.parent) else ".")
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise Error(f"{path}: cannot write the executable ({e.strerror or e})") from None
+
+
+def _read(path: Path) -> np.ndarray:
+    """The file's bytes in a 64-byte-aligned buffer (constants are views into it)."""
+    try:
+        size = path.stat().st_size
+        raw = np.empty(size + _ALIGN, np.uint8)
+        skip = (-raw.ctypes.data) % _ALIGN
+        buf = raw[skip: skip + size]
+        with open(path, "rb") as f:
+            got = f.readinto(memoryview(buf))  # type: ignore[arg-type]
+    except OSError as e:
+        raise Error(f"{path}: cannot read it ({e.strerror or e})") from None
+    if got != size:
+        raise Error(f"{path}: the file changed while it was read")
+    return buf
+
+
+def load(path: str | Path) -> Executable:
+    """The executable saved in ``path``, ready to run (nothing is recompiled)."""
+    from kiln.runtime.build import Executable
+
+    start_time = time.perf_counter()
+    path = Path(path)
+    buf = _read(path)
+    data = buf.data.cast("B")
+
+    def bad(why: str) -> _Bad:
+        return _Bad(f"{path}: not a valid kiln executable: {why}")
+
+    if len(buf) < _PREFIX.size + _DIGEST:
+        raise bad("it is too short (truncated?)")
+    magic, version, _, hlen = _PREFIX.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise bad("wrong magic number (not a .kiln file)")
+    if version != FORMAT_VERSION:
+        raise bad(f"it is format version {version}; this kiln reads version {FORMAT_VERSION}")
+    body_end = len(buf) - _DIGEST
+    if hashlib.sha256(data[:body_end]).digest() != bytes(data[body_end:]):
+        raise bad("checksum mismatch (the file is truncated or corrupted)")
+    if _PREFIX.size + hlen > body_end:
+        raise bad("the header runs past the end")
+    try:
+        header = json.loads(bytes(data[_PREFIX.size: _PREFIX.size + hlen]).decode())
+        sections: dict[str, memoryview] = {}
+        for entry in header["sections"]:
+            name, off, length = str(entry["name"]), int(entry["offset"]), int(entry["length"])
+            if off < _PREFIX.size + hlen or length < 0 or off + length > body_end:
+                raise bad(f"section {name} lies outside the file")
+            sections[name] = data[off: off + length]
+        backend = header["backend"]
+        if backend not in (NATIVE, EVALUATOR):
+            raise bad(f"unknown backend {backend!r}")
+        target = str(header.get("target", "llvm"))
+        opt_level = int(header.get("opt_level", 3))
+        doc = json.loads(bytes(sections["program"]).decode())
+        kernel_docs = json.loads(bytes(sections["kernels"]).decode())
+        constants = _constants(doc, sections["constants"], buf, bad)
+        program = read_program(doc, constants, parse_relay_function)
+        kernels = [read_kernel(k) for k in kernel_docs] if isinstance(kernel_docs, list) else None
+        if kernels is None:
+            raise bad("the kernel section is not a list")
+        plan = _plan(doc.get("plan"), bad)
+    except _Bad:
+        raise
+    except Error as e:
+        raise bad(e.message) from None
+    except (KeyError, TypeError, ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise bad(f"a malformed section ({type(e).__name__}: {e})") from None
+    found = problems(program)
+    if found:
+        raise bad(f"the program is malformed ({found[0]})")
+    by_name = {k.name: k for k in kernels}
+    for decl in program.kernels.values():
+        if decl.is_static:
+            k = by_name.get(decl.name)
+            if k is None:
+                raise bad(f"kernel {decl.name} is missing")
+            sig = [(b.shape, b.dtype) for b in k.params]
+            want = [(tuple(t.shape), t.dtype) for t in (*decl.inputs, *decl.outputs)]
+            if sig != want:
+                raise bad(f"kernel {decl.name} does not match its declaration")
+            decl.kernel = k
+    machine = sections.get("machine_code")
+    try:
+        kernel_set: KernelSet = load_kernels(kernels, backend,
+                                             bytes(machine) if machine is not None else None)
+    except Error as e:
+        raise Error(f"{path}: {e.message}") from None
+    exe = Executable(program, kernel_set, plan, target=target, opt_level=opt_level,
+                     timings={"load": time.perf_counter() - start_time})
+    return exe
+
+
+def _constants(doc: Any, section: memoryview, buf: np.ndarray, bad: Any) -> list[np.ndarray]:
+    descs = doc["constants"]
+    offsets = doc["constant_offsets"]
+    if not isinstance(descs, list) or not isinstance(offsets, list) or len(descs) != len(offsets):
+        raise bad("the constant table is malformed")
+    out = []
+    for d, off in zip(descs, offsets):
+        dtype, shape = d["dtype"], d["shape"]
+        if dtype not in DTYPES or not isinstance(shape, list) or not all(
+                type(n) is int and n >= 0 for n in shape):
+            raise bad("a constant's dtype or shape is malformed")
+        nbytes = tensor_bytes(TensorType(tuple(shape), dtype))
+        if type(off) is not int or off < 0 or off + nbytes > len(section):
+            raise bad("a constant lies outside its section")
+        arr = np.frombuffer(section, dtype=np.dtype(dtype).newbyteorder("<"), count=int(np.prod(
+            shape, dtype=np.int64)), offset=off).reshape(shape)
+        if not arr.dtype.isnative:
+            arr = arr.astype(arr.dtype.newbyteorder("="))
+        arr.setflags(write=False)
+        out.append(arr)
+    return out
+
+
+def _plan(doc: Any, bad: Any) -> MemoryPlan:
+    if not isinstance(doc, dict):
+        raise bad("the memory plan is missing")
+    plan = MemoryPlan()
+    for name, entry in doc.items():
+        if not (isinstance(entry, list) and len(entry) == 5
+                and all(type(x) is int and x >= 0 for x in entry)):
+            raise bad("the memory plan is malformed")
+        plan.functions[str(name)] = FunctionPlan(str(name), *entry)
+    return plan

@@ -1,0 +1,187 @@
+"""kiln.build: from a Level-1 module to something that runs, and the `Executable` it makes.
+
+    exe = kiln.build(mod, target="llvm", opt_level=3, params=weights)
+    y = exe(x)                 # numpy in, numpy out
+    print(exe.stats())         # kernels, arena bytes, compile time, cache hits
+    exe.save("model.kiln")     # kiln.load("model.kiln") runs it again without compiling
+
+The steps, each timed: bind the weights and optimize (`kiln.optimize`: ends with fusion);
+lower to the SSA program (kiln/ssa/from_relay.py); plan memory; lower every static kernel to
+loop IR and compile it (kiln/runtime/compiler.py); choose an executor
+(kiln/runtime/executor.py). Kernels of symbolic shape are compiled on first use, for the
+shapes met.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kiln.errors import Error
+from kiln.ir.expr import Expr
+from kiln.ir.module import IRModule
+from kiln.runtime.compiler import KernelSet, check_target, compile_kernels
+from kiln.runtime.executor import Executor, choose_executor
+from kiln.runtime.inputs import bind_arguments, fresh_outputs
+from kiln.runtime.kernel import KernelFunction
+from kiln.runtime.vm import Specializer
+from kiln.ssa.from_relay import lower_module
+from kiln.ssa.ir import KernelDecl, Program
+from kiln.ssa.kernels import lower_kernels, specialize
+from kiln.ssa.memory import MemoryPlan, plan_memory
+from kiln.ssa.verify import verify
+from kiln.transform.pipeline import optimize
+
+
+@dataclass(frozen=True)
+class ExecutableStats:
+    """What building (or loading) made, and what it cost."""
+
+    kernels: int  # compiled kernels (static shapes)
+    dynamic_kernels: int  # kernels of symbolic shape, compiled per shape when first run
+    specializations: int  # of those, compiled so far
+    functions: int
+    arena_bytes: int  # memory the planner gives the frames' arenas, all functions together
+    intermediate_bytes: int  # the planned tensors added up: what they would take unshared
+    heap_bytes: int  # tensors that leave their frame and get their own memory
+    constant_bytes: int
+    optimize_seconds: float
+    lower_seconds: float  # SSA, memory planning and loop IR
+    compile_seconds: float  # kernels to machine code (or evaluator)
+    load_seconds: float  # reading a saved executable (0 when built)
+    cache_hits: int
+    backend: str  # "native" or "evaluator"
+    executor: str
+
+    def __str__(self) -> str:
+        ratio = (f" ({self.arena_bytes / self.intermediate_bytes:.1%})"
+                 if self.intermediate_bytes else "")
+        lines = [
+            f"kernels           {self.kernels} compiled ({self.backend}), "
+            f"{self.dynamic_kernels} of symbolic shape ({self.specializations} specialized)",
+            f"functions         {self.functions}, run by the {self.executor}",
+            f"arena             {self.arena_bytes} bytes for {self.intermediate_bytes} bytes of "
+            f"intermediates{ratio}; {self.heap_bytes} bytes allocated per result",
+            f"constants         {self.constant_bytes} bytes",
+        ]
+        if self.load_seconds:
+            lines.append(f"load              {self.load_seconds:.3f} s")
+        else:
+            lines.append(f"optimize          {self.optimize_seconds:.3f} s")
+            lines.append(f"lower             {self.lower_seconds:.3f} s")
+            lines.append(f"compile           {self.compile_seconds:.3f} s "
+                         f"({self.cache_hits} cache hits)")
+        return "\n".join(lines)
+
+
+def make_specializer(target: str, opt_level: int) -> Specializer:
+    """Compiles a kernel of symbolic shape for concrete input shapes."""
+
+    def run(decl: KernelDecl, shapes: tuple[tuple[int, ...], ...]) -> KernelFunction:
+        kernel = specialize(decl, shapes)
+        return compile_kernels([kernel], target, opt_level).functions[kernel.name]
+
+    return run
+
+
+class Executable:
+    """A compiled program: call it like a function of @main's parameters."""
+
+    def __init__(self, program: Program, kernels: KernelSet, plan: MemoryPlan, *,
+                 target: str = "llvm", opt_level: int = 3, timings: Mapping[str, float] = {},
+                 executor: str | None = None) -> None:
+        self.program = program
+        self.kernels = kernels
+        self.plan = plan
+        self.target = target
+        self.opt_level = opt_level
+        self._timings = dict(timings)
+        main = program.main
+        self._names = [p.hint for p in main.params]
+        self._types = [p.type for p in main.params]
+        self.executor: Executor = choose_executor(program, kernels,
+                                                  make_specializer(target, opt_level), executor)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run @main: arrays (or tuples, ADT values, ...) in, results out.
+
+        Arguments are checked against @main's parameter types first; one result comes back
+        as an array, a tuple as a Python tuple, an ADT value as a `kiln.ConstructorValue`.
+        """
+        values = bind_arguments(self._names, self._types, self.program.entry, args, kwargs,
+                                self.program)
+        return fresh_outputs(self.executor.run(values))
+
+    @property
+    def signature(self) -> str:
+        from kiln.text.printer import type_text
+
+        params = ", ".join(f"%{n}: {type_text(t)}" for n, t in zip(self._names, self._types))
+        return f"@{self.program.entry}({params}) -> {type_text(self.program.main.ret_type)}"
+
+    def stats(self) -> ExecutableStats:
+        """Kernels, memory, and time spent building."""
+        t = self._timings
+        dynamic = sum(1 for k in self.program.kernels.values() if not k.is_static)
+        return ExecutableStats(
+            kernels=len(self.kernels.functions),
+            dynamic_kernels=dynamic,
+            specializations=int(getattr(self.executor, "specializations", 0)),
+            functions=len(self.program.functions),
+            arena_bytes=self.plan.arena_bytes,
+            intermediate_bytes=self.plan.intermediate_bytes,
+            heap_bytes=self.plan.heap_bytes,
+            constant_bytes=sum(int(c.nbytes) for c in self.program.constants),
+            optimize_seconds=t.get("optimize", 0.0),
+            lower_seconds=t.get("lower", 0.0),
+            compile_seconds=self.kernels.compile_seconds,
+            load_seconds=t.get("load", 0.0),
+            cache_hits=self.kernels.cache_hits,
+            backend=self.kernels.backend,
+            executor=getattr(self.executor, "name", type(self.executor).__name__),
+        )
+
+    def save(self, path: str | Path) -> None:
+        """Write the executable to one file: `kiln.load` runs it without compiling."""
+        from kiln.runtime.artifact import save
+
+        save(self, path)
+
+    def __repr__(self) -> str:
+        return (f"<kiln.Executable {self.signature}: {len(self.kernels.functions)} kernels, "
+                f"{self.kernels.backend}>")
+
+
+def build(mod: IRModule | Expr, target: str = "llvm", opt_level: int = 3,
+          params: Mapping[str, Any] | None = None, *, executor: str | None = None
+          ) -> Executable:
+    """Optimize, fuse, lower and compile ``mod`` (its ``@main``) into an `Executable`.
+
+    ``params`` binds weights (parameters of @main by name) as constants first. ``target`` is
+    ``"llvm"`` (machine code for this CPU) or ``"evaluator"`` (the loop-IR interpreter: exact
+    and slow, for tests). ``executor`` picks one by name (``"vm"``) instead of the first that
+    accepts the program.
+    """
+    if isinstance(mod, Expr):
+        mod = IRModule.from_expr(mod)
+    if not isinstance(mod, IRModule):
+        raise Error(f"kiln.build takes an IRModule, not {type(mod).__name__}")
+    check_target(target)
+    if isinstance(opt_level, bool) or not isinstance(opt_level, int) or not 0 <= opt_level <= 4:
+        raise Error(f"opt_level must be an integer from 0 to 4, got {opt_level!r}")
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    optimized = optimize(mod, opt_level=opt_level, params=params)
+    timings["optimize"] = time.perf_counter() - start
+    start = time.perf_counter()
+    program = lower_module(optimized)
+    plan = plan_memory(program)
+    verify(program)
+    loops = lower_kernels(program)
+    timings["lower"] = time.perf_counter() - start
+    kernels = compile_kernels(loops, target, opt_level)
+    return Executable(program, kernels, plan, target=target, opt_level=opt_level,
+                      timings=timings, executor=executor)

@@ -1,0 +1,182 @@
+"""Checking what a caller passes to an executable, before any native code sees it.
+
+Every argument of the entry function is checked against its parameter's type: a tensor must
+be an array (or a Python number or list that converts exactly) of the declared dtype and
+shape, with symbolic dimensions consistent across arguments; tuples, ADT values,
+references and closures must be of the right kind. A mismatch is a `kiln.Error` naming the
+parameter, what it expects and what it got. Arrays native code could not read directly —
+non-contiguous, misaligned or of foreign byte order — are copied, not refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import Error
+from kiln.eval.values import Closure, ConstructorValue, RefValue
+from kiln.ir.adt import Constructor
+from kiln.ir.ty import (
+    DTYPES,
+    FuncType,
+    RefType,
+    SymDim,
+    TensorType,
+    TupleType,
+    Type,
+    TypeCall,
+    substitute,
+)
+from kiln.ssa.ir import Program
+from kiln.text.printer import type_text
+
+_DTYPES = {name: np.dtype(name) for name in DTYPES}
+
+
+def _tensor(value: Any, ty: TensorType, what: str, dims: dict[str, int]) -> np.ndarray:
+    if isinstance(value, (np.ndarray, np.generic)):
+        array = np.asarray(value)
+        if array.dtype != _DTYPES[ty.dtype] and array.dtype.name != ty.dtype:
+            raise Error(f"{what} expects {type_text(ty)}, but got an array of dtype "
+                        f"{array.dtype.name} and shape {array.shape}")
+    elif isinstance(value, (bool, int, float, list, tuple)):
+        try:
+            array = np.asarray(value, dtype=ty.dtype)
+            exact = np.array_equal(array, np.asarray(value), equal_nan=True)
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise Error(f"{what} expects {type_text(ty)}, but got {value!r}: {exc}") from None
+        if not exact:
+            raise Error(f"{what} expects {type_text(ty)}; {value!r} does not convert to "
+                        f"{ty.dtype} exactly")
+    else:
+        raise Error(f"{what} expects {type_text(ty)}, but got a {type(value).__name__}")
+    if array.ndim != len(ty.shape):
+        raise Error(f"{what} expects {type_text(ty)}, but got an array of shape {array.shape}")
+    for i, (d, n) in enumerate(zip(ty.shape, array.shape)):
+        if type(d) is int and d != n:
+            raise Error(f"{what} expects {type_text(ty)}, but got an array of shape "
+                        f"{array.shape} (dimension {i} must be {d})")
+        if isinstance(d, SymDim) and dims.setdefault(d.name, n) != n:
+            raise Error(f"{what} expects {type_text(ty)}, but got an array of shape "
+                        f"{array.shape}: dimension {d.name} is {dims[d.name]} in an earlier "
+                        "argument")
+    if not (array.flags.c_contiguous and array.flags.aligned and array.dtype.isnative):
+        array = np.require(array, array.dtype.newbyteorder("="), requirements="CA")
+    return array
+
+
+def check_value(value: Any, ty: Type, what: str, dims: dict[str, int],
+                program: Program | None = None) -> Any:
+    """``value`` as the executor's value of type ``ty`` (tensors made native-ready).
+
+    Tuples and ADT values are checked field by field (an explicit stack: a list argument
+    may be thousands of cells long), and rebuilt only where a field had to be converted.
+    Reference cells are shared state, so their contents are left as they are.
+    """
+    results: list[Any] = []
+    # ("check", value, type, what) or ("tuple", n, None, None) / ("adt", n, original, ctor)
+    stack: list[tuple[Any, Any, Any, Any]] = [("check", value, ty, what)]
+    while stack:
+        kind, a, b, c = stack.pop()
+        if kind == "tuple":
+            fields = results[len(results) - a:] if a else []
+            del results[len(results) - a:]
+            results.append(tuple(fields))
+            continue
+        if kind == "adt":
+            fields = results[len(results) - a:] if a else []
+            del results[len(results) - a:]
+            same = all(x is y for x, y in zip(fields, b.fields))
+            results.append(b if same else ConstructorValue(b.constructor, tuple(fields)))
+            continue
+        v, t, w = a, b, c
+        if isinstance(t, TensorType):
+            results.append(_tensor(v, t, w, dims))
+        elif isinstance(t, TupleType):
+            if not isinstance(v, (tuple, list)) or len(v) != len(t.fields):
+                raise Error(f"{w} expects a tuple of {len(t.fields)} field(s) of type "
+                            f"{type_text(t)}, but got {_kind(v)}")
+            stack.append(("tuple", len(t.fields), None, None))
+            stack.extend(("check", x, ft, f"{w}, field {i}")
+                         for i, (x, ft) in reversed(list(enumerate(zip(v, t.fields)))))
+        elif isinstance(t, TypeCall):
+            if not isinstance(v, ConstructorValue) or v.constructor.belong_to != t.func:
+                raise Error(f"{w} expects a value of type {type_text(t)}, built by its "
+                            f"constructors, but got {_kind(v)}")
+            ctor = program.constructors.get(v.name) if program is not None else None
+            if ctor is None or len(v.fields) != len(ctor.inputs):
+                results.append(v)  # a constructor the program never uses: nothing reads it
+                continue
+            params = program.adt_params.get(t.func.name, ())  # type: ignore[union-attr]
+            mapping: dict[Type, Type] = dict(zip(params, t.args))
+            stack.append(("adt", len(v.fields), v, None))
+            stack.extend(("check", x, substitute(ft, mapping), f"{w}, field {i} of {v.name}")
+                         for i, (x, ft) in reversed(list(enumerate(zip(v.fields,
+                                                                      ctor.inputs)))))
+        elif isinstance(t, RefType):
+            if not isinstance(v, RefValue):
+                raise Error(f"{w} expects a reference of type {type_text(t)}, but got "
+                            f"{_kind(v)}")
+            results.append(v)
+        elif isinstance(t, FuncType):
+            results.append(_function(v, t, w))
+        else:
+            results.append(v)  # a type variable: anything
+    return results[0]
+
+
+def _function(value: Any, ty: FuncType, what: str) -> Any:
+    from kiln.runtime.vm import VMClosure
+
+    if isinstance(value, (Closure, Constructor)):
+        raise Error(f"{what} expects a function of type {type_text(ty)}; pass a closure "
+                    "this executable returned (interpreter closures cannot run here)")
+    if not isinstance(value, VMClosure):
+        raise Error(f"{what} expects a function of type {type_text(ty)}, but got "
+                    f"{_kind(value)}")
+    return value
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        return f"an array of dtype {value.dtype.name} and shape {value.shape}"
+    return f"a {type(value).__name__}"
+
+
+def bind_arguments(names: Sequence[str], types: Sequence[Type], entry: str,
+                   args: Sequence[Any], kwargs: Mapping[str, Any],
+                   program: Program | None = None) -> list[Any]:
+    """The entry function's arguments, checked, from positional and keyword arguments."""
+    if len(args) > len(names):
+        raise Error(f"@{entry} takes {len(names)} argument(s) ({', '.join(names)}), but "
+                    f"{len(args)} were given")
+    values = list(args)
+    rest = dict(kwargs)
+    for name in names[len(args):]:
+        if name not in rest:
+            missing = [n for n in names[len(args):] if n not in rest]
+            raise Error(f"@{entry} needs argument(s) {', '.join('%' + m for m in missing)}")
+        values.append(rest.pop(name))
+    if rest:
+        extra = sorted(rest)
+        clash = [n for n in extra if n in names[: len(args)]]
+        if clash:
+            raise Error(f"%{clash[0]} of @{entry} is given both in order and by name")
+        raise Error(f"@{entry} has no parameter named {', '.join(repr(n) for n in extra)}")
+    dims: dict[str, int] = {}
+    return [check_value(v, t, f"argument {i + 1} (%{n}) of @{entry}", dims, program)
+            for i, (v, t, n) in enumerate(zip(values, types, names))]
+
+
+def fresh_outputs(value: Any) -> Any:
+    """A result made safe to hand out: read-only arrays (constants) are copied."""
+    if isinstance(value, np.ndarray):
+        return value if value.flags.writeable else value.copy()
+    if isinstance(value, tuple):
+        out: list[Any] = []
+        for v in value:
+            out.append(fresh_outputs(v) if isinstance(v, (np.ndarray, tuple)) else v)
+        return tuple(out)
+    return value

@@ -1,0 +1,391 @@
+"""The VM: runs an SSA program in Python, calling compiled kernels for all tensor work.
+
+It runs everything the language has — ADTs, closures, references, recursion of any depth,
+symbolic shapes — which is what the whole-program native executor leaves to it. Each SSA
+function is first turned into a compact form: every value gets a register index, and each
+instruction becomes a small Python closure over those indices (a `call` or
+`invoke_closure` stays data, since it switches frames). Frames live on an explicit stack, so
+recursion is bounded by memory rather than Python's stack; a call whose result the next
+statement returns is a tail call and replaces its frame, so tail recursion runs in constant
+space even across functions (``@is_even``/``@is_odd``).
+
+Values: numpy arrays (tensors), Python tuples, `kiln.ConstructorValue`, `kiln.RefValue` and
+`VMClosure`. A frame allocates its function's arena once, and each planned ``alloc`` is a view
+into it; the planner guarantees that those views never leave the frame. A `kernel_dyn`
+(symbolic shapes) is specialized to the concrete input shapes on first use and cached.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import EvalError, InternalError
+from kiln.eval.values import ConstructorValue, RefValue
+from kiln.ir.ty import TupleType, Type
+from kiln.runtime.kernel import KernelFunction
+from kiln.ssa.ir import Function, Instr, KernelDecl, Program, Value
+
+Specializer = Callable[[KernelDecl, tuple[tuple[int, ...], ...]], KernelFunction]
+
+
+@dataclass(frozen=True, eq=False)
+class VMClosure:
+    """A function value of the VM: a global and the values it captured."""
+
+    func: str
+    captured: tuple[Any, ...]
+
+    def __repr__(self) -> str:
+        return f"<closure @{self.func}/{len(self.captured)} captured>"
+
+
+_STEP, _CALL, _INVOKE = 0, 1, 2
+_BR, _COND_BR, _SWITCH, _RET, _FAIL = range(5)
+
+
+class _Block:
+    __slots__ = ("params", "steps", "term")
+
+    def __init__(self) -> None:
+        self.params: list[int] = []
+        self.steps: list[tuple[Any, ...]] = []
+        self.term: tuple[Any, ...] = ()
+
+
+class _Code:
+    """One SSA function in the VM's form."""
+
+    __slots__ = ("name", "nregs", "params", "blocks", "arena_bytes")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.nregs = 0
+        self.params: list[int] = []
+        self.blocks: list[_Block] = []
+        self.arena_bytes = 0
+
+
+class _Frame:
+    __slots__ = ("code", "regs", "block", "ip", "dest", "arena")
+
+    def __init__(self, code: _Code, args: list[Any] | tuple[Any, ...]) -> None:
+        self.code = code
+        regs: list[Any] = [None] * code.nregs
+        for r, a in zip(code.params, args):
+            regs[r] = a
+        self.regs = regs
+        self.block = 0
+        self.ip = 0
+        self.dest = -1  # the caller's register for our result
+        self.arena: np.ndarray | None = None
+        if code.arena_bytes:
+            raw = np.empty(code.arena_bytes + 64, np.uint8)
+            skip = (-raw.ctypes.data) % 64
+            self.arena = raw[skip: skip + code.arena_bytes]
+
+
+def _rebuild(t: Type, flat: list[np.ndarray]) -> Any:
+    """The (nested) tuple of type ``t`` made of the flat arrays, in order."""
+    if not isinstance(t, TupleType):
+        return flat[0]
+    it = iter(flat)
+    stack: list[tuple[Type, bool]] = [(t, False)]
+    made: list[Any] = []
+    while stack:
+        ty, ready = stack.pop()
+        if isinstance(ty, TupleType):
+            if ready:
+                n = len(ty.fields)
+                fields = tuple(made[len(made) - n:]) if n else ()
+                del made[len(made) - n:]
+                made.append(fields)
+            else:
+                stack.append((ty, True))
+                stack.extend((f, False) for f in reversed(ty.fields))
+        else:
+            made.append(next(it))
+    return made[0]
+
+
+class VM:
+    """Runs the functions of one SSA program."""
+
+    def __init__(self, program: Program, kernels: dict[str, KernelFunction],
+                 specialize: Specializer | None = None) -> None:
+        self.program = program
+        self.kernels = kernels
+        self.specialize = specialize
+        self._dynamic: dict[tuple[str, tuple[tuple[int, ...], ...]], KernelFunction] = {}
+        self._lock = threading.Lock()
+        self.constants = []
+        for c in program.constants:
+            c = np.require(c, requirements="CA")
+            if c.flags.writeable:
+                c = c.copy()
+                c.setflags(write=False)
+            self.constants.append(c)
+        self.codes: dict[str, _Code] = {}
+        for name, fn in program.functions.items():
+            self.codes[name] = self._compile(fn)
+
+    # --- turning SSA into steps --------------------------------------------------------------
+
+    def _compile(self, fn: Function) -> _Code:
+        code = _Code(fn.name)
+        reg: dict[Value, int] = {}
+
+        def r(v: Value) -> int:
+            i = reg.get(v)
+            if i is None:
+                i = reg[v] = len(reg)
+            return i
+
+        index = {b: i for i, b in enumerate(fn.blocks)}
+        for b in fn.blocks:
+            for p in b.params:
+                r(p)
+            for ins in b.instrs:
+                r(ins)
+        code.params = [r(p) for p in fn.params]
+        code.arena_bytes = fn.arena_bytes
+        for b in fn.blocks:
+            blk = _Block()
+            blk.params = [r(p) for p in b.params]
+            t = b.terminator
+            if t is None:
+                raise InternalError(f"VM: block '{b.name} of @{fn.name} has no terminator")
+            for k, ins in enumerate(b.instrs):
+                tail = (k == len(b.instrs) - 1 and t.op == "ret" and t.operands[0] is ins)
+                args = [r(v) for v in ins.operands]
+                if ins.op == "call":
+                    blk.steps.append((_CALL, r(ins), ins.attrs["func"], args, tail))
+                elif ins.op == "invoke_closure":
+                    blk.steps.append((_INVOKE, r(ins), args[0], args[1:], tail))
+                else:
+                    blk.steps.append((_STEP, self._step(ins, r(ins), args)))
+            match t.op:
+                case "br":
+                    tgt = t.targets[0]
+                    blk.term = (_BR, index[tgt.block], [r(a) for a in tgt.args])
+                case "cond_br":
+                    yes, no = t.targets
+                    blk.term = (_COND_BR, r(t.operands[0]), index[yes.block],
+                                [r(a) for a in yes.args], index[no.block],
+                                [r(a) for a in no.args])
+                case "switch":
+                    cases = {c: index[tgt.block] for c, tgt in zip(t.attrs["cases"], t.targets)}
+                    default = index[t.targets[-1].block] if t.attrs.get("has_default") else -1
+                    blk.term = (_SWITCH, r(t.operands[0]), cases, default)
+                case "ret":
+                    blk.term = (_RET, r(t.operands[0]))
+                case "fail":
+                    blk.term = (_FAIL, str(t.attrs.get("message", "")))
+            code.blocks.append(blk)
+        code.nregs = len(reg)
+        return code
+
+    def _step(self, ins: Instr, dest: int, args: list[int]) -> Callable[[list[Any], _Frame], None]:
+        a = ins.attrs
+        match ins.op:
+            case "kernel":
+                f = self.kernels.get(a["kernel"])
+                if f is None:
+                    raise InternalError(f"VM: kernel @{a['kernel']} was not compiled")
+
+                def step(regs: list[Any], fr: _Frame) -> None:
+                    f(*[regs[i] for i in args])
+                return step
+            case "alloc":
+                shape = tuple(int(d) for d in ins.type.shape)  # type: ignore[attr-defined]
+                dtype = np.dtype(ins.type.dtype)  # type: ignore[attr-defined]
+                offset = a.get("offset")
+                if offset is None:
+                    def step(regs: list[Any], fr: _Frame) -> None:
+                        regs[dest] = np.empty(shape, dtype)
+                    return step
+                nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+                end = offset + nbytes
+
+                def step(regs: list[Any], fr: _Frame) -> None:
+                    regs[dest] = fr.arena[offset:end].view(dtype).reshape(shape)  # type: ignore
+                return step
+            case "const":
+                value = self.constants[a["index"]]
+
+                def step(regs: list[Any], fr: _Frame) -> None:
+                    regs[dest] = value
+                return step
+            case "kernel_dyn":
+                decl = self.program.kernels[a["kernel"]]
+                rtype = ins.type
+
+                def step(regs: list[Any], fr: _Frame) -> None:
+                    regs[dest] = self._run_dynamic(decl, rtype, [regs[i] for i in args])
+                return step
+            case "tuple":
+                def step(regs: list[Any], fr: _Frame) -> None:
+                    regs[dest] = tuple([regs[i] for i in args])
+                return step
+            case "get_field":
+                src, i = args[0], a["index"]
+
+                def step(regs: list[Any], fr: _Frame) -> None:
+                    regs[dest] = regs[src][i]
+                return step
+            case "construct":
+                ctor = self.program.constructors[a["ctor"]]
+
+                def step(regs: list[Any], fr: _Frame) -> None:
+                    regs[dest] = ConstructorValue(ctor, tuple([regs[i] for i in args]))
+                return step
+            case "get_tag":
+                tags = {c.name: np.asarray(self.program.tag_of(c.name), np.int32)
+                        for c in self.program.constructors.values()}
+                src = args[0]
+
+                def step(regs: list[Any], fr: _Frame) -> None:
+                    regs[dest] = tags[regs[src].constructor.name]
+                return step
+            case "adt_field":
+                src, i = args[0], a["index"]
+
+                def step(regs: list[Any], fr: _Frame) -> None:
+                    regs[dest] = regs[src].fields[i]
+                return step
+            case "make_closure":
+                func = a["func"]
+
+                def step(regs: list[Any], fr: _Frame) -> None:
+                    regs[dest] = VMClosure(func, tuple([regs[i] for i in args]))
+                return step
+            case "ref_new":
+                src = args[0]
+
+                def step(regs: list[Any], fr: _Frame) -> None:
+                    regs[dest] = RefValue(regs[src])
+                return step
+            case "ref_read":
+                src = args[0]
+
+                def step(regs: list[Any], fr: _Frame) -> None:
+                    regs[dest] = regs[src].value
+                return step
+            case "ref_write":
+                ref, val = args
+
+                def step(regs: list[Any], fr: _Frame) -> None:
+                    regs[ref].value = regs[val]
+                    regs[dest] = ()
+                return step
+        raise InternalError(f"VM: no rule for the instruction {ins.op}")
+
+    def _run_dynamic(self, decl: KernelDecl, rtype: Type, inputs: list[Any]) -> Any:
+        shapes = tuple(tuple(x.shape) for x in inputs)
+        key = (decl.name, shapes)
+        f = self._dynamic.get(key)
+        if f is None:
+            if self.specialize is None:
+                raise InternalError(f"VM: kernel @{decl.name} has symbolic shapes and no "
+                                    "compiler to specialize it")
+            with self._lock:
+                f = self._dynamic.get(key)
+                if f is None:
+                    f = self.specialize(decl, shapes)
+                    self._dynamic[key] = f
+        outs = [np.empty(b.shape, b.dtype) for b in f.kernel.outputs]
+        f(*inputs, *outs)
+        return _rebuild(rtype, outs)
+
+    @property
+    def specializations(self) -> int:
+        """How many kernels were compiled for concrete shapes at run time."""
+        return len(self._dynamic)
+
+    # --- running -------------------------------------------------------------------------------
+
+    def run(self, name: str, args: list[Any] | tuple[Any, ...]) -> Any:
+        """Call global function ``name`` on VM values."""
+        code = self.codes.get(name)
+        if code is None:
+            raise InternalError(f"VM: no function @{name}")
+        return self._loop(_Frame(code, args))
+
+    def call_closure(self, closure: VMClosure, args: list[Any]) -> Any:
+        return self.run(closure.func, [*closure.captured, *args])
+
+    def _loop(self, frame: _Frame) -> Any:
+        codes = self.codes
+        stack: list[_Frame] = []
+        while True:
+            block = frame.code.blocks[frame.block]
+            regs = frame.regs
+            steps = block.steps
+            ip = frame.ip
+            n = len(steps)
+            switched = False
+            while ip < n:
+                s = steps[ip]
+                ip += 1
+                if s[0] == _STEP:
+                    s[1](regs, frame)
+                    continue
+                if s[0] == _CALL:
+                    _, dest, func, argr, tail = s
+                    callee = codes[func]
+                    args = [regs[i] for i in argr]
+                else:
+                    _, dest, cr, argr, tail = s
+                    c = regs[cr]
+                    if not isinstance(c, VMClosure):
+                        raise InternalError(f"VM: invoking a {type(c).__name__}, not a closure")
+                    callee = codes[c.func]
+                    args = [*c.captured, *[regs[i] for i in argr]]
+                new = _Frame(callee, args)
+                if tail:
+                    new.dest = frame.dest  # our caller receives the callee's result
+                else:
+                    frame.ip = ip
+                    new.dest = dest
+                    stack.append(frame)
+                frame = new
+                switched = True
+                break
+            if switched:
+                continue
+            t = block.term
+            kind = t[0]
+            if kind == _BR:
+                _, target, argr = t
+                vals = [regs[i] for i in argr]
+                for p, v in zip(frame.code.blocks[target].params, vals):
+                    regs[p] = v
+                frame.block, frame.ip = target, 0
+            elif kind == _COND_BR:
+                _, c, yes, yes_args, no, no_args = t
+                target, argr = (yes, yes_args) if regs[c] else (no, no_args)
+                vals = [regs[i] for i in argr]
+                for p, v in zip(frame.code.blocks[target].params, vals):
+                    regs[p] = v
+                frame.block, frame.ip = target, 0
+            elif kind == _SWITCH:
+                _, vr, cases, default = t
+                v = regs[vr]
+                target = cases.get(v.constructor.name, default)
+                if target < 0:
+                    raise InternalError(f"VM: switch in @{frame.code.name} has no case for "
+                                        f"{v.constructor.name}")
+                frame.block, frame.ip = target, 0
+            elif kind == _RET:
+                value = regs[t[1]]
+                if not stack:
+                    return value
+                dest = frame.dest
+                frame = stack.pop()
+                frame.regs[dest] = value
+            else:
+                raise EvalError(t[1])
