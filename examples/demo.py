@@ -1,4 +1,4 @@
-"""kiln's main job on a bundled example: parse, type-check, print and run a Relay program.
+"""kiln's main job on a bundled example: parse, type-check, print, run and compile a Relay program.
 
     python examples/demo.py [path/to/program.rly]
 """
@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -66,14 +67,29 @@ def main() -> None:
     first = adt_to_list(again)[0] if isinstance(again, kiln.ConstructorValue) else again
     print(f"same result after optimizing: {np.allclose(first[0], items[0][0])}")
 
-    section("6. and a mistake, as kiln reports it")
+    section("6. compile to machine code, run it, save it and load it back")
+    exe = kiln.build(mod, opt_level=3)
+    compiled = exe(*args)
+    first = adt_to_list(compiled)[0] if isinstance(compiled, kiln.ConstructorValue) else compiled
+    print(exe.stats())
+    print(f"same result as the interpreter: {np.allclose(first[0], items[0][0], atol=1e-6)}")
+    with tempfile.TemporaryDirectory() as tmp:
+        exe.save(Path(tmp) / "demo.kiln")
+        size = (Path(tmp) / "demo.kiln").stat().st_size
+        loaded = kiln.load(Path(tmp) / "demo.kiln")
+    again = loaded(*args)
+    first = adt_to_list(again)[0] if isinstance(again, kiln.ConstructorValue) else again
+    print(f"saved to a {size}-byte file and loaded back: same result "
+          f"{np.allclose(first[0], items[0][0], atol=1e-6)}")
+
+    section("7. and a mistake, as kiln reports it")
     broken = text.replace("%w2: Tensor[(3, 16), float32]) {", "%w2: Tensor[(3, 12), float32]) {", 1)
     try:
         kiln.infer_types(kiln.parse(broken, source_name=str(path)))
     except kiln.Error as err:
         print(err)
 
-    section("7. differentiate, and train an MLP with the gradients (examples/train_mlp.py)")
+    section("8. differentiate, and train an MLP with the gradients (examples/train_mlp.py)")
     import train_mlp  # beside this file
 
     body = train_mlp.gradient_program(batch=100)["main"].body
