@@ -1,0 +1,118 @@
+"""``kiln optimize`` and ``kiln build``: a Relay or ONNX model through the passes, or to a file
+of machine code."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kiln.cli.common import ModelFile, Progress, add_debug, add_progress, read_model, write_text
+from kiln.errors import Error
+
+if TYPE_CHECKING:
+    from kiln.runtime.build import Executable
+
+
+def cmd_optimize(args: argparse.Namespace) -> int:
+    from kiln.text import astext
+    from kiln.transform import DumpIR, PassContext, PassTimingInstrument, Sequential, get_pass
+    from kiln.transform import list_passes as all_passes
+    from kiln.transform.bind_params import bind_params
+    from kiln.transform.pipeline import optimize
+
+    if args.list:
+        for info in all_passes():
+            doc = info.doc.splitlines()[0] if info.doc else ""
+            print(f"{info.name:<28} opt_level {info.opt_level}  {doc}")
+        return 0
+    if not args.model:
+        raise Error("kiln optimize needs a model file (or --list)")
+    model = read_model(args.model, args, "optimize", Progress(args.progress))
+    mod, params = model.module, model.params
+    timing = PassTimingInstrument()
+    instruments = [timing] if args.time else []
+    if args.dump_before or args.dump_after:
+        instruments.append(DumpIR(args.dump_before or [], args.dump_after or [], sys.stderr))
+    disabled = [n for n in (args.disable or "").split(",") if n]
+    with PassContext(opt_level=args.opt_level, disabled_pass=disabled, instruments=instruments,
+                     debug=getattr(args, "debug", False)):
+        if args.passes:
+            if params:
+                mod = bind_params(mod, params)
+            names = [n.strip() for n in args.passes.split(",") if n.strip()]
+            mod = Sequential([get_pass(n) for n in names], name="passes")(mod)
+        else:
+            mod = optimize(mod, opt_level=args.opt_level, params=params or None)
+    write_text(astext(mod), args.output)
+    if args.time:
+        print(timing.render(), file=sys.stderr)
+    return 0
+
+
+def build_model(model: ModelFile, args: argparse.Namespace) -> Executable:
+    """The executable of a model, its weights bound."""
+    from kiln.runtime.build import build
+
+    return build(model.module, target=args.target, opt_level=args.opt_level,
+                 params=model.params or None)
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    progress = Progress(args.progress)
+    model = read_model(args.model, args, "build", progress)
+    progress.step("building")
+    exe = build_model(model, args)
+    out = args.output or str(Path(args.model).with_suffix(".kiln"))
+    try:
+        exe.save(out)
+    except OSError as e:
+        raise Error(f"{out}: cannot write it ({e.strerror or e})") from None
+    if args.stats:
+        print(exe.stats(), file=sys.stderr)
+    print(f"kiln: wrote {out} ({Path(out).stat().st_size} bytes): {exe.signature}",
+          file=sys.stderr)
+    return 0
+
+
+def compile_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--params", help="an .npz of weights to bind to @main's parameters by name")
+    p.add_argument("--opt-level", type=int, default=3, choices=range(5), metavar="N",
+                   help="optimization level 0-4 (default 3)")
+    p.add_argument("--target", default="llvm", choices=("llvm", "evaluator"),
+                   help="llvm: machine code (default); evaluator: the loop-IR interpreter")
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    opt = sub.add_parser("optimize", help="optimize a Relay or ONNX model",
+                         description="Run kiln's optimization passes on a Relay text file or "
+                         "an ONNX model; write the result as Relay text.")
+    opt.add_argument("model", nargs="?", help="a Relay text file (.rly) or an ONNX model (.onnx)")
+    opt.add_argument("--passes", help="comma-separated pass names (default: the standard "
+                     "pipeline of kiln.optimize)")
+    opt.add_argument("--opt-level", type=int, default=3, help="optimization level (default 3)")
+    opt.add_argument("--disable", help="comma-separated pass names to skip")
+    opt.add_argument("--params", help="an .npz of weights to bind to @main's parameters by name")
+    opt.add_argument("-o", "--output", help="write the result here instead of stdout")
+    opt.add_argument("--list", action="store_true", help="list every pass and exit")
+    opt.add_argument("--time", action="store_true", help="report the time each pass takes")
+    opt.add_argument("--dump-before", action="append", metavar="PASS",
+                     help="print the IR before this pass ('*' for all)")
+    opt.add_argument("--dump-after", action="append", metavar="PASS",
+                     help="print the IR after this pass ('*' for all)")
+    add_progress(opt)
+    add_debug(opt)
+    opt.set_defaults(run=cmd_optimize)
+
+    bld = sub.add_parser("build", help="compile a Relay or ONNX model to an executable file",
+                         description="Optimize, fuse, lower and compile a Relay program or an "
+                         "ONNX model (its weights bound as constants); write one file that "
+                         "`kiln run` (or kiln.load) runs without recompiling.")
+    bld.add_argument("model", help="a Relay text file (.rly) or an ONNX model (.onnx)")
+    bld.add_argument("-o", "--output", help="the executable to write (default: MODEL.kiln)")
+    compile_options(bld)
+    bld.add_argument("--stats", action="store_true", help="print kernels, memory and times")
+    add_progress(bld)
+    add_debug(bld)
+    bld.set_defaults(run=cmd_build)
