@@ -13,9 +13,11 @@ The file (``.kiln``), all integers little-endian:
 Sections: ``program`` (the SSA program as JSON, kiln/ssa/serialize.py), ``kernels`` (each
 kernel's loop IR as JSON, kiln/runtime/kernel_format.py: signatures for the runtime's
 checks, and what the evaluator runs when there is no machine code), ``constants`` (the
-weights' raw bytes, each at a 64-byte boundary; dtype and shape are in the program), and
+weights' raw bytes, each at a 64-byte boundary; dtype and shape are in the program),
 ``machine_code`` (kiln.codegen's object-code blob, itself checksummed and stamped with the
-CPU it was compiled for) when the kernels were compiled natively.
+CPU it was compiled for) when the kernels were compiled natively, and ``program_code`` (the
+whole-program native executor's entry point, the same kind of blob) when that executor runs
+the program. The header's ``executor`` names the executor; loading picks the same one.
 
 Loading reads the file into one aligned buffer, checks the magic, version and checksum
 before looking at anything else, and then reads each section field by field: a truncated
@@ -53,7 +55,7 @@ if TYPE_CHECKING:
     from kiln.runtime.build import Executable
 
 MAGIC = b"KILNEXE\x00"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _ALIGN = 64
 _PREFIX = struct.Struct("<8sIIQ")  # magic, version, reserved, header length
 _DIGEST = 32
@@ -93,8 +95,14 @@ def save(exe: Executable, path: str | Path) -> None:
     ]
     if machine_code is not None:
         sections.append(("machine_code", machine_code))
+    executor = getattr(exe.executor, "name", "vm")
+    program_code = getattr(exe.executor, "object_code", None)
+    if program_code is not None:
+        sections.append(("program_code", bytes(program_code)))
+    elif executor != "vm":
+        executor = None  # nothing saved for it: the first executor that accepts runs it
     meta = {"backend": backend, "target": exe.target, "opt_level": exe.opt_level,
-            "kiln_format": FORMAT_VERSION}
+            "kiln_format": FORMAT_VERSION, "executor": executor}
     # The header holds the section offsets, which depend on the header's length: place the
     # sections after a header sized generously, then pad the header to that size.
     table = [{"name": n, "offset": 0, "length": len(d)} for n, d in sections]
@@ -209,13 +217,21 @@ def load(path: str | Path) -> Executable:
                 raise bad(f"kernel {decl.name} does not match its declaration")
             decl.kernel = k
     machine = sections.get("machine_code")
+    executor = header.get("executor")
+    if executor is not None and not isinstance(executor, str):
+        raise bad("the executor is malformed")
+    program_code = sections.get("program_code")
+    if executor not in (None, "vm") and program_code is None:
+        raise bad(f"it names the {executor} executor but holds no code for it")
     try:
         kernel_set: KernelSet = load_kernels(kernels, backend,
                                              bytes(machine) if machine is not None else None)
+        kernel_set.program_code = bytes(program_code) if program_code is not None else None
+        exe = Executable(program, kernel_set, plan, target=target, opt_level=opt_level,
+                         timings={"load": time.perf_counter() - start_time}, executor=executor)
     except Error as e:
         raise Error(f"{path}: {e.message}") from None
-    exe = Executable(program, kernel_set, plan, target=target, opt_level=opt_level,
-                     timings={"load": time.perf_counter() - start_time})
+    exe._timings["load"] = time.perf_counter() - start_time
     return exe
 
 

@@ -25,7 +25,7 @@ from kiln.ir.expr import Expr
 from kiln.ir.module import IRModule
 from kiln.runtime.compiler import KernelSet, check_target, compile_kernels
 from kiln.runtime.executor import Executor, choose_executor
-from kiln.runtime.inputs import bind_arguments, fresh_outputs
+from kiln.runtime.inputs import bind_arguments, fresh_outputs, quick_bind, static_signature
 from kiln.runtime.kernel import KernelFunction
 from kiln.runtime.vm import Specializer
 from kiln.ssa.from_relay import lower_module
@@ -62,7 +62,7 @@ class ExecutableStats:
         lines = [
             f"kernels           {self.kernels} compiled ({self.backend}), "
             f"{self.dynamic_kernels} of symbolic shape ({self.specializations} specialized)",
-            f"functions         {self.functions}, run by the {self.executor}",
+            f"functions         {self.functions}, run by the {self.executor} executor",
             f"arena             {self.arena_bytes} bytes for {self.intermediate_bytes} bytes of "
             f"intermediates{ratio}; {self.heap_bytes} bytes allocated per result",
             f"constants         {self.constant_bytes} bytes",
@@ -102,6 +102,7 @@ class Executable:
         main = program.main
         self._names = [p.hint for p in main.params]
         self._types = [p.type for p in main.params]
+        self._signature = static_signature(self._types)
         self.executor: Executor = choose_executor(program, kernels,
                                                   make_specializer(target, opt_level), executor)
 
@@ -111,8 +112,12 @@ class Executable:
         Arguments are checked against @main's parameter types first; one result comes back
         as an array, a tuple as a Python tuple, an ADT value as a `kiln.ConstructorValue`.
         """
-        values = bind_arguments(self._names, self._types, self.program.entry, args, kwargs,
-                                self.program)
+        values = None
+        if self._signature is not None and not kwargs:
+            values = quick_bind(self._signature, args)
+        if values is None:
+            values = bind_arguments(self._names, self._types, self.program.entry, args, kwargs,
+                                    self.program)
         return fresh_outputs(self.executor.run(values))
 
     @property

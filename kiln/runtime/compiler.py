@@ -36,6 +36,8 @@ class KernelSet:
     library: Any = None  # kiln.codegen's KernelLibrary, for native kernels
     compile_seconds: float = 0.0
     cache_hits: int = 0
+    loaded: bool = False  # mapped back from a saved executable (nothing may be compiled)
+    program_code: bytes | None = None  # a saved whole-program entry point's machine code
 
     def object_code(self) -> bytes | None:
         """The machine code of every kernel, as kiln.codegen exports it (None if evaluated)."""
@@ -97,7 +99,7 @@ def load_kernels(kernels: Sequence[Kernel], backend: str,
                  object_code: bytes | None) -> KernelSet:
     """Kernels saved by an executable: machine code mapped back, or evaluated loop IR."""
     if backend == EVALUATOR or not kernels:
-        return KernelSet({k.name: EvaluatedKernel(k) for k in kernels}, backend)
+        return KernelSet({k.name: EvaluatedKernel(k) for k in kernels}, backend, loaded=True)
     codegen = _codegen()
     if codegen is None:
         raise Error("this file holds machine code, and loading it needs kiln.codegen "
@@ -108,7 +110,7 @@ def load_kernels(kernels: Sequence[Kernel], backend: str,
     if loader is None:
         raise Error("this kiln.codegen cannot load machine code saved in a file")
     lib = loader(object_code, list(kernels))
-    return KernelSet({k.name: lib[k.name] for k in kernels}, NATIVE, lib)
+    return KernelSet({k.name: lib[k.name] for k in kernels}, NATIVE, lib, loaded=True)
 
 
 def host_target() -> dict[str, str]:

@@ -170,6 +170,37 @@ def bind_arguments(names: Sequence[str], types: Sequence[Type], entry: str,
             for i, (v, t, n) in enumerate(zip(values, types, names))]
 
 
+Signature = tuple[tuple[tuple[int, ...], np.dtype], ...]
+
+
+def static_signature(types: Sequence[Type]) -> Signature | None:
+    """The (shape, dtype) of each parameter when all are tensors of static shape, else None."""
+    out = []
+    for t in types:
+        if not isinstance(t, TensorType) or not t.is_static:
+            return None
+        out.append((tuple(int(d) for d in t.shape), _DTYPES[t.dtype]))  # type: ignore[arg-type]
+    return tuple(out)
+
+
+def quick_bind(signature: Signature, args: Sequence[Any]) -> list[Any] | None:
+    """``args`` as they are when each is exactly what native code reads (an array of the
+    parameter's shape and dtype, C-contiguous, aligned, native byte order); None otherwise,
+    and `bind_arguments` then converts what it can and says what is wrong with the rest.
+
+    The common case of an inference call, in about a microsecond.
+    """
+    if len(args) != len(signature):
+        return None
+    for a, (shape, dtype) in zip(args, signature):
+        if type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype:
+            return None
+        flags = a.flags
+        if not (flags.c_contiguous and flags.aligned):
+            return None
+    return list(args)
+
+
 def fresh_outputs(value: Any) -> Any:
     """A result made safe to hand out: read-only arrays (constants) are copied."""
     if isinstance(value, np.ndarray):

@@ -1,0 +1,186 @@
+"""The whole-program native executor: one call from Python per inference.
+
+A static SSA program (tensors of static shape, tuples, branches, loops by tail recursion,
+calls between functions that do not recurse) compiles to one native entry point
+(kiln/codegen/program.py) that calls every kernel itself, with no Python between them. A
+call of the executable checks its inputs (kiln/runtime/inputs.py), allocates the result
+arrays, and makes one ctypes call — which releases the GIL, so calls from several Python
+threads run at once. Each thread has its own scratch stack (the frames: arenas and slots),
+so concurrent calls never share intermediate memory.
+
+The factory declines (returns None, and the VM runs the program) for anything else: ADTs,
+closures, references, recursion that is not a loop, symbolic shapes, kernels not compiled to
+machine code. The entry point's machine code is cached on disk like a kernel's and saved in
+the executable's file; loading maps it back with no compiler work.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import Error, InternalError
+from kiln.ir.ty import TensorType, TupleType, Type
+from kiln.runtime.compiler import NATIVE, KernelSet
+from kiln.runtime.executor import register_executor
+from kiln.runtime.vm import Specializer, _rebuild
+from kiln.ssa.ir import Program
+
+_ENTRY = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                          ctypes.c_void_p)
+_ALIGN = 64
+
+
+def _flatten_into(value: Any, out: list[np.ndarray]) -> None:
+    """The arrays of a (nested) tuple of arrays, in order, appended to ``out``."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, tuple):
+            stack.extend(reversed(v))
+        else:
+            out.append(v)
+
+
+class NativeExecutor:
+    """Runs a static program through its compiled entry point."""
+
+    name = "native"
+
+    def __init__(self, program: Program, kernels: KernelSet, code: Any, library: Any) -> None:
+        from kiln.codegen.library import data_pointer
+
+        self.program = program
+        self.code = code  # kiln.codegen.program.ProgramCode
+        self.library = library  # keeps the entry point's machine code mapped
+        self.kernels = kernels  # ... and the kernels'
+        self._pointer = data_pointer
+        self._fn = _ENTRY(library.function_address(code.symbol))
+        constants = []
+        for c in program.constants:
+            c = np.require(c, requirements="CA")
+            if c.flags.writeable:
+                c = c.copy()
+                c.setflags(write=False)
+            constants.append(c)
+        self._constants = constants  # the table below points into them
+        self._kernel_functions = [kernels.functions[name] for name in code.kernels]
+        table = [data_pointer(c) for c in constants]
+        table += [int(f.address) for f in self._kernel_functions]
+        self._ctx = (ctypes.c_void_p * max(len(table), 1))(*table)
+        self._n_in = len(code.inputs)
+        self._ins_type = ctypes.c_void_p * max(self._n_in, 1)
+        self._outs_type = ctypes.c_void_p * max(len(code.outputs), 1)
+        self._outputs = [(tuple(int(d) for d in t.shape), np.dtype(t.dtype))
+                         for t in code.outputs]
+        self._ret_type: Type = program.main.ret_type
+        self._tuple_result = isinstance(self._ret_type, TupleType)
+        self._simple = all(isinstance(p.type, TensorType) for p in program.main.params)
+        self._local = threading.local()
+
+    @property
+    def object_code(self) -> bytes:
+        """The entry point's machine code, for saving (kiln.codegen's library blob)."""
+        return bytes(self.library.object_code)
+
+    def _thread_state(self) -> tuple[int, Any, Any]:
+        """This thread's scratch stack (64-byte aligned) and argument tables: concurrent
+        calls from several threads never share them."""
+        local = self._local
+        state = getattr(local, "state", None)
+        if state is None:
+            raw = np.empty(self.code.stack_bytes + _ALIGN, np.uint8)
+            local.raw = raw  # kept alive with the thread
+            stack = raw.ctypes.data + (-raw.ctypes.data) % _ALIGN
+            state = local.state = (stack, self._ins_type(), self._outs_type())
+        return state
+
+    def run(self, args: list[Any]) -> Any:
+        if self._simple:
+            leaves = args
+        else:
+            leaves = []
+            for a in args:
+                _flatten_into(a, leaves)
+        if len(leaves) != self._n_in:
+            raise InternalError(f"the native entry point takes {self._n_in} arrays, got "
+                                f"{len(leaves)}")
+        stack, ins, out_ptrs = self._thread_state()
+        ptr = self._pointer
+        for i, a in enumerate(leaves):
+            ins[i] = ptr(a)
+        outs = [np.empty(shape, dtype) for shape, dtype in self._outputs]
+        for i, o in enumerate(outs):
+            out_ptrs[i] = ptr(o)
+        status = self._fn(self._ctx, ins, out_ptrs, stack)
+        if status:
+            self._fail(status)
+        if self._tuple_result:
+            return _rebuild(self._ret_type, outs)
+        return outs[0]
+
+    def _fail(self, status: int) -> None:
+        from kiln.codegen.program import STATUS_SHIFT
+
+        k = (status >> STATUS_SHIFT) - 1
+        if 0 <= k < len(self._kernel_functions):
+            self._kernel_functions[k].fail(status & ((1 << STATUS_SHIFT) - 1))
+        raise InternalError(f"the program's entry point returned the unknown status {status}")
+
+
+# The entry point is glue — pointer tables, calls, branches, copies — whose speed hardly
+# matters next to the kernels it calls; LLVM's O3 on a function of thousands of calls takes
+# minutes (50 s for 3,000 here, against 1 s at O0). Large programs get the quick O0.
+LARGE_PROGRAM = 256  # call sites
+
+
+def entry_opt_level(code: Any, opt_level: int) -> int:
+    """The optimization level for a program's entry point (not its kernels')."""
+    return min(opt_level, 2) if code.call_sites <= LARGE_PROGRAM else 0
+
+
+def make_native_executor(program: Program, kernels: KernelSet,
+                         specialize: Specializer | None = None) -> NativeExecutor | None:
+    """The native executor for ``program``, or None when it is not static (the VM runs it).
+
+    Built: the entry point is emitted and compiled (cached on disk). Loaded from a file
+    (``kernels.loaded``): its saved machine code is mapped back, or None when the file has
+    none — loading never compiles.
+    """
+    if kernels.backend != NATIVE:
+        return None
+    if any(not hasattr(f, "address") for f in kernels.functions.values()):
+        return None
+    try:
+        from kiln.codegen import compile_kernels, host_target
+        from kiln.codegen.library import KernelLibrary
+        from kiln.codegen.program import NotStatic, emit_program
+    except ImportError:
+        return None
+    opt_level = 3
+    if kernels.library is not None:
+        opt_level = int(kernels.library.target.get("opt_level", 3))
+    if kernels.loaded and kernels.program_code is None:
+        return None
+    target = host_target(opt_level)
+    try:
+        code = emit_program(program, target.triple, target.data_layout)
+    except NotStatic:
+        return None
+    if any(name not in kernels.functions for name in code.kernels):
+        return None
+    if kernels.loaded:
+        library = KernelLibrary.from_object(kernels.program_code, [])
+        if code.symbol not in {s for o in library.objects for s in o.symbols}:
+            raise Error("the saved native entry point was compiled from another program")
+    else:
+        library = compile_kernels([], entry_opt_level(code, opt_level), modules=[code.text])
+        kernels.compile_seconds += library.stats.seconds
+        kernels.cache_hits += library.stats.cache_hits
+    return NativeExecutor(program, kernels, code, library)
+
+
+register_executor("native", make_native_executor, priority=10)
