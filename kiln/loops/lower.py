@@ -99,6 +99,7 @@ class _Lowering:
         self.locals: list[Buffer] = []
         self.prelude: list[Stmt] = []  # materializations, in order
         self.ops: list[str] = []
+        self.schedules: list[tuple[str, dict]] = []
 
     # --- building the tensors ----------------------------------------------------------------
 
@@ -142,6 +143,8 @@ class _Lowering:
         out_type = node.checked_type
         self.ops.append(name)
         result = opdef.lower(args, node.attrs, out_type)
+        self.schedules.extend((name, t.schedule) for t in _flatten(result)
+                              if getattr(t, "schedule", None))  # knobs of a GEMM, for attrs
         for t, ty in zip(_flatten(result), _types(out_type)):
             if t.shape != tuple(ty.shape) or t.dtype != ty.dtype:
                 raise InternalError(f"the lowering of {name} gives {t.dtype}{list(t.shape)} but "
@@ -241,6 +244,8 @@ class _Lowering:
         for buf in reversed(self.locals):
             body = Allocate(buf, body)
         attrs = {"ops": tuple(self.ops), "constants": tuple(self.constants)}
+        if self.schedules:
+            attrs["schedules"] = tuple(self.schedules)
         return verify(Kernel(self.name, self.inputs, out_bufs, body, attrs))
 
 

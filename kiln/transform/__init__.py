@@ -3,6 +3,7 @@ pass per file. Importing this package registers every pass under its kebab-case 
 
 from kiln.transform.a_normal_form import ToANormalForm
 from kiln.transform.algebra_simplification import AlgebraSimplification
+from kiln.transform.alter_layout import AlterLayout
 from kiln.transform.bind_params import bind_params
 from kiln.transform.combine_parallel_conv2d import CombineParallelConv2D
 from kiln.transform.combine_parallel_dense import CombineParallelDense
@@ -44,6 +45,7 @@ from kiln.transform.simplify_inference import SimplifyInference
 __all__ = [
     "STANDARD_PIPELINE",
     "AlgebraSimplification",
+    "AlterLayout",
     "CombineParallelConv2D",
     "CombineParallelDense",
     "DeadCodeElimination",

@@ -26,6 +26,7 @@ STANDARD_PIPELINE = (
     "matrix-chain-reordering",
     "fold-constant",
     "dead-code-elimination",
+    "alter-layout",  # constant dense/conv2d weights packed for the GEMM (op/nn/packed.py)
     "fuse-ops",
     "infer-type",
 )

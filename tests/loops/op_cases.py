@@ -324,6 +324,14 @@ add("nn.dense", lambda a, b: nn.dense(a, b, out_dtype="int32"), ints(2, 3, dtype
     ints(2, 3, dtype="int8"))
 add("nn.dense", nn.dense, arg(2, 4, dtype="float16"), arg(3, 4, dtype="float16"), rtol=2e-3,
     atol=2e-3)
+add("nn.dense_packed", lambda a, b: nn.dense_packed(a, b, units=3), arg(2, 5), arg(1, 5, 8))
+add("nn.dense_packed", lambda a, b: nn.dense_packed(a, b, units=5), arg(2, 2, 3), arg(2, 4, 4))
+add("nn.dense_packed", lambda a, b: nn.dense_packed(a, b, units=2), arg(2, 3, dtype="float16"),
+    arg(1, 3, 2, dtype="float16"), rtol=2e-3, atol=2e-3)
+add("nn.conv2d_packed", lambda a, b: nn.conv2d_packed(a, b, padding=1, channels=3,
+    kernel_size=(3, 3)), arg(1, 2, 4, 4), arg(1, 1, 18, 6))  # the GEMM's layout
+add("nn.conv2d_packed", lambda a, b: nn.conv2d_packed(a, b, strides=2, groups=2, channels=4,
+    kernel_size=(2, 2)), arg(1, 4, 5, 5), arg(2, 1, 9, 3))  # another layout
 add("nn.batch_matmul", nn.batch_matmul, arg(2, 3, 4), arg(1, 2, 4))
 add("nn.batch_matmul", lambda a, b: nn.batch_matmul(a, b, transpose_a=True, transpose_b=False),
     arg(1, 4, 3), arg(2, 4, 2))

@@ -132,10 +132,16 @@ def _product(a: LExpr, b: LExpr, acc: str) -> LExpr:
 def _conv2d_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
     # A plain reduction over (input channels of the group, kernel rows, kernel columns); the
     # zero padding is a select around a clamped read.
+    from kiln.loops import conv_kernels, gemm  # float32: implicit GEMM / depthwise
+
     x, w = inputs
     og, cg, kh, kw = w.shape[0] // attrs.groups, w.shape[1], w.shape[2], w.shape[3]  # type: ignore
     (sh, sw), (dh, dw) = pair(attrs.strides, "strides"), pair(attrs.dilation, "dilation")
     top, left, _, _ = padding4(attrs.padding, "padding")
+    dtype = out.dtype  # type: ignore[attr-defined]
+    if gemm.supported(x.dtype) and x.dtype == dtype and min(x.shape + w.shape) > 0:
+        return conv_kernels.conv2d(x, w, (sh, sw), (top, left), (dh, dw),
+                                   attrs.groups, out.shape, dtype)  # type: ignore
     oh, ow = out.shape[2:]  # type: ignore[attr-defined]
     spans = [None, None, oplib.window_span(oh, sh, kh, dh, top),
              oplib.window_span(ow, sw, kw, dw, left)]

@@ -91,7 +91,11 @@ def _dense_grad(c: Call, g: Expr) -> list[Expr | None]:
 
 
 def _dense_lower(inputs: list, attrs: Attrs, out: Type) -> Tensor:
+    from kiln.loops import linear_kernels as fast  # float32: packed GEMM / dot products
+
     x, w = inputs
+    if x.dtype == out.dtype and fast.usable(x.dtype, x.shape, w.shape):  # type: ignore
+        return fast.dense(x, w, out.shape, out.dtype)  # type: ignore[attr-defined]
     k = x.shape[-1]
 
     def body(o: tuple, r: tuple) -> LExpr:
@@ -194,8 +198,12 @@ def _with_batch(arg: Expr, out: object) -> TensorType:
 
 
 def _batch_matmul_lower(inputs: list, attrs: Attrs, out: Type) -> Tensor:
+    from kiln.loops import linear_kernels as fast  # float32: packed GEMM
+
     x, y = inputs
     ta, tb = bool(attrs.transpose_a), bool(attrs.transpose_b)
+    if x.dtype == out.dtype and fast.usable(x.dtype, x.shape, y.shape):  # type: ignore
+        return fast.batch_matmul(x, y, out.shape, out.dtype, ta, tb)  # type: ignore
     k = x.shape[1] if ta else x.shape[2]
     acc = _accumulator(out.dtype)  # type: ignore[attr-defined]
     batch = out.shape[0]  # type: ignore[attr-defined]

@@ -1,0 +1,365 @@
+"""A packed, register-blocked matrix product in loop IR (BLIS-style), with a fused epilogue.
+
+``C[b, i, j] = sum_p A[b, i, p] * B[b, p, j]`` for float32, where A and B are given as read
+functions (so dense, batch_matmul and conv2d as an implicit GEMM share it) and each element of
+C goes out through the lowering's ``write(idx, value)``, which applies the fused elementwise
+consumers (bias, relu, residual add) before storing. The loop nest follows BLIS:
+
+    for b                      batch (or conv groups)
+      for jc: nc columns       a panel of B ...
+        for pc: kc of K        ... packed into Bp[nc/nr][kc][nr] (zero padded)
+          for ic: mc rows      a block of A packed into Ap[mc/mr][kc][mr] (zero padded)
+            for jr, ir:        an mr×nr tile of C in vector registers:
+              for p in kc:     nr/8 vector loads of Bp, mr broadcasts of Ap, mr·nr/8 FMAs
+              epilogue         (last pc) the tile through ``write``; else kept in Cp
+
+The accumulator tile is a local buffer indexed only by constants, which SROA turns into
+registers (6×16 float32: 12 ymm accumulators on AVX2; see `tests/loops/test_gemm.py`).
+Partial K blocks are summed in Cp, a padded copy of C. Edge tiles read zeros from the padded
+packing, and the epilogue writes only the valid rows and columns: full-width tiles with a
+vectorizable loop of ``nr``, the last, narrower column tile with a loop of ``n % nr``.
+
+Tile indices are clamped (``min(jc·TNB + t, NT - 1)``): the clamp never changes a value at
+run time, but it lets the verifier's interval arithmetic prove every access in bounds.
+
+A constant weight can be packed once at compile time instead (the alter-layout pass,
+kiln/op/nn/packed.py): the kernel then reads its panels in place (``a_panel``/``b_panel``).
+
+Only float32 takes this path (8 lanes on AVX2); other dtypes keep the operators' plain
+reduction loops. The knobs (`GemmSchedule`) are recorded in ``kernel.attrs["schedules"]``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from kiln.loops.ir import (
+    FMA,
+    INDEX,
+    Allocate,
+    Binary,
+    Broadcast,
+    Buffer,
+    Const,
+    Expr,
+    For,
+    IfThenElse,
+    LetStmt,
+    Load,
+    Select,
+    Seq,
+    Stmt,
+    Store,
+    Var,
+)
+
+LANES = {"float32": 8}
+KC_MAX = 256  # a kc×nr micro-panel of B stays in L1 (16 KiB)
+MC_MAX = 144  # an mc×kc block of A stays in L2 (144 KiB)
+NC_MAX = 1024  # a kc×nc panel of B stays in L3 (1 MiB)
+PARALLEL_MIN_WORK = 1 << 19  # multiply-adds below which a product runs on one thread
+
+ReadFn = Callable[[Expr, Expr, Expr], Expr]  # (batch, row or k, k or col) -> scalar
+WriteFn = Callable[[Expr, Expr, Expr, Expr], Stmt]  # (batch, row, col, value) -> statement
+
+
+def supported(dtype: str) -> bool:
+    """Whether the packed micro-kernel handles ``dtype`` (float32 only, for now)."""
+    return dtype in LANES
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _threads() -> int:
+    """The cores this process may use: what blocks are split for. Deliberately not
+    ``KILN_NUM_THREADS`` (read when a kernel runs), so that machine code, and the disk cache
+    keyed by it, do not depend on the count set at build time."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class GemmSchedule:
+    """Knobs of the packed product.
+
+    ``mr``×``nr``: the register tile (``nr`` a multiple of the vector width); ``kc``: the K
+    block; ``mc``/``nc``: rows of an A block and columns of a B panel (multiples of
+    ``mr``/``nr``); ``parallel``: the loop on the thread pool ("batch", "n", "m" or None);
+    ``unroll``: how many steps of the K loop are unrolled.
+    """
+
+    mr: int
+    nr: int
+    kc: int
+    mc: int
+    nc: int
+    parallel: str | None
+    unroll: int = 1
+
+    @staticmethod
+    def default(batch: int, m: int, n: int, k: int, dtype: str = "float32",
+                threads: int | None = None, b_prepacked: bool = False,
+                a_prepacked: bool = False) -> GemmSchedule:
+        """A schedule from the shapes: 6×16 tiles, cache-sized blocks, the parallel loop.
+        With ``b_prepacked`` (B's panels are a constant), splitting M copies nothing; with
+        ``a_prepacked``, splitting N."""
+        lanes = LANES[dtype]
+        nr = 2 * lanes if n > lanes else lanes
+        mr = 6 if nr == 2 * lanes else 12
+        kc = k_blocking(k)[0]
+        mt, nt = _ceil(m, mr), _ceil(n, nr)
+        tmb = max(1, min(mt, MC_MAX // mr))
+        tnb = max(1, min(nt, NC_MAX // nr))
+        threads = _threads() if threads is None else threads
+        parallel = None
+        if threads > 1 and batch * m * n * k >= PARALLEL_MIN_WORK:
+            # Over N each thread packs its own panels of B but all of A; over M, its own
+            # blocks of A but all of B: the cheaper duplicate wins (A is M×K, B is K×N).
+            if batch >= threads:
+                parallel = "batch"
+            elif (m > n or b_prepacked) and not a_prepacked and mt >= threads:
+                # one M block per thread where it fits (B is packed once per M block)
+                tmb = max(1, min(_ceil(mt, threads), 2 * MC_MAX // mr))
+                parallel = "m"
+            elif nt >= threads:
+                tnb = min(tnb, _ceil(nt, threads))
+                parallel = "n"
+            elif mt >= threads:
+                tmb = min(tmb, _ceil(mt, threads))
+                parallel = "m"
+        return GemmSchedule(mr, nr, kc, tmb * mr, tnb * nr, parallel)
+
+    def attrs(self) -> dict:
+        """The knobs, for ``kernel.attrs`` (printing, statistics)."""
+        return {"kernel": "gemm", **asdict(self)}
+
+
+def _min(a: Expr, b: int) -> Expr:
+    if isinstance(a, Const) and isinstance(a.value, int):
+        return Const(min(a.value, b), INDEX)
+    return Binary("min", a, Const(b, INDEX))
+
+
+def _loop(name: str, count: int, body: Callable[[Expr], Stmt], kind: str = "serial") -> Stmt:
+    """``for v in [0, count)``; with a count of 1, the body at 0 (no loop)."""
+    if count == 1 and kind != "parallel":
+        return body(Const(0, INDEX))
+    v = Var(name)
+    return For(v, Const(0, INDEX), Const(count, INDEX), body(v), kind)
+
+
+def _blocks(block: Expr, per_block: int, total: int, name: str,
+            body: Callable[[Expr, Expr], Stmt]) -> Stmt:
+    """The tiles of one block: ``body(t, tile)`` for the block's tiles (t within the block,
+    ``tile`` global and clamped to ``total - 1`` so the verifier can bound it)."""
+    first = block * per_block
+    if total % per_block == 0:
+        return _loop(name, per_block, lambda t: body(t, first + t))
+    count = Binary("min", Const(per_block, INDEX), Const(total, INDEX) - first)
+    if isinstance(first, Const):
+        count = Const(min(per_block, total - first.value), INDEX)  # type: ignore[operator]
+    t = Var(name)
+    return For(t, Const(0, INDEX), count, body(t, _min(first + t, total - 1)))
+
+
+def _guarded(value: Expr, conds: list[Expr], dtype: str) -> Expr:
+    cond: Expr | None = None
+    for c in conds:
+        cond = c if cond is None else Binary("and", cond, c)
+    return value if cond is None else Select(cond, value, Const(0.0, dtype))
+
+
+def k_blocking(k: int) -> tuple[int, int]:
+    """(kc, number of K blocks) for a reduction of length ``k``: blocks of at most `KC_MAX`,
+    as even as possible. A prepacked operand is padded with zeros to kc × blocks along K."""
+    blocks = _ceil(max(k, 1), KC_MAX)
+    return _ceil(max(k, 1), blocks), blocks
+
+
+PanelFn = Callable[[Expr, Expr, Expr, Expr], Expr]  # (batch, tile, kk, lane) -> value
+
+
+def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteFn,
+         dtype: str = "float32", schedule: GemmSchedule | None = None,
+         a_panel: PanelFn | None = None, b_panel: PanelFn | None = None) -> Stmt:
+    """The statement computing ``C = A·B`` (see the module docstring).
+
+    ``a(bt, i, p)`` and ``b(bt, p, j)`` read A and B (only at indices inside the shapes);
+    ``write(bt, i, j, value)`` is the statement storing C's element. An operand packed ahead
+    of time (a constant weight, kiln/op/nn/packed.py) is given instead as ``a_panel(bt, tile,
+    kk, i)`` (a scalar of row ``tile·mr + i``) or ``b_panel(bt, tile, kk, c)`` (``nr``/8
+    vectors at column ``tile·nr + c``), with kk over the K padded to kc × blocks: it is then
+    read in place, never packed.
+    """
+    s = schedule or GemmSchedule.default(batch, m, n, k, dtype)
+    lanes = LANES[dtype]
+    mr, nr, kc = s.mr, s.nr, s.kc
+    mt, nt, nk = _ceil(m, mr), _ceil(n, nr), _ceil(k, kc)
+    tmb, tnb = s.mc // mr, s.nc // nr
+    nbm, nbn = _ceil(mt, tmb), _ceil(nt, tnb)
+    zero = Const(0.0, dtype)
+    bp = Buffer("Bp", (tnb, kc, nr), dtype, "local")
+    ap = Buffer("Ap", (tmb, kc, mr), dtype, "local")
+    cp = Buffer("Cp", (mt * mr, nt * nr), dtype, "local") if nk > 1 else None
+
+    def kk_of(pc: Expr, p: Expr) -> tuple[Expr, list[Expr]]:
+        kk = pc * kc + p
+        if nk * kc == k:
+            return kk, []
+        return _min(kk, k - 1), [Binary("lt", kk, Const(k, INDEX))]
+
+    def pack_b(bt: Expr, jc: Expr, pc: Expr) -> Stmt:
+        def tile_body(t: Expr, tile: Expr) -> Stmt:
+            p, j = Var("p"), Var("j")
+            kk, conds = kk_of(pc, p)
+            col = tile * nr + j
+            if nt * nr != n:
+                conds = conds + [Binary("lt", col, Const(n, INDEX))]
+                col = _min(col, n - 1)
+            value = _guarded(b(bt, kk, col), conds, dtype)
+            # unrolled: whatever the read computes from the column alone (a conv's pixel
+            # coordinates) is hoisted out of the loop over p
+            inner = For(j, Const(0), Const(nr), Store(bp, (t, p, j), value), "unrolled")
+            return For(p, Const(0), Const(kc), inner)
+
+        return _blocks(jc, tnb, nt, "tb", tile_body)
+
+    def pack_a(bt: Expr, ic: Expr, pc: Expr) -> Stmt:
+        def tile_body(t: Expr, tile: Expr) -> Stmt:
+            p, i = Var("p"), Var("i")
+            kk, conds = kk_of(pc, p)
+            row = tile * mr + i
+            if mt * mr != m:
+                conds = conds + [Binary("lt", row, Const(m, INDEX))]
+                row = _min(row, m - 1)
+            value = _guarded(a(bt, row, kk), conds, dtype)
+            return For(p, Const(0), Const(kc), For(i, Const(0), Const(mr),
+                                                    Store(ap, (t, p, i), value)))
+
+        return _blocks(ic, tmb, mt, "ta", tile_body)
+
+    def micro(bt: Expr, pc: Expr, tn: Expr, tile_n: Expr, tm: Expr, tile_m: Expr) -> Stmt:
+        acc = Buffer("acc", (mr, nr), dtype, "local")
+        vecs = [(i, v * lanes) for i in range(mr) for v in range(nr // lanes)]
+
+        def acc_at(i: int, c: int) -> Load:
+            return Load(acc, (Const(i), Const(c)), lanes)
+
+        zero_init = Seq(tuple(Store(acc, (Const(i), Const(c)), Broadcast(zero, lanes))
+                              for i, c in vecs))
+        init: Stmt = zero_init
+        if cp is not None:
+            load = Seq(tuple(Store(acc, (Const(i), Const(c)),
+                                   Load(cp, (tile_m * mr + i, tile_n * nr + c), lanes))
+                             for i, c in vecs))
+            init = IfThenElse(Binary("eq", pc, Const(0)), zero_init, load)
+
+        def a_at(p: Expr, i: int) -> Expr:
+            if a_panel is not None:
+                return a_panel(bt, tile_m, pc * kc + p, Const(i, INDEX))
+            return Load(ap, (tm, p, Const(i)))
+
+        def b_at(p: Expr, c: int) -> Expr:
+            if b_panel is not None:
+                return b_panel(bt, tile_n, pc * kc + p, Const(c, INDEX))
+            return Load(bp, (tn, p, Const(c)), lanes)
+
+        kloop = _k_loop(acc, a_at, b_at, kc, mr, nr, lanes, s.unroll)
+        finish = epilogue(bt, acc, tile_m, tile_n)
+        if cp is not None:
+            keep = Seq(tuple(Store(cp, (tile_m * mr + i, tile_n * nr + c), acc_at(i, c))
+                             for i, c in vecs))
+            finish = IfThenElse(Binary("eq", pc, Const(nk - 1)), finish, keep)
+        return Allocate(acc, Seq((init, kloop, finish)))
+
+    def epilogue(bt: Expr, acc: Buffer, tile_m: Expr, tile_n: Expr) -> Stmt:
+        ctile = Buffer("ctile", (mr, nr), dtype, "local")
+        spill = Seq(tuple(Store(ctile, (Const(i), Const(v * lanes)),
+                                Load(acc, (Const(i), Const(v * lanes)), lanes))
+                          for i in range(mr) for v in range(nr // lanes)))
+        nfull = n // nr
+        rows: Expr = Const(mr, INDEX)
+        if m % mr:
+            rows = Binary("min", Const(mr, INDEX), Const(m, INDEX) - tile_m * mr)
+
+        def rows_loop(width: int, col0: Callable[[], Expr], kind: str) -> Stmt:
+            i, j = Var("i"), Var("j")
+            row = tile_m * mr + i
+            if m % mr:
+                row = _min(row, m - 1)
+            body = write(bt, row, col0() + j, Load(ctile, (i, j)))
+            return For(i, Const(0), rows, For(j, Const(0), Const(width), body, kind))
+
+        parts: list[Stmt] = []
+        if nfull:
+            tile_f = tile_n if nfull == nt else _min(tile_n, nfull - 1)
+            parts.append(rows_loop(nr, lambda: tile_f * nr, "vectorized"))
+        if n % nr:
+            parts.append(rows_loop(n % nr, lambda: Const(nfull * nr, INDEX), "serial"))
+        body = parts[0] if len(parts) == 1 else IfThenElse(
+            Binary("lt", tile_n, Const(nfull, INDEX)), parts[0], parts[1])
+        return Allocate(ctile, Seq((spill, body)))
+
+    def m_block(bt: Expr, jc: Expr, pc: Expr, ic: Expr) -> Stmt:
+        tiles = _blocks(jc, tnb, nt, "jr", lambda tn, tile_n: _blocks(
+            ic, tmb, mt, "ir", lambda tm, tile_m: micro(bt, pc, tn, tile_n, tm, tile_m)))
+        if a_panel is not None:
+            return tiles
+        return Allocate(ap, Seq((pack_a(bt, ic, pc), tiles)))
+
+    def n_block(bt: Expr, jc: Expr, ic: Expr | None) -> Stmt:
+        """A panel of B over every K block: the M blocks ``ic`` (all when None)."""
+        def k_block(pc: Expr) -> Stmt:
+            rows = m_block(bt, jc, pc, ic) if ic is not None else _loop(
+                "ic", nbm, lambda i: m_block(bt, jc, pc, i))
+            return rows if b_panel is not None else Seq((pack_b(bt, jc, pc), rows))
+        blocks = _loop("pc", nk, k_block)
+        return blocks if b_panel is not None else Allocate(bp, blocks)
+
+    def batch_body(bt: Expr) -> Stmt:
+        # The parallel loop is the outermost of the product: one fork and join per call.
+        if s.parallel == "m":  # each M block packs its own copy of the B panels
+            stmt = _loop("ic", nbm, lambda ic: _loop(
+                "jc", nbn, lambda jc: n_block(bt, jc, ic)), "parallel")
+        else:
+            stmt = _loop("jc", nbn, lambda jc: n_block(bt, jc, None),
+                         "parallel" if s.parallel == "n" else "serial")
+        return Allocate(cp, stmt) if cp is not None else stmt
+
+    return _loop("bt", batch, batch_body, "parallel" if s.parallel == "batch" else "serial")
+
+
+def _k_loop(acc: Buffer, a_at: Callable[[Expr, int], Expr], b_at: Callable[[Expr, int], Expr],
+            kc: int, mr: int, nr: int, lanes: int, unroll: int) -> Stmt:
+    """``acc += A[:, p]ᵀ · B[p, :]`` for p in [0, kc) over the packed panels: the FMA
+    micro-kernel (``a_at(p, i)`` a scalar, ``b_at(p, c)`` a vector)."""
+    dtype = acc.dtype
+
+    def step(p: Expr) -> Stmt:
+        bvs = [Var(f"b{v}", dtype, lanes) for v in range(nr // lanes)]
+        avs = [Var(f"a{i}", dtype) for i in range(mr)]
+        fmas = []
+        for i in range(mr):
+            for v in range(nr // lanes):
+                at = (Const(i), Const(v * lanes))
+                fmas.append(Store(acc, at, FMA(Broadcast(avs[i], lanes), bvs[v],
+                                               Load(acc, at, lanes))))
+        stmt: Stmt = Seq(tuple(fmas))
+        for i in reversed(range(mr)):
+            stmt = LetStmt(avs[i], a_at(p, i), stmt)
+        for v in reversed(range(nr // lanes)):
+            stmt = LetStmt(bvs[v], b_at(p, v * lanes), stmt)
+        return stmt
+
+    if unroll > 1 and kc % unroll == 0:
+        p0, p1 = Var("p0"), Var("p1")
+        return For(p0, Const(0), Const(kc // unroll),
+                   For(p1, Const(0), Const(unroll), step(p0 * unroll + p1), "unrolled"))
+    p = Var("p")
+    return For(p, Const(0), Const(kc), step(p))

@@ -1,0 +1,189 @@
+"""Fast kernels of nn.dense and nn.batch_matmul: the packed GEMM, and a dot-product kernel
+for a handful of rows.
+
+These are the float32 paths of the operators' ``lower=`` rules (kiln/op/nn/linear.py); each
+returns an extern `Tensor` whose elements go out through the lowering's ``write`` (the fused
+epilogue). A dense layer with very few rows (batch 1 inference) gains nothing from packing
+its weight every call: it reads each weight row once, contiguously, with vector FMAs
+(`dot_rows`). Everything else is the BLIS-style product of kiln/loops/gemm.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kiln.loops import gemm as g
+from kiln.loops.compute import BufferTensor, Tensor, WriteFn, extern
+from kiln.loops.ir import (
+    FMA,
+    INDEX,
+    Allocate,
+    Binary,
+    Broadcast,
+    Const,
+    Expr,
+    For,
+    LetStmt,
+    Load,
+    Seq,
+    Stmt,
+    Store,
+    Var,
+)
+from kiln.loops.ir import Buffer as LBuffer
+
+DOT_MAX_ROWS = 4  # dense with at most this many rows uses the dot-product kernel
+DOT_PARALLEL_MIN = 1 << 18  # multiply-adds below which it stays on one thread
+
+
+def _prod(xs: Sequence[int]) -> int:
+    out = 1
+    for x in xs:
+        out *= x
+    return out
+
+
+def _split(i: Expr, dims: Sequence[int]) -> tuple[Expr, ...]:
+    """A flat row-major index over ``dims`` as one index per axis."""
+    if len(dims) == 1:
+        return (i,)
+    out: list[Expr] = []
+    stride = _prod(dims)
+    for n, d in enumerate(dims):
+        stride //= d
+        v = i // stride
+        out.append(v if n == 0 else v % d)
+    return tuple(out)
+
+
+def usable(dtype: str, *shapes: Sequence[int]) -> bool:
+    """Whether the fast kernels apply: a supported dtype and no empty dimension."""
+    return g.supported(dtype) and all(d > 0 for s in shapes for d in s)
+
+
+def dense(x: Tensor, w: Tensor, out_shape: Sequence[int], dtype: str) -> Tensor:
+    """``x @ w.T`` for x of shape (..., K) and w of shape (N, K)."""
+    lead = tuple(x.shape[:-1])
+    m, k, n = _prod(lead), x.shape[-1], w.shape[0]
+    shape = tuple(out_shape)
+    if m <= DOT_MAX_ROWS and isinstance(x, BufferTensor) and isinstance(w, BufferTensor) \
+            and k >= 8:
+        t = extern(shape, dtype, lambda write: dot_rows(
+            x.buffer, w.buffer, lead, m, n, k, write))
+        t.schedule = {"kernel": "dot", "parallel": _dot_parallel(m, n, k)}  # type: ignore
+        return t
+    schedule = g.GemmSchedule.default(1, m, n, k, dtype)
+
+    def emit(write: WriteFn) -> Stmt:
+        return g.gemm(
+            1, m, n, k,
+            lambda b, i, p: x(*_split(i, lead), p),
+            lambda b, p, j: w(j, p),
+            lambda b, i, j, v: write((*_split(i, lead), j), v),
+            dtype, schedule)
+
+    t = extern(shape, dtype, emit)
+    t.schedule = schedule.attrs()  # type: ignore[attr-defined]
+    return t
+
+
+def dense_prepacked(x: Tensor, wp: LBuffer, units: int, out_shape: Sequence[int], dtype: str
+                    ) -> Tensor | None:
+    """``x @ W.T`` with W's panels prepacked in ``wp`` (kiln/op/nn/packed.py); None when the
+    panels are not in the layout this GEMM would choose."""
+    lead = tuple(x.shape[:-1])
+    m, k = _prod(lead), x.shape[-1]
+    schedule = g.GemmSchedule.default(1, m, units, k, dtype, b_prepacked=True)
+    kc, blocks = g.k_blocking(k)
+    if wp.shape[2] != schedule.nr or wp.shape[1] != kc * blocks \
+            or wp.shape[0] != -(-units // schedule.nr):
+        return None
+    lanes = g.LANES[dtype]
+
+    def emit(write: WriteFn) -> Stmt:
+        return g.gemm(
+            1, m, units, k,
+            lambda b, i, p: x(*_split(i, lead), p),
+            lambda b, p, j: Const(0.0, dtype),  # B is never packed: read from wp
+            lambda b, i, j, v: write((*_split(i, lead), j), v),
+            dtype, schedule,
+            b_panel=lambda b, tile, kk, c: Load(wp, (tile, kk, c), lanes))
+
+    t = extern(tuple(out_shape), dtype, emit)
+    t.schedule = {**schedule.attrs(), "b_prepacked": True}  # type: ignore[attr-defined]
+    return t
+
+
+def batch_matmul(x: Tensor, y: Tensor, out_shape: Sequence[int], dtype: str,
+                 transpose_a: bool, transpose_b: bool) -> Tensor:
+    """Batched ``x @ y`` with Relay's transpose flags and broadcast batch of 1."""
+    batch, m, n = out_shape
+    k = x.shape[1] if transpose_a else x.shape[2]
+    bx = (lambda b: b) if x.shape[0] == batch else (lambda b: Const(0, INDEX))
+    by = (lambda b: b) if y.shape[0] == batch else (lambda b: Const(0, INDEX))
+    schedule = g.GemmSchedule.default(batch, m, n, k, dtype)
+
+    def a(b: Expr, i: Expr, p: Expr) -> Expr:
+        return x(bx(b), p, i) if transpose_a else x(bx(b), i, p)
+
+    def bread(b: Expr, p: Expr, j: Expr) -> Expr:
+        return y(by(b), j, p) if transpose_b else y(by(b), p, j)
+
+    def emit(write: WriteFn) -> Stmt:
+        return g.gemm(batch, m, n, k, a, bread, lambda b, i, j, v: write((b, i, j), v),
+                      dtype, schedule)
+
+    t = extern(tuple(out_shape), dtype, emit)
+    t.schedule = schedule.attrs()  # type: ignore[attr-defined]
+    return t
+
+
+def _dot_parallel(m: int, n: int, k: int) -> bool:
+    return m * n * k >= DOT_PARALLEL_MIN and n >= 2
+
+
+def dot_rows(x: LBuffer, w: LBuffer, lead: tuple[int, ...], m: int, n: int, k: int,
+             write: WriteFn) -> Stmt:
+    """``out[i, j] = x[i, :] · w[j, :]`` with 4 vector accumulators along K, then a horizontal
+    sum and the scalar tail; parallel over j when the weight is large."""
+    lanes = g.LANES[x.dtype]
+    dtype = x.dtype
+    acc = LBuffer("dacc", (4, lanes), dtype, "local")
+    j, i = Var("j"), Var("i")
+    xrow = _split(i, lead)
+    chunks, rest = divmod(k, 4 * lanes)
+    vec_tail = (k - chunks * 4 * lanes) // lanes
+    zero = Broadcast(Const(0.0, dtype), lanes)
+
+    def xv(p: Expr) -> Expr:
+        return Load(x, (*xrow, p), lanes)
+
+    def wv(p: Expr) -> Expr:
+        return Load(w, (j, p), lanes)
+
+    def acc_at(u: int) -> Load:
+        return Load(acc, (Const(u), Const(0)), lanes)
+
+    stmts: list[Stmt] = [Store(acc, (Const(u), Const(0)), zero) for u in range(4)]
+    if chunks:
+        p0 = Var("p0")
+        step = Seq(tuple(Store(acc, (Const(u), Const(0)), FMA(
+            xv(p0 * (4 * lanes) + u * lanes), wv(p0 * (4 * lanes) + u * lanes), acc_at(u)))
+            for u in range(4)))
+        stmts.append(For(p0, Const(0), Const(chunks), step))
+    for t in range(vec_tail):
+        p = Const(chunks * 4 * lanes + t * lanes, INDEX)
+        stmts.append(Store(acc, (Const(t), Const(0)), FMA(xv(p), wv(p), acc_at(t))))
+    total = Binary("add", Binary("add", acc_at(0), acc_at(1)),
+                   Binary("add", acc_at(2), acc_at(3)))
+    stmts.append(Store(acc, (Const(0), Const(0)), total))
+    s: Expr = Load(acc, (Const(0), Const(0)))
+    for lane in range(1, lanes):
+        s = Binary("add", s, Load(acc, (Const(0), Const(lane))))
+    for p in range(k - rest % lanes, k):
+        s = FMA(Load(x, (*xrow, Const(p, INDEX))), Load(w, (j, Const(p, INDEX))), s)
+    v = Var("dot", dtype)
+    stmts.append(LetStmt(v, s, write((*xrow, j), v)))
+    body = Allocate(acc, Seq(tuple(stmts)))
+    kind = "parallel" if _dot_parallel(m, n, k) else "serial"
+    return For(j, Const(0), Const(n), For(i, Const(0), Const(m), body), kind)

@@ -1,0 +1,104 @@
+"""alter-layout: constant dense and conv2d weights packed once, at compile time, for the GEMM.
+
+``nn.dense(x, W)`` with a constant float32 weight becomes ``nn.dense_packed(x, Wp)``, where
+``Wp`` holds W in the column panels the GEMM micro-kernel reads (kiln/op/nn/packed.py), and
+``nn.conv2d(x, W)`` becomes ``nn.conv2d_packed(x, Wp)`` with W in the row panels of the
+implicit GEMM's A operand, so the compiled kernel no longer copies the weight on every call
+(TVM's alter-op-layout did the same for its packed dense and conv2d schedules). Weights
+become constants when ``params`` are bound (``kiln.build(mod, params=...)``).
+
+Left alone: a weight that is not a constant, depthwise convolutions, other dtypes, an
+``out_dtype`` other than the data's, and a dense with at most `DOT_MAX_ROWS` rows, whose
+dot-product kernel reads the weight rows in place (kiln/loops/linear_kernels.py). The layout
+is the one the GEMM's default schedule for these shapes takes (tile sizes, K padded to its
+K blocking); the lowering checks it, and reads the panels like any tensor if they disagree.
+"""
+
+from __future__ import annotations
+
+from kiln.ir.expr import Call, Constant, Expr, Function, Op, const
+from kiln.ir.module import IRModule
+from kiln.ir.traverse import children, post_order, with_children
+from kiln.ir.ty import TensorType
+from kiln.transform.pass_manager import PassContext, module_pass, typed
+
+
+def _packed(node: Expr) -> Expr | None:
+    """``nn.dense_packed`` for a dense call that qualifies (see the module docstring)."""
+    from kiln.loops import gemm
+    from kiln.loops.linear_kernels import DOT_MAX_ROWS
+    from kiln.op.nn.packed import dense_packed, pack_dense_weight
+
+    if not (isinstance(node, Call) and isinstance(node.op, Op) and node.op.name == "nn.dense"):
+        return None
+    x, w = node.args
+    xt = x.checked_type_
+    if not isinstance(w, Constant) or not isinstance(xt, TensorType) or not xt.is_static:
+        return None
+    if w.dtype != "float32" or xt.dtype != "float32" or node.attrs.out_dtype not in ("", None,
+                                                                                    "float32"):
+        return None
+    units, k = w.data.shape
+    rows = 1
+    for d in xt.shape[:-1]:
+        rows *= d  # type: ignore[operator]
+    if rows <= DOT_MAX_ROWS or min(rows, units, k) == 0:
+        return None
+    schedule = gemm.GemmSchedule.default(1, rows, units, k, "float32", b_prepacked=True)
+    kc, blocks = gemm.k_blocking(k)
+    return dense_packed(x, const(pack_dense_weight(w.data, schedule.nr, kc * blocks)),
+                        units=units)
+
+
+def _conv_packed(node: Expr) -> Expr | None:
+    """``nn.conv2d_packed`` for a conv2d call that qualifies (see the module docstring)."""
+    from kiln.loops import gemm
+    from kiln.op.nn.packed import conv2d_packed, pack_conv_weight
+
+    if not (isinstance(node, Call) and isinstance(node.op, Op) and node.op.name == "nn.conv2d"):
+        return None
+    x, w = node.args
+    xt, ot = x.checked_type_, node.checked_type_
+    if not isinstance(w, Constant) or not isinstance(xt, TensorType) or not xt.is_static \
+            or not isinstance(ot, TensorType) or not ot.is_static:
+        return None
+    if w.dtype != "float32" or xt.dtype != "float32" or ot.dtype != "float32":
+        return None
+    o, cg, kh, kw = w.data.shape
+    groups = node.attrs.groups
+    if cg == 1 and groups == xt.shape[1] and groups > 1:
+        return None  # depthwise: a direct kernel, no GEMM
+    if min(w.data.shape) == 0 or min(ot.shape) == 0:  # type: ignore[type-var]
+        return None
+    nimg, _, oh, ow = ot.shape
+    m, n, k = o // groups, oh * ow, cg * kh * kw  # type: ignore[operator]
+    schedule = gemm.GemmSchedule.default(nimg * groups, m, n, k, "float32",  # type: ignore
+                                         a_prepacked=True)
+    kc, blocks = gemm.k_blocking(k)
+    attrs = {name: node.attrs[name] for name in node.attrs}
+    attrs.update(channels=o, kernel_size=(kh, kw))
+    return conv2d_packed(x, const(pack_conv_weight(w.data, groups, schedule.mr, kc * blocks)),
+                         **attrs)
+
+
+def alter(func: Function) -> Function:
+    """``func`` with its qualifying dense calls on packed weights (types from ``func``)."""
+    done: dict[int, Expr] = {}
+    for node in post_order(func):
+        rebuilt = with_children(node, [done[id(c)] for c in children(node)])
+        replaced = _packed(node) or _conv_packed(node)  # decided on the typed original
+        if replaced is not None:
+            replaced = Call(replaced.op, (rebuilt.args[0], replaced.args[1]),  # type: ignore
+                            replaced.attrs, span=node.span)  # type: ignore[attr-defined]
+        done[id(node)] = rebuilt if replaced is None else replaced
+    return done[id(func)]  # type: ignore[return-value]
+
+
+@module_pass("alter-layout", opt_level=3)
+def AlterLayout(mod: IRModule, ctx: PassContext) -> IRModule:
+    """Pack constant dense weights into the GEMM's panel layout (nn.dense_packed)."""
+    mod = typed(mod)
+    funcs = {gv: alter(f) for gv, f in mod.functions.items()}
+    if all(funcs[gv] is f for gv, f in mod.functions.items()):
+        return mod
+    return IRModule(funcs, mod.type_definitions)

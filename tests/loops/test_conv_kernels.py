@@ -1,0 +1,123 @@
+"""The fast conv2d kernels (kiln/loops/conv_kernels.py), compiled, against PyTorch.
+
+Implicit GEMM (with and without the padded copy of the input, grouped, dilated, strided,
+K larger than the GEMM's kc) and the direct depthwise kernel (stride 1 and 2, a channel
+multiplier), alone and with a fused epilogue; one and two threads give identical results.
+Padding may be asymmetric in kiln, so the oracle pads with numpy and runs torch's conv2d
+unpadded.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.codegen import threads
+from kiln.op import nn
+from kiln.runtime.compiler import native_available
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.skipif(not native_available(), reason="needs llvmlite")
+
+RNG = np.random.default_rng(9)
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+                  ) -> None:
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path_factory.getbasetemp() / "kiln-cache"))
+
+
+def reference(x: np.ndarray, w: np.ndarray, strides: tuple, padding: tuple, dilation: tuple,
+              groups: int) -> np.ndarray:
+    top, left, bottom, right = padding
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (top, bottom), (left, right)))
+    out = torch.nn.functional.conv2d(torch.from_numpy(xp), torch.from_numpy(w.astype(np.float64)),
+                                     stride=strides, dilation=dilation, groups=groups)
+    return out.numpy()
+
+
+# (N, C, H, W), (O, kh, kw), strides, padding (top, left, bottom, right), dilation, groups
+CASES = [
+    ((1, 3, 17, 19), (8, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    ((2, 5, 9, 11), (7, 3, 2), (2, 1), (1, 0, 2, 1), (1, 1), 1),
+    ((1, 3, 23, 23), (16, 7, 7), (2, 2), (3, 3, 3, 3), (1, 1), 1),  # ResNet's first layer
+    ((1, 12, 10, 10), (20, 1, 1), (2, 2), (0, 0, 0, 0), (1, 1), 1),  # no padding: no copy
+    ((1, 6, 12, 12), (6, 3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 1),  # dilated
+    ((1, 8, 9, 9), (12, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 2),  # grouped
+    ((2, 40, 6, 6), (33, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # K = 360 > kc
+    ((1, 8, 13, 13), (8, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 8),  # depthwise
+    ((2, 6, 14, 15), (6, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 6),  # depthwise, stride 2
+    ((1, 4, 9, 9), (8, 5, 3), (1, 2), (2, 1, 0, 1), (2, 1), 4),  # depthwise ×2 channels
+    ((1, 3, 11, 13), (3, 3, 3), (1, 3), (1, 2, 1, 0), (1, 2), 3),  # column phases, dilated
+]
+
+
+@pytest.mark.parametrize("xs,ws,strides,padding,dilation,groups", CASES)
+def test_conv2d(xs: tuple, ws: tuple, strides: tuple, padding: tuple, dilation: tuple,
+                groups: int) -> None:
+    o, kh, kw = ws
+    wshape = (o, xs[1] // groups, kh, kw)
+    x = kiln.var("x", shape=xs, dtype="float32")
+    w = kiln.var("w", shape=wshape, dtype="float32")
+    body = nn.conv2d(x, w, strides=strides, padding=padding, dilation=dilation, groups=groups)
+    exe = kiln.build(kiln.IRModule.from_expr(kiln.Function([x, w], body)))
+    a = RNG.standard_normal(xs).astype(np.float32)
+    b = RNG.standard_normal(wshape).astype(np.float32)
+    want = reference(a, b, strides, padding, dilation, groups)
+    k = wshape[1] * kh * kw
+    np.testing.assert_allclose(exe(a, b), want, rtol=1e-4, atol=2e-5 * k)
+
+
+@pytest.mark.parametrize("groups", [1, 16])
+def test_conv2d_epilogue_and_threads(groups: int) -> None:
+    # relu(conv + bias) + residual, large enough to run in parallel
+    xs, o = (1, 16, 30, 30), 16
+    wshape = (o, 16 // groups, 3, 3)
+    x = kiln.var("x", shape=xs, dtype="float32")
+    w = kiln.var("w", shape=wshape, dtype="float32")
+    bias = kiln.var("b", shape=(o,), dtype="float32")
+    r = kiln.var("r", shape=(1, o, 30, 30), dtype="float32")
+    conv = nn.conv2d(x, w, padding=(1, 1), groups=groups)
+    body = kiln.op.add(nn.relu(nn.bias_add(conv, bias)), r)
+    exe = kiln.build(kiln.IRModule.from_expr(kiln.Function([x, w, bias, r], body)))
+    args = [RNG.standard_normal(s).astype(np.float32) for s in (xs, wshape, (o,), (1, o, 30, 30))]
+    conv_ref = reference(args[0], args[1], (1, 1), (1, 1, 1, 1), (1, 1), groups)
+    want = np.maximum(conv_ref + args[2].reshape(1, -1, 1, 1), 0) + args[3]
+    results = []
+    for count in (1, 2):
+        with threads(count):
+            results.append(exe(*args))
+    np.testing.assert_array_equal(results[0], results[1])
+    np.testing.assert_allclose(results[0], want, rtol=1e-4, atol=1e-3)
+
+
+def test_pointwise_conv2d() -> None:
+    # the exact ResNet-18 / MobileNetV2 layers run in benchmarks/native.py (checked there
+    # against torch); here, one pointwise layer of MobileNet's shape, small
+    x = kiln.var("x", shape=(1, 24, 20, 20), dtype="float32")
+    w = kiln.var("w", shape=(40, 24, 1, 1), dtype="float32")
+    exe = kiln.build(kiln.IRModule.from_expr(kiln.Function([x, w], nn.conv2d(x, w))))
+    a = RNG.standard_normal((1, 24, 20, 20)).astype(np.float32)
+    b = RNG.standard_normal((40, 24, 1, 1)).astype(np.float32)
+    np.testing.assert_allclose(exe(a, b), reference(a, b, (1, 1), (0,) * 4, (1, 1), 1),
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("c,size,o,kernel,stride,pad,groups", [
+    (3, 224, 64, 7, 2, 3, 1), (64, 56, 64, 3, 1, 1, 1), (64, 56, 128, 1, 2, 0, 1),
+    (256, 14, 256, 3, 1, 1, 1), (512, 7, 512, 3, 1, 1, 1), (96, 112, 96, 3, 2, 1, 96),
+])
+def test_model_layers(c: int, size: int, o: int, kernel: int, stride: int, pad: int,
+                      groups: int) -> None:
+    xs, wshape = (1, c, size, size), (o, c // groups, kernel, kernel)
+    x = kiln.var("x", shape=xs, dtype="float32")
+    w = kiln.var("w", shape=wshape, dtype="float32")
+    body = nn.conv2d(x, w, strides=(stride, stride), padding=(pad, pad), groups=groups)
+    exe = kiln.build(kiln.IRModule.from_expr(kiln.Function([x, w], body)))
+    a = RNG.standard_normal(xs).astype(np.float32)
+    b = (RNG.standard_normal(wshape) * 0.1).astype(np.float32)
+    want = reference(a, b, (stride, stride), (pad,) * 4, (1, 1), groups)
+    np.testing.assert_allclose(exe(a, b), want, rtol=1e-4, atol=1e-3)
