@@ -1,0 +1,103 @@
+"""ATen operators kiln has no operator for, composed from ones it has (static shapes only).
+
+    gather(x, dim, index)   take(flatten(x), Σₖ iₖ·strideₖ) where i_dim = index and every other
+                            iₖ is the position along axis k (an arange, broadcast)
+    cumsum(x, dim)          x (moved so ``dim`` is last) times the lower-triangular ones matrix:
+                            y[j] = Σ_{i ≤ j} x[i], one ``nn.dense``; for floats only
+    upsample_bilinear2d     x·A_wᵀ along the width, then along the height: A is the (out, in)
+                            matrix of torch's interpolation weights, two per row
+
+All cost more than a dedicated operator would (gather builds its flat indices at run time,
+cumsum does L² work for a length L, bilinear upsampling multiplies by mostly-zero matrices),
+which is fine for the modest sizes they usually meet.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kiln.frontend.torch.registry import AtenCall, axis, converter
+from kiln.ir import Expr, const
+from kiln.op import add, cast, multiply, nn, reshape, take, transpose
+
+
+@converter("aten.gather.default")
+def gather(n: AtenCall, x: Expr, dim: int, index: Expr, sparse_grad: bool = False) -> Expr:
+    shape = n.static_shape(x, "gather")
+    out = n.static_shape(index, "gather")
+    rank = len(shape)
+    if len(out) != rank:
+        raise n.error(f"gather's index has rank {len(out)} but its input has rank {rank}")
+    d = axis(dim, rank, n)
+    strides = [int(np.prod(shape[k + 1:])) for k in range(rank)]
+    flat: Expr = multiply(cast(index, dtype="int64"), const(np.int64(strides[d])))
+    for k in range(rank):
+        if k == d or out[k] == 1:
+            continue
+        along = np.arange(out[k], dtype="int64") * strides[k]
+        flat = add(flat, const(along.reshape([out[k] if j == k else 1 for j in range(rank)])))
+    return take(reshape(x, newshape=[-1]), flat, axis=0, mode="clip")
+
+
+@converter("aten.cumsum.default")
+def cumsum(n: AtenCall, x: Expr, dim: int, dtype: str | None = None) -> Expr:
+    out = n.out.dtype
+    if out not in ("float16", "float32", "float64"):
+        raise n.error(f"cumsum is imported for floating-point tensors only, not {out}")
+    shape = n.static_shape(x, "cumsum")
+    rank = len(shape)
+    d = axis(dim, rank, n)
+    x = n.tensor(x, out)
+    if rank == 0:
+        return x
+    order = [k for k in range(rank) if k != d] + [d]
+    moved = x if d == rank - 1 else transpose(x, axes=order)
+    lower = const(np.tril(np.ones((shape[d], shape[d]), dtype=out)))
+    y = nn.dense(moved, lower)
+    if d == rank - 1:
+        return y
+    return transpose(y, axes=[order.index(k) for k in range(rank)])
+
+
+@converter("aten.upsample_bilinear2d.vec")
+def upsample_bilinear2d_vec(n: AtenCall, x: Expr, _size: object, align_corners: bool,
+                            scales: list[float] | None) -> Expr:
+    return _bilinear(n, x, align_corners, scales or [None, None])
+
+
+@converter("aten.upsample_bilinear2d.default")
+def upsample_bilinear2d(n: AtenCall, x: Expr, _size: object, align_corners: bool,
+                        scale_h: float | None = None, scale_w: float | None = None) -> Expr:
+    return _bilinear(n, x, align_corners, [scale_h, scale_w])
+
+
+def _bilinear(n: AtenCall, x: Expr, align_corners: bool, scales: list[float | None]) -> Expr:
+    shape = n.static_shape(x, "upsample_bilinear2d")
+    if len(shape) != 4:
+        raise n.error("upsample_bilinear2d needs NCHW data")
+    (h, w), (oh, ow) = shape[2:], n.static_out("upsample_bilinear2d")[2:]
+    dtype = n.out.dtype
+    a_h = _weights(h, oh, align_corners, scales[0], dtype)
+    a_w = _weights(w, ow, align_corners, scales[1], dtype)
+    y = nn.dense(x, const(a_w))  # (N, C, H, OW)
+    y = nn.dense(transpose(y, axes=[0, 1, 3, 2]), const(a_h))  # (N, C, OW, OH)
+    return transpose(y, axes=[0, 1, 3, 2])
+
+
+def _weights(size: int, out: int, align_corners: bool, scale: float | None,
+             dtype: str) -> np.ndarray:
+    """The (out, size) matrix of linear interpolation, as torch's ``upsample_bilinear2d``
+    computes source positions (``area_pixel_compute_source_index``)."""
+    dst = np.arange(out, dtype="float64")
+    if align_corners:
+        src = dst * ((size - 1) / (out - 1) if out > 1 else 0.0)
+    else:
+        step = 1.0 / scale if scale else size / out
+        src = np.maximum(step * (dst + 0.5) - 0.5, 0.0)
+    low = np.minimum(np.floor(src).astype("int64"), size - 1)
+    high = np.minimum(low + 1, size - 1)
+    frac = src - low
+    a = np.zeros((out, size), dtype="float64")
+    np.add.at(a, (np.arange(out), low), 1.0 - frac)
+    np.add.at(a, (np.arange(out), high), frac)
+    return a.astype(dtype)

@@ -1,0 +1,385 @@
+"""From a torch.nn.Module to kiln: torch.export, decomposition to core ATen when some operator
+needs it (`decompose.py`), then the FX graph walked node by node through the converter table
+(`registry.py`), each node's kiln value kept in an environment.
+"""
+
+from __future__ import annotations
+
+import inspect
+import operator
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils._pytree as pytree
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind, OutputKind
+
+from kiln.errors import Error, InternalError, TypeCheckError
+
+# Importing the families fills the converter table.
+from kiln.frontend.torch import (  # noqa: F401
+    activation,
+    attention,
+    composite,
+    conv,
+    creation,
+    elementwise,
+    emulated,
+    linear,
+    norm,
+    reduce,
+    rnn,
+    shape,
+)
+from kiln.frontend.torch.decompose import CHECKS, converter_name, decompose, is_structural
+from kiln.frontend.torch.registry import CONVERTERS, AtenCall, Missing, kiln_dtype
+from kiln.infer import infer_types
+from kiln.ir import Constant, Expr, Function, IRModule, TensorType, Tuple, Var, const
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_KILN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))  # kiln/
+# Operators that only a module in training mode exports (batch statistics, random dropout).
+_TRAINING_ONLY = re.compile(r"batch_norm|dropout|bernoulli|rand")
+_PARAMS_AS = ("params", "constants")
+
+
+def from_torch(model: Any, example_inputs: Any = None, *, params_as: str = "params",
+               dynamic_shapes: Any = None) -> tuple[IRModule, dict[str, np.ndarray]]:
+    """`kiln.frontend.from_torch` once torch is known to be there (see its docstring)."""
+    if params_as not in _PARAMS_AS:
+        raise Error(f"params_as must be 'params' or 'constants', not {params_as!r}")
+    exported = _export(model, example_inputs, dynamic_shapes)
+    symbols = _symbol_names(exported, model, example_inputs, dynamic_shapes)
+    training = isinstance(model, torch.nn.Module) and model.training
+    return _Importer(decompose(exported), params_as, symbols, training).run()
+
+
+def _export(model: Any, example_inputs: Any, dynamic_shapes: Any) -> ExportedProgram:
+    if isinstance(model, ExportedProgram):
+        return model
+    if not isinstance(model, torch.nn.Module):
+        raise Error(f"from_torch takes a torch.nn.Module or an ExportedProgram, not "
+                    f"{type(model).__name__}")
+    if example_inputs is None:
+        raise Error("from_torch needs example inputs: from_torch(model, (x,))")
+    args = _as_args(example_inputs)
+    try:
+        return torch.export.export(model, args, dynamic_shapes=dynamic_shapes)
+    except Exception as e:  # torch's own errors, from tracing the user's code
+        text = str(e).strip()
+        first = text.splitlines()[0] if text else ""
+        raise Error(f"torch.export could not export {type(model).__name__}"
+                    f"{_user_frame(text)}: {type(e).__name__}: {first}") from e
+
+
+def _user_frame(text: str) -> str:
+    """`` (at model.py:12: `if x.sum() > 0:`)``: the last frame of the user's code that a torch
+    error message quotes, if any."""
+    frames = re.findall(r'File "([^"]+)", line (\d+)[^\n]*\n[ \t]*([^\n]*)', text)
+    mine = [f for f in frames if not f[0].startswith(_TORCH_DIR) and not f[0].startswith(_KILN_DIR)]
+    if not mine:
+        return ""
+    file, line, code = mine[-1]
+    code = code.split("  #")[0].strip()
+    return f" (at {os.path.basename(file)}:{line}{f': `{code}`' if code else ''})"
+
+
+def _as_args(example_inputs: Any) -> tuple[Any, ...]:
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,)
+    if isinstance(example_inputs, list):
+        return tuple(example_inputs)
+    if not isinstance(example_inputs, tuple):
+        raise Error(f"example inputs must be a tuple of tensors, not "
+                    f"{type(example_inputs).__name__}")
+    return example_inputs
+
+
+def _symbol_names(exported: ExportedProgram, model: Any, example_inputs: Any,
+                  dynamic_shapes: Any) -> dict[str, str]:
+    """torch's symbol for each dynamic dimension (``s17``) → the name of its ``Dim``."""
+    if dynamic_shapes is None or isinstance(model, ExportedProgram):
+        return {}
+    args = _as_args(example_inputs)
+    specs: Any = dynamic_shapes
+    if isinstance(specs, Mapping):
+        names = list(inspect.signature(model.forward).parameters)[: len(args)]
+        specs = [specs.get(name) for name in names]
+    user = set(exported.graph_signature.user_inputs)
+    nodes = [n for n in exported.graph.nodes if n.op == "placeholder" and n.name in user]
+    found: dict[str, str] = {}
+    for node, spec in zip(nodes, specs):
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or not isinstance(spec, (Mapping, list, tuple)):
+            continue
+        for axis, dim in (spec.items() if isinstance(spec, Mapping) else enumerate(spec)):
+            name = getattr(dim, "__name__", None)
+            if not isinstance(name, str) or not name.isidentifier() or axis >= val.ndim:
+                continue
+            size = val.shape[axis]
+            if isinstance(size, torch.SymInt) and getattr(size.node.expr, "is_Symbol", False):
+                found.setdefault(str(size.node.expr), name)
+    return found
+
+
+def _where(node: torch.fx.Node) -> str:
+    """How an error names a node: ``node %addmm (aten.addmm.default, at model.py:12)``."""
+    place = _source_line(node)
+    module = ""
+    stack = node.meta.get("nn_module_stack")
+    if stack:
+        path, kind = list(stack.values())[-1]
+        name = getattr(kind, "__name__", str(kind).rsplit(".", 1)[-1].strip("'>"))
+        module = f", in {path or 'the model'} ({name})"
+    return f"node %{node.name} ({node.target}{module}{place})"
+
+
+def _place(node: torch.fx.Node) -> str:
+    """`` (in layer1.0.bn1, at model.py:12)``: the submodule and the line that made a node."""
+    stack = node.meta.get("nn_module_stack")
+    path = list(stack.values())[-1][0] if stack else ""
+    parts = [f"in {path}"] if path else []
+    line = _source_line(node)
+    if line:
+        parts.append(line.removeprefix(", "))
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _source_line(node: torch.fx.Node) -> str:
+    """``, at file.py:12`` for the innermost frame of the user's own code that made a node."""
+    frames = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
+    mine = [(f, line) for f, line in frames
+            if not f.startswith(_TORCH_DIR) and not f.startswith(_KILN_DIR)]
+    if not mine:
+        return ""
+    file, line = mine[-1]
+    return f", at {os.path.basename(file)}:{line}"
+
+
+def _identifier(name: str) -> str:
+    name = re.sub(r"\W", "_", name)
+    return name if name and not name[0].isdigit() else f"p_{name}"
+
+
+class _Importer:
+    """Walks one exported graph in order, keeping each node's kiln value."""
+
+    def __init__(self, exported: ExportedProgram, params_as: str, symbols: dict[str, str],
+                 training: bool) -> None:
+        self.ep = exported
+        self.params_as = params_as
+        self.symbols = symbols
+        self.training = training
+        self.env: dict[torch.fx.Node, Any] = {}
+        self.types: dict[int, TensorType] = {}  # id of a node's kiln expression → its type
+        self.sizes: dict[int, tuple[Any, ...]] = {}  # ... → its sizes as torch has them
+        self.inputs: list[Var] = []
+        self.weights: list[Var] = []
+        self.params: dict[str, np.ndarray] = {}
+        self.names: set[str] = set()
+
+    def run(self) -> tuple[IRModule, dict[str, np.ndarray]]:
+        self._check_supported()
+        body: Expr | None = None
+        for node in self.ep.graph.nodes:
+            if node.op == "placeholder":
+                self._placeholder(node)
+            elif node.op == "call_function":
+                self._call(node)
+            elif node.op == "output":
+                body = self._output(node)
+        assert body is not None, "an exported graph always has an output node"
+        fn = Function([*self.inputs, *self.weights], body)
+        try:
+            mod = infer_types(IRModule.from_expr(fn))
+        except TypeCheckError as e:
+            raise InternalError(f"the imported program does not type-check: {e.message}") from e
+        return mod, self.params
+
+    # --- checks -----------------------------------------------------------------------------
+
+    def _check_supported(self) -> None:
+        """One error listing every operator kiln cannot convert, with the nodes using it."""
+        missing: dict[str, list[torch.fx.Node]] = {}
+        for node in self.ep.graph.nodes:
+            if node.op != "call_function" or is_structural(node):
+                continue
+            if converter_name(node) is None:
+                missing.setdefault(str(node.target), []).append(node)
+        if not missing:
+            return
+        lines = []
+        for name, nodes in missing.items():
+            shown = ", ".join(f"%{n.name}{_place(n)}" for n in nodes[:5])
+            more = f" and {len(nodes) - 5} more" if len(nodes) > 5 else ""
+            lines.append(f"  {name}: {'node' if len(nodes) == 1 else 'nodes'} {shown}{more}")
+        hint = ""
+        if self.training and any(_TRAINING_ONLY.search(name) for name in missing):
+            hint = ("\n(the model is in training mode: call model.eval() before importing it "
+                    "for inference)")
+        count = f"{len(missing)} ATen operator{'s' if len(missing) > 1 else ''}"
+        raise Error(f"the model uses {count} kiln cannot import:\n" + "\n".join(lines) + hint)
+
+    # --- nodes ------------------------------------------------------------------------------
+
+    def _placeholder(self, node: torch.fx.Node) -> None:
+        spec = self._input_spec(node.name)
+        val = node.meta.get("val")
+        if spec.kind == InputKind.USER_INPUT:
+            if isinstance(val, torch.Tensor):
+                v = Var(self._unique(_identifier(node.name)), self._type(val, node))
+                self.inputs.append(v)
+                self._bind(node, v, val)
+            else:
+                self.env[node] = val  # torch.export specialized a non-tensor input
+            return
+        if spec.kind not in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            raise Error(f"{_where(node)}: kiln cannot import a {spec.kind.name.lower()} input")
+        if not node.users:
+            return  # e.g. BatchNorm's num_batches_tracked
+        tensor = (self.ep.constants[spec.target] if spec.kind == InputKind.CONSTANT_TENSOR
+                  or spec.target not in self.ep.state_dict else self.ep.state_dict[spec.target])
+        array = self._array(tensor, node)
+        if self.params_as == "constants" or spec.kind == InputKind.CONSTANT_TENSOR:
+            # A tensor made in forward (torch.tensor([...])) is part of the program, not a weight.
+            self._bind(node, const(array), val)
+            return
+        v = Var(self._unique(_identifier(spec.target)), self._type(val, node))
+        self.weights.append(v)
+        self.params[v.name_hint] = array
+        self._bind(node, v, val)
+
+    def _input_spec(self, name: str) -> Any:
+        for spec in self.ep.graph_signature.input_specs:
+            if getattr(spec.arg, "name", None) == name:
+                return spec
+        raise InternalError(f"placeholder %{name} is not in the exported program's signature")
+
+    def _call(self, node: torch.fx.Node) -> None:
+        if node.target is operator.getitem:
+            self._getitem(node)
+            return
+        if str(node.target) in CHECKS:
+            return
+        val = node.meta.get("val")
+        if not isinstance(val, (torch.Tensor, tuple, list)):
+            self.env[node] = val  # size arithmetic: the value torch recorded (int or SymInt)
+            return
+        where = _where(node)
+        call = AtenCall(node, where, self.types, self.sizes, self.symbols)
+        args = self._arguments(node, call)
+        try:
+            result = CONVERTERS[converter_name(node) or str(node.target)](call, *args)
+        except Error as e:
+            if e.message.startswith(where):
+                raise
+            raise Error(f"{where}: {e.message}") from e
+        except Exception as e:  # a converter that breaks on an input it should handle
+            raise InternalError(f"{where}: the converter failed with {type(e).__name__}: {e}") \
+                from e
+        if isinstance(result, (list, tuple)):
+            vals = val if isinstance(val, (tuple, list)) else [val]
+            for r, v in zip(result, vals):
+                if isinstance(r, Expr) and isinstance(v, torch.Tensor):
+                    self._record(r, v, node)
+            self.env[node] = list(result)
+        else:
+            self._bind(node, result, val[0] if isinstance(val, (tuple, list)) else val)
+
+    def _getitem(self, node: torch.fx.Node) -> None:
+        source, index = node.args
+        value = self.env[source][index]  # type: ignore[index]
+        if isinstance(value, Missing) and node.users:
+            raise Error(f"{_where(source)}: the model uses its {value.what}, which kiln does not "
+                        f"compute (through %{node.name})")
+        self.env[node] = value
+
+    def _arguments(self, node: torch.fx.Node, call: AtenCall) -> list[Any]:
+        """The node's arguments in schema order, defaults filled in, as converters take them."""
+        schema = getattr(node.target, "_schema", None)
+        if schema is None:
+            raw = list(node.args) + list(node.kwargs.values())
+        else:
+            raw = []
+            for i, a in enumerate(schema.arguments):
+                if i < len(node.args):
+                    raw.append(node.args[i])
+                elif a.name in node.kwargs:
+                    raw.append(node.kwargs[a.name])
+                else:
+                    raw.append(a.default_value if a.has_default_value() else None)
+        return [self._argument(a, call) for a in raw]
+
+    def _argument(self, a: Any, call: AtenCall) -> Any:
+        if isinstance(a, torch.fx.Node):
+            return self.env[a]
+        if isinstance(a, (list, tuple)):
+            return [self._argument(x, call) for x in a]
+        if isinstance(a, torch.dtype):
+            name = kiln_dtype(a)
+            if name is None:
+                raise call.error(f"kiln has no dtype {str(a).removeprefix('torch.')}")
+            return name
+        return a
+
+    def _output(self, node: torch.fx.Node) -> Expr:
+        values = node.args[0]
+        specs = self.ep.graph_signature.output_specs
+        kept = [self._output_value(v) for v, spec in zip(values, specs)
+                if spec.kind == OutputKind.USER_OUTPUT]
+        spec = self.ep.call_spec.out_spec
+        if spec is None or spec.num_leaves != len(kept):
+            return kept[0] if len(kept) == 1 else Tuple(tuple(kept))
+        return _as_tuples(pytree.tree_unflatten(kept, spec))
+
+    def _output_value(self, v: Any) -> Expr:
+        value = self.env[v] if isinstance(v, torch.fx.Node) else v
+        if isinstance(value, Expr):
+            return value
+        if isinstance(value, (bool, int, float)):
+            return const(value)
+        raise Error(f"the model returns {value!r}, which kiln cannot return")
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    def _bind(self, node: torch.fx.Node, expr: Expr, val: torch.Tensor) -> None:
+        self._record(expr, val, node)
+        self.env[node] = expr
+
+    def _record(self, expr: Expr, val: torch.Tensor, node: torch.fx.Node) -> None:
+        self.types[id(expr)] = self._type(val, node)
+        self.sizes[id(expr)] = tuple(val.shape)
+
+    def _type(self, val: torch.Tensor, node: torch.fx.Node) -> TensorType:
+        return AtenCall(node, _where(node), self.types, self.sizes, self.symbols) \
+            .type_of_value(val)
+
+    def _array(self, tensor: torch.Tensor, node: torch.fx.Node) -> np.ndarray:
+        if kiln_dtype(tensor.dtype) is None:
+            raise Error(f"{_where(node)}: kiln has no dtype "
+                        f"{str(tensor.dtype).removeprefix('torch.')}")
+        return tensor.detach().cpu().contiguous().numpy().copy()
+
+    def _unique(self, name: str) -> str:
+        base, k = name, 1
+        while name in self.names:
+            name, k = f"{base}_{k}", k + 1
+        self.names.add(name)
+        return name
+
+
+def _as_tuples(value: Any) -> Expr:
+    """A model's (nested) outputs as kiln values: tuples, lists and dicts become tuples."""
+    if isinstance(value, Expr):
+        return value
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return Tuple(tuple(_as_tuples(v) for v in value))
+    if isinstance(value, Constant):
+        return value
+    return const(value)
