@@ -3,6 +3,11 @@
 Each function returns ``(mod, params)``: ``@main`` takes the input first and the weights as
 the remaining parameters, and ``params`` maps each weight's name to a random array (seeded).
 ``kiln.optimize(mod, params=params)`` binds the weights as constants.
+
+Weight names are flat and follow the layer they belong to (``conv1_weight``, ``conv1_bn_gamma``,
+``layer0_in_proj_weight``, ...), with PyTorch's layouts (dense weights are (out, in), convolution
+weights OIHW), so that kiln/testing/torch_models.py can load the same arrays into an equivalent
+``torch.nn.Module``. Each builder's docstring lists its names.
 """
 
 from __future__ import annotations
@@ -11,9 +16,11 @@ import math
 
 import numpy as np
 
-from kiln.ir.expr import Expr, Function, Var, const, var
+from kiln.errors import Error
+from kiln.ir.expr import Call, Expr, Function, GlobalVar, Var, const, if_, tuple_, var
 from kiln.ir.module import IRModule
-from kiln.op import add, multiply, nn, reshape, transpose
+from kiln.ir.ty import TupleType, tensor_type
+from kiln.op import add, clip, less, multiply, nn, reshape, sigmoid, split, take, tanh, transpose
 from kiln.op import erf as _erf
 
 
@@ -131,3 +138,161 @@ def bert_encoder(batch: int = 1, seq: int = 128, hidden: int = 768, heads: int =
         h = nn.layer_norm(add(down, h), w(f"{p}_ln2_gamma", (hidden,), "ones"),
                           w(f"{p}_ln2_beta", (hidden,), "small"))
     return w.module([x], reshape(h, newshape=(batch, seq, hidden)))
+
+
+def _make_divisible(value: float, divisor: int = 8) -> int:
+    """MobileNet's channel rounding: to a multiple of ``divisor``, never down by more than 10%."""
+    rounded = max(divisor, int(value + divisor / 2) // divisor * divisor)
+    return rounded + divisor if rounded < 0.9 * value else rounded
+
+
+def _conv_bn_relu6(w: _Weights, x: Expr, name: str, c_in: int, c_out: int, k: int, stride: int,
+                   groups: int = 1, relu6: bool = True) -> Expr:
+    y = nn.conv2d(x, w(f"{name}_weight", (c_out, c_in // groups, k, k)),
+                  strides=(stride, stride), padding=(k // 2, k // 2), groups=groups,
+                  channels=c_out, kernel_size=(k, k))
+    out = nn.batch_norm(y, w(f"{name}_bn_gamma", (c_out,), "ones"),
+                        w(f"{name}_bn_beta", (c_out,), "small"),
+                        w(f"{name}_bn_mean", (c_out,), "small"),
+                        w(f"{name}_bn_var", (c_out,), "positive"))[0]
+    return clip(out, a_min=0.0, a_max=6.0) if relu6 else out
+
+
+# (expansion t, output channels c, repeats n, first stride s), as in Sandler et al., table 2
+_MOBILENET_V2_BLOCKS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2),
+                        (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))
+
+
+def mobilenet_v2(batch: int = 1, image: int = 224, classes: int = 1000, width: float = 1.0,
+                 seed: int = 0) -> tuple[IRModule, dict[str, np.ndarray]]:
+    """MobileNetV2 (Sandler et al.) in NCHW; returns the logits (batch, classes).
+
+    Each convolution is followed by an inference-form ``nn.batch_norm`` and, except for the
+    linear bottleneck projections, by ReLU6 written as ``clip(0, 6)``; depthwise convolutions
+    are ``nn.conv2d`` with ``groups`` equal to the channels. Weights: ``stem_*`` (3×3 stride-2
+    convolution), ``block{j}_expand_*`` (1×1, absent when the expansion is 1), ``block{j}_dw_*``
+    (3×3 depthwise), ``block{j}_project_*`` (1×1, no ReLU6), ``head_*`` (1×1 to 1280·max(1,
+    width) channels), each with ``_weight`` (OIHW) and ``_bn_gamma``, ``_bn_beta``, ``_bn_mean``,
+    ``_bn_var``; then ``fc_weight`` (classes, channels) and ``fc_bias``. A block adds its input
+    when its stride is 1 and its channels do not change.
+    """
+    w = _Weights(seed)
+    x = var("data", shape=(batch, 3, image, image))
+    c_in = _make_divisible(32 * width)
+    h = _conv_bn_relu6(w, x, "stem", 3, c_in, 3, 2)
+    j = 0
+    for t, c, n, s in _MOBILENET_V2_BLOCKS:
+        c_out = _make_divisible(c * width)
+        for r in range(n):
+            stride = s if r == 0 else 1
+            hidden = c_in * t
+            y = h
+            if t != 1:
+                y = _conv_bn_relu6(w, y, f"block{j}_expand", c_in, hidden, 1, 1)
+            y = _conv_bn_relu6(w, y, f"block{j}_dw", hidden, hidden, 3, stride, groups=hidden)
+            y = _conv_bn_relu6(w, y, f"block{j}_project", hidden, c_out, 1, 1, relu6=False)
+            h = add(h, y) if stride == 1 and c_in == c_out else y
+            c_in = c_out
+            j += 1
+    c_last = _make_divisible(1280 * max(1.0, width))
+    h = _conv_bn_relu6(w, h, "head", c_in, c_last, 1, 1)
+    h = nn.batch_flatten(nn.global_avg_pool2d(h))
+    h = nn.bias_add(nn.dense(h, w("fc_weight", (classes, c_last))),
+                    w("fc_bias", (classes,), "small"), axis=-1)
+    return w.module([x], h)
+
+
+def lstm(batch: int = 1, steps: int = 32, input: int = 256, hidden: int = 256,
+         seed: int = 0) -> tuple[IRModule, dict[str, np.ndarray]]:
+    """A one-layer LSTM over ``steps`` steps, as a loop by tail recursion; returns ``(h, c)``.
+
+    ``@main(data, w_ih, w_hh, b_ih, b_hh)`` takes the sequence ``data`` of shape (steps, batch,
+    input) (PyTorch's ``nn.LSTM`` layout without ``batch_first``), projects every step's input
+    at once (one dense of (steps·batch, input) by ``w_ih``, plus ``b_ih``: one matrix product
+    instead of one matrix-vector product per step, as ONNX Runtime's LSTM does), and calls
+    ``@lstm_loop(i, h, c, xw, w_hh, b_hh)``, which runs step ``i`` (gates = ``xw[i]`` + ``h``
+    by ``w_hh`` + ``b_hh``) and calls itself with ``i + 1`` until ``i == steps``, then returns
+    the final hidden and cell states, each (batch, hidden). The weights have ``nn.LSTM``'s
+    names, shapes and gate order (input, forget, cell, output): ``w_ih`` (4·hidden, input),
+    ``w_hh`` (4·hidden, hidden), ``b_ih`` and ``b_hh`` (4·hidden).
+    """
+    w = _Weights(seed)
+    x = var("data", shape=(steps, batch, input))
+    w_ih = w("w_ih", (4 * hidden, input), "small")
+    w_hh = w("w_hh", (4 * hidden, hidden), "small")
+    b_ih = w("b_ih", (4 * hidden,), "small")
+    b_hh = w("b_hh", (4 * hidden,), "small")
+    state = tensor_type((batch, hidden))
+    loop = GlobalVar("lstm_loop")
+
+    i = var("i", shape=(), dtype="int32")
+    h, c = var("h", state), var("c", state)
+    xw = var("xw", shape=(steps, batch, 4 * hidden))
+    wh = var("w_hh", shape=(4 * hidden, hidden))
+    bh = var("b_hh", shape=(4 * hidden,))
+    gates = add(take(xw, i, axis=0), nn.bias_add(nn.dense(h, wh), bh, axis=-1))
+    parts = split(gates, indices_or_sections=4, axis=1)
+    in_gate, forget_gate = sigmoid(parts[0]), sigmoid(parts[1])
+    cell_gate, out_gate = tanh(parts[2]), sigmoid(parts[3])
+    c_next = add(multiply(forget_gate, c), multiply(in_gate, cell_gate))
+    h_next = multiply(out_gate, tanh(c_next))
+    step = Call(loop, (add(i, const(1)), h_next, c_next, xw, wh, bh))
+    body = if_(less(i, const(steps)), step, tuple_(h, c))
+    loop_fn = Function([i, h, c, xw, wh, bh], body, ret_type=TupleType((state, state)))
+
+    projected = nn.bias_add(nn.dense(reshape(x, newshape=(steps * batch, input)), w_ih), b_ih,
+                            axis=-1)
+    projected = reshape(projected, newshape=(steps, batch, 4 * hidden))
+    zeros = const(np.zeros((batch, hidden), "float32"))
+    main_body = Call(loop, (const(0), zeros, zeros, projected, w_hh, b_hh))
+    mod, params = w.module([x], main_body)
+    return mod.with_function(loop, loop_fn), params
+
+
+def transformer_encoder(batch: int = 1, seq: int = 128, d_model: int = 256, heads: int = 4,
+                        ff: int = 1024, layers: int = 4, activation: str = "relu",
+                        seed: int = 0) -> tuple[IRModule, dict[str, np.ndarray]]:
+    """A stack of post-norm encoder layers like ``nn.TransformerEncoderLayer(batch_first=True)``.
+
+    Input and output (batch, seq, d_model). Per layer ``i``: ``x = norm1(x + attn(x))``, ``x =
+    norm2(x + linear2(act(linear1(x))))`` with ``act`` relu or gelu (erf form). Weights of layer
+    ``i``, as in PyTorch: ``layer{i}_in_proj_weight`` (3·d_model, d_model: query, key, value
+    stacked) and ``_in_proj_bias``, ``layer{i}_out_proj_weight``/``_bias``,
+    ``layer{i}_linear1_weight`` (ff, d_model)/``_bias``, ``layer{i}_linear2_weight``/``_bias``,
+    ``layer{i}_norm1_weight``/``_bias`` and ``layer{i}_norm2_weight``/``_bias`` (layer norms,
+    epsilon 1e-5).
+    """
+    if activation not in ("relu", "gelu"):
+        raise Error(f"activation must be 'relu' or 'gelu', not {activation!r}")
+    w = _Weights(seed)
+    x = var("data", shape=(batch, seq, d_model))
+    d = d_model // heads
+    h: Expr = reshape(x, newshape=(batch * seq, d_model))
+
+    def linear(t: Expr, name: str, n_in: int, n_out: int) -> Expr:
+        return nn.bias_add(nn.dense(t, w(f"{name}_weight", (n_out, n_in))),
+                           w(f"{name}_bias", (n_out,), "small"), axis=-1)
+
+    def heads_first(t: Expr) -> Expr:  # (b*s, d_model) -> (b*heads, s, d)
+        t = reshape(t, newshape=(batch, seq, heads, d))
+        return reshape(transpose(t, axes=(0, 2, 1, 3)), newshape=(batch * heads, seq, d))
+
+    for i in range(layers):
+        p = f"layer{i}"
+        qkv = split(linear(h, f"{p}_in_proj", d_model, 3 * d_model), indices_or_sections=3,
+                    axis=1)
+        q, k, v = heads_first(qkv[0]), heads_first(qkv[1]), heads_first(qkv[2])
+        scores = nn.batch_matmul(multiply(q, const(1.0 / math.sqrt(d))), k)
+        probs = nn.softmax(scores, axis=-1)
+        ctx = nn.batch_matmul(probs, v, transpose_b=False)
+        ctx = reshape(transpose(reshape(ctx, newshape=(batch, heads, seq, d)), axes=(0, 2, 1, 3)),
+                      newshape=(batch * seq, d_model))
+        attn = linear(ctx, f"{p}_out_proj", d_model, d_model)
+        h = nn.layer_norm(add(h, attn), w(f"{p}_norm1_weight", (d_model,), "ones"),
+                          w(f"{p}_norm1_bias", (d_model,), "small"))
+        up = linear(h, f"{p}_linear1", d_model, ff)
+        up = nn.relu(up) if activation == "relu" else _gelu(up)
+        down = linear(up, f"{p}_linear2", ff, d_model)
+        h = nn.layer_norm(add(h, down), w(f"{p}_norm2_weight", (d_model,), "ones"),
+                          w(f"{p}_norm2_bias", (d_model,), "small"))
+    return w.module([x], reshape(h, newshape=(batch, seq, d_model)))

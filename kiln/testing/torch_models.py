@@ -1,0 +1,247 @@
+"""PyTorch twins of the builders in kiln/testing/models.py, holding the same weights.
+
+Each ``torch_<model>(params, ...)`` builds the ``torch.nn.Module`` that computes what the
+kiln builder of the same name computes, loads the kiln ``params`` (name → array) into it and
+returns it in eval mode. They are the independent oracle of tests/models and the PyTorch side
+of benchmarks/models.py. There is no torchvision here, so ResNet-18 and MobileNetV2 are written
+out. torch is a test-only dependency: it is imported inside the functions, never at import
+time of this module.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import Error
+from kiln.testing.models import _MOBILENET_V2_BLOCKS, _make_divisible
+
+
+def _copy(param: Any, value: np.ndarray) -> None:
+    import torch
+
+    if tuple(param.shape) != value.shape:
+        raise Error(f"a weight of shape {value.shape} does not fit the torch parameter of "
+                    f"shape {tuple(param.shape)}")
+    with torch.no_grad():
+        param.copy_(torch.from_numpy(np.ascontiguousarray(value, dtype=np.float32)))
+
+
+@functools.cache
+def _classes() -> SimpleNamespace:
+    """The nn.Module classes, defined once torch is imported."""
+    import torch
+    from torch import nn
+
+    class ConvBN(nn.Module):
+        """Convolution without bias, then BatchNorm2d (eps 1e-5), then an optional activation."""
+
+        def __init__(self, params: dict, name: str, c_in: int, c_out: int, k: int,
+                     stride: int, groups: int = 1, act: str | None = "relu") -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(c_in, c_out, k, stride=stride, padding=k // 2, groups=groups,
+                                  bias=False)
+            self.bn = nn.BatchNorm2d(c_out, eps=1e-5)
+            self.act = {"relu": nn.ReLU(), "relu6": nn.ReLU6(), None: nn.Identity()}[act]
+            _copy(self.conv.weight, params[f"{name}_weight"])
+            _copy(self.bn.weight, params[f"{name}_bn_gamma"])
+            _copy(self.bn.bias, params[f"{name}_bn_beta"])
+            _copy(self.bn.running_mean, params[f"{name}_bn_mean"])
+            _copy(self.bn.running_var, params[f"{name}_bn_var"])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.act(self.bn(self.conv(x)))
+
+    class BasicBlock(nn.Module):
+        def __init__(self, params: dict, name: str, c_in: int, c_out: int, stride: int) -> None:
+            super().__init__()
+            self.conv1 = ConvBN(params, f"{name}_conv1", c_in, c_out, 3, stride)
+            self.conv2 = ConvBN(params, f"{name}_conv2", c_out, c_out, 3, 1, act=None)
+            self.down = None
+            if stride != 1 or c_in != c_out:
+                self.down = ConvBN(params, f"{name}_down", c_in, c_out, 1, stride, act=None)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            shortcut = x if self.down is None else self.down(x)
+            return torch.relu(self.conv2(self.conv1(x)) + shortcut)
+
+    class ResNet18(nn.Module):
+        def __init__(self, params: dict) -> None:
+            super().__init__()
+            self.conv1 = ConvBN(params, "conv1", 3, 64, 7, 2)
+            self.pool = nn.MaxPool2d(3, 2, 1)
+            blocks, c_in = [], 64
+            for stage, c_out in enumerate((64, 128, 256, 512)):
+                for block in range(2):
+                    stride = 2 if stage > 0 and block == 0 else 1
+                    blocks.append(BasicBlock(params, f"layer{stage + 1}_{block}", c_in, c_out,
+                                             stride))
+                    c_in = c_out
+            self.blocks = nn.Sequential(*blocks)
+            classes = params["fc_weight"].shape[0]
+            self.fc = nn.Linear(512, classes)
+            _copy(self.fc.weight, params["fc_weight"])
+            _copy(self.fc.bias, params["fc_bias"])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.blocks(self.pool(self.conv1(x)))
+            h = torch.flatten(nn.functional.adaptive_avg_pool2d(h, 1), 1)
+            return torch.softmax(self.fc(h), dim=-1)
+
+    class InvertedResidual(nn.Module):
+        def __init__(self, params: dict, j: int, c_in: int, c_out: int, t: int,
+                     stride: int) -> None:
+            super().__init__()
+            hidden = c_in * t
+            layers = []
+            if t != 1:
+                layers.append(ConvBN(params, f"block{j}_expand", c_in, hidden, 1, 1, act="relu6"))
+            layers.append(ConvBN(params, f"block{j}_dw", hidden, hidden, 3, stride,
+                                 groups=hidden, act="relu6"))
+            layers.append(ConvBN(params, f"block{j}_project", hidden, c_out, 1, 1, act=None))
+            self.body = nn.Sequential(*layers)
+            self.residual = stride == 1 and c_in == c_out
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.body(x) if self.residual else self.body(x)
+
+    class MobileNetV2(nn.Module):
+        def __init__(self, params: dict, width: float) -> None:
+            super().__init__()
+            c_in = _make_divisible(32 * width)
+            layers: list[nn.Module] = [ConvBN(params, "stem", 3, c_in, 3, 2, act="relu6")]
+            j = 0
+            for t, c, n, s in _MOBILENET_V2_BLOCKS:
+                c_out = _make_divisible(c * width)
+                for r in range(n):
+                    layers.append(InvertedResidual(params, j, c_in, c_out, t, s if r == 0 else 1))
+                    c_in = c_out
+                    j += 1
+            c_last = _make_divisible(1280 * max(1.0, width))
+            layers.append(ConvBN(params, "head", c_in, c_last, 1, 1, act="relu6"))
+            self.features = nn.Sequential(*layers)
+            self.fc = nn.Linear(c_last, params["fc_weight"].shape[0])
+            _copy(self.fc.weight, params["fc_weight"])
+            _copy(self.fc.bias, params["fc_bias"])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = nn.functional.adaptive_avg_pool2d(self.features(x), 1)
+            return self.fc(torch.flatten(h, 1))
+
+    class MLP(nn.Module):
+        def __init__(self, params: dict) -> None:
+            super().__init__()
+            layers = []
+            i = 0
+            while f"fc{i}_weight" in params:
+                n_out, n_in = params[f"fc{i}_weight"].shape
+                layer = nn.Linear(n_in, n_out)
+                _copy(layer.weight, params[f"fc{i}_weight"])
+                _copy(layer.bias, params[f"fc{i}_bias"])
+                layers.append(layer)
+                i += 1
+            self.layers = nn.ModuleList(layers)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for i, layer in enumerate(self.layers):
+                x = layer(x)
+                if i < len(self.layers) - 1:
+                    x = torch.relu(x)
+            return torch.softmax(x, dim=-1)
+
+    class LSTM(nn.Module):
+        def __init__(self, params: dict) -> None:
+            super().__init__()
+            four_hidden, n_in = params["w_ih"].shape
+            self.lstm = nn.LSTM(n_in, four_hidden // 4)
+            _copy(self.lstm.weight_ih_l0, params["w_ih"])
+            _copy(self.lstm.weight_hh_l0, params["w_hh"])
+            _copy(self.lstm.bias_ih_l0, params["b_ih"])
+            _copy(self.lstm.bias_hh_l0, params["b_hh"])
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            _, (h, c) = self.lstm(x)
+            return h[0], c[0]
+
+    class TransformerEncoder(nn.Module):
+        def __init__(self, params: dict, heads: int, activation: str) -> None:
+            super().__init__()
+            layers = []
+            i = 0
+            while f"layer{i}_in_proj_weight" in params:
+                ff, d_model = params[f"layer{i}_linear1_weight"].shape
+                layer = nn.TransformerEncoderLayer(d_model, heads, dim_feedforward=ff,
+                                                   dropout=0.0, activation=activation,
+                                                   batch_first=True, norm_first=False)
+                for kiln_name, param in (
+                    ("in_proj_weight", layer.self_attn.in_proj_weight),
+                    ("in_proj_bias", layer.self_attn.in_proj_bias),
+                    ("out_proj_weight", layer.self_attn.out_proj.weight),
+                    ("out_proj_bias", layer.self_attn.out_proj.bias),
+                    ("linear1_weight", layer.linear1.weight),
+                    ("linear1_bias", layer.linear1.bias),
+                    ("linear2_weight", layer.linear2.weight),
+                    ("linear2_bias", layer.linear2.bias),
+                    ("norm1_weight", layer.norm1.weight),
+                    ("norm1_bias", layer.norm1.bias),
+                    ("norm2_weight", layer.norm2.weight),
+                    ("norm2_bias", layer.norm2.bias),
+                ):
+                    _copy(param, params[f"layer{i}_{kiln_name}"])
+                layers.append(layer)
+                i += 1
+            self.layers = nn.ModuleList(layers)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    return SimpleNamespace(ResNet18=ResNet18, MobileNetV2=MobileNetV2, MLP=MLP, LSTM=LSTM,
+                           TransformerEncoder=TransformerEncoder)
+
+
+def torch_mlp(params: dict[str, np.ndarray]) -> Any:
+    """The twin of ``models.mlp``: Linear/ReLU layers, softmax; sizes read from the weights."""
+    return _classes().MLP(params).eval()
+
+
+def torch_resnet18(params: dict[str, np.ndarray]) -> Any:
+    """The twin of ``models.resnet18`` (softmax at the end); classes read from ``fc_weight``."""
+    return _classes().ResNet18(params).eval()
+
+
+def torch_mobilenet_v2(params: dict[str, np.ndarray], width: float = 1.0) -> Any:
+    """The twin of ``models.mobilenet_v2`` built with the same ``width``; returns logits."""
+    return _classes().MobileNetV2(params, width).eval()
+
+
+def torch_lstm(params: dict[str, np.ndarray]) -> Any:
+    """The twin of ``models.lstm``: ``nn.LSTM``; ``forward(x)`` returns ``(h, c)`` at the end."""
+    return _classes().LSTM(params).eval()
+
+
+def torch_transformer_encoder(params: dict[str, np.ndarray], heads: int,
+                              activation: str = "relu") -> Any:
+    """The twin of ``models.transformer_encoder``: ``nn.TransformerEncoderLayer``s, eval mode."""
+    if activation not in ("relu", "gelu"):
+        raise Error(f"activation must be 'relu' or 'gelu', not {activation!r}")
+    return _classes().TransformerEncoder(params, heads, activation).eval()
+
+
+def run_torch(module: Any, *inputs: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
+    """Run a twin on numpy inputs in inference mode; numpy out (a tuple for tuple results)."""
+    import torch
+
+    with torch.inference_mode():
+        out = module(*(torch.from_numpy(np.ascontiguousarray(x)) for x in inputs))
+    if isinstance(out, tuple):
+        return tuple(o.numpy() for o in out)
+    return out.numpy()
+
+
+__all__ = ["run_torch", "torch_lstm", "torch_mlp", "torch_mobilenet_v2", "torch_resnet18",
+           "torch_transformer_encoder"]
