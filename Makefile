@@ -32,6 +32,10 @@ bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/frontend.py
 	$(BIN)/python benchmarks/optimize.py
 	$(BIN)/python benchmarks/ad.py
+	$(BIN)/python benchmarks/codegen.py
+	$(BIN)/python benchmarks/native.py
+	$(BIN)/python benchmarks/runtime.py
+	$(BIN)/python benchmarks/models.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
