@@ -104,6 +104,18 @@ def _gelu(x: Expr) -> Expr:
     return multiply(multiply(x, const(0.5)), add(const(1.0), _erf(multiply(x, const(2 ** -0.5)))))
 
 
+def _linear(w: _Weights, t: Expr, name: str, n_in: int, n_out: int) -> Expr:
+    """dense + bias_add with weights ``{name}_weight`` (n_out, n_in) and ``{name}_bias``."""
+    return nn.bias_add(nn.dense(t, w(f"{name}_weight", (n_out, n_in))),
+                       w(f"{name}_bias", (n_out,), "small"), axis=-1)
+
+
+def _heads_first(t: Expr, batch: int, seq: int, heads: int, d: int) -> Expr:
+    """(batch*seq, heads*d) -> (batch*heads, seq, d): attention heads as the batch axis."""
+    t = reshape(t, newshape=(batch, seq, heads, d))
+    return reshape(transpose(t, axes=(0, 2, 1, 3)), newshape=(batch * heads, seq, d))
+
+
 def bert_encoder(batch: int = 1, seq: int = 128, hidden: int = 768, heads: int = 12,
                  layers: int = 12, ffn: int = 3072, seed: int = 0):
     """A BERT-base-sized transformer encoder (post-layer-norm), input (batch, seq, hidden)."""
@@ -113,12 +125,10 @@ def bert_encoder(batch: int = 1, seq: int = 128, hidden: int = 768, heads: int =
     h: Expr = reshape(x, newshape=(batch * seq, hidden))
 
     def dense(t: Expr, name: str, n_in: int, n_out: int) -> Expr:
-        return nn.bias_add(nn.dense(t, w(f"{name}_weight", (n_out, n_in))),
-                           w(f"{name}_bias", (n_out,), "small"), axis=-1)
+        return _linear(w, t, name, n_in, n_out)
 
-    def heads_first(t: Expr) -> Expr:  # (b*s, hidden) -> (b*heads, s, d)
-        t = reshape(t, newshape=(batch, seq, heads, d))
-        return reshape(transpose(t, axes=(0, 2, 1, 3)), newshape=(batch * heads, seq, d))
+    def heads_first(t: Expr) -> Expr:
+        return _heads_first(t, batch, seq, heads, d)
 
     for i in range(layers):
         p = f"layer{i}"
@@ -270,12 +280,10 @@ def transformer_encoder(batch: int = 1, seq: int = 128, d_model: int = 256, head
     h: Expr = reshape(x, newshape=(batch * seq, d_model))
 
     def linear(t: Expr, name: str, n_in: int, n_out: int) -> Expr:
-        return nn.bias_add(nn.dense(t, w(f"{name}_weight", (n_out, n_in))),
-                           w(f"{name}_bias", (n_out,), "small"), axis=-1)
+        return _linear(w, t, name, n_in, n_out)
 
-    def heads_first(t: Expr) -> Expr:  # (b*s, d_model) -> (b*heads, s, d)
-        t = reshape(t, newshape=(batch, seq, heads, d))
-        return reshape(transpose(t, axes=(0, 2, 1, 3)), newshape=(batch * heads, seq, d))
+    def heads_first(t: Expr) -> Expr:
+        return _heads_first(t, batch, seq, heads, d)
 
     for i in range(layers):
         p = f"layer{i}"

@@ -48,12 +48,8 @@ def from_onnx(model: Any, *, params_as: str = "params",
               check: bool = True) -> tuple[IRModule, dict[str, np.ndarray]]:
     """An ONNX model (a path, bytes or an onnx.ModelProto) as a kiln module and its weights.
 
-    The graph's inputs become @main's leading parameters, in order; its initializers the
-    remaining ones, bound by name through ``params=`` (or, with ``params_as="constants"``,
-    embedded as constants). ``shapes`` gives or overrides input shapes by ONNX name;
-    ``constants`` fixes graph inputs to values (inputs that are shapes or axes, which kiln
-    needs at import time), which then are not parameters. One graph output is the result;
-    several are a tuple. ``check`` runs ``onnx.checker`` on the model.
+    Imports onnx on the first call; the arguments are those of
+    `kiln.frontend.onnx.model.from_onnx`, which documents them.
     """
     from kiln.frontend.onnx.model import from_onnx as convert
 
