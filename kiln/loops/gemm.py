@@ -54,12 +54,12 @@ from kiln.loops.ir import (
     Store,
     Var,
 )
+from kiln.loops.schedule import worth_parallel
 
 LANES = {"float32": 8}
 KC_MAX = 256  # a kc×nr micro-panel of B stays in L1 (16 KiB)
 MC_MAX = 144  # an mc×kc block of A stays in L2 (144 KiB)
 NC_MAX = 1024  # a kc×nc panel of B stays in L3 (1 MiB)
-PARALLEL_MIN_WORK = 1 << 19  # multiply-adds below which a product runs on one thread
 
 ReadFn = Callable[[Expr, Expr, Expr], Expr]  # (batch, row or k, k or col) -> scalar
 WriteFn = Callable[[Expr, Expr, Expr, Expr], Stmt]  # (batch, row, col, value) -> statement
@@ -118,7 +118,7 @@ class GemmSchedule:
         tnb = max(1, min(nt, NC_MAX // nr))
         threads = _threads() if threads is None else threads
         parallel = None
-        if threads > 1 and batch * m * n * k >= PARALLEL_MIN_WORK:
+        if worth_parallel(batch * m * n * k, threads):  # kiln/loops/schedule.py
             # Over N each thread packs its own panels of B but all of A; over M, its own
             # blocks of A but all of B: the cheaper duplicate wins (A is M×K, B is K×N).
             if batch >= threads:

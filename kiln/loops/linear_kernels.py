@@ -31,9 +31,9 @@ from kiln.loops.ir import (
     Var,
 )
 from kiln.loops.ir import Buffer as LBuffer
+from kiln.loops.schedule import worth_parallel
 
 DOT_MAX_ROWS = 4  # dense with at most this many rows uses the dot-product kernel
-DOT_PARALLEL_MIN = 1 << 18  # multiply-adds below which it stays on one thread
 
 
 def _prod(xs: Sequence[int]) -> int:
@@ -139,7 +139,8 @@ def batch_matmul(x: Tensor, y: Tensor, out_shape: Sequence[int], dtype: str,
 
 
 def _dot_parallel(m: int, n: int, k: int) -> bool:
-    return m * n * k >= DOT_PARALLEL_MIN and n >= 2
+    # the rule of kiln/loops/schedule.py: a batch-1 layer of 784×512 stays on one thread
+    return n >= 2 and worth_parallel(m * n * k, g._threads())
 
 
 def dot_rows(x: LBuffer, w: LBuffer, lead: tuple[int, ...], m: int, n: int, k: int,

@@ -1,0 +1,75 @@
+"""When kernels run in parallel (the work rule of kiln/loops/schedule.py), and that a product
+split across threads agrees with numpy and with itself on one thread.
+
+The rule: a product goes on the thread pool only with `PARALLEL_MIN_WORK_PER_THREAD`
+multiply-adds per core, so a batch-1 784×512 layer stays serial (a parallel region there
+cost more than it saved, and much more on a loaded machine).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln import op
+from kiln.codegen import threads
+from kiln.loops import gemm as g
+from kiln.loops import linear_kernels as lk
+from kiln.loops.schedule import PARALLEL_MIN_WORK_PER_THREAD, worth_parallel
+from kiln.op import nn
+
+
+def test_worth_parallel_counts_work_per_thread() -> None:
+    per = PARALLEL_MIN_WORK_PER_THREAD
+    assert not worth_parallel(10**9, 1)  # one core: never
+    assert worth_parallel(2 * per, 2)
+    assert not worth_parallel(2 * per - 1, 2)
+    assert not worth_parallel(3 * per, 4)  # more cores need more work
+
+
+@pytest.mark.parametrize(("batch", "m", "n", "k", "parallel"), [
+    (1, 1, 512, 784, False),  # MLP batch 1: serial
+    (1, 32, 1024, 256, True),  # LSTM input projection over 32 steps
+    (1, 64, 512, 784, True),  # MLP batch 64
+    (1, 8, 8, 8, False),
+])
+def test_gemm_default_parallel_by_work(batch: int, m: int, n: int, k: int,
+                                       parallel: bool) -> None:
+    s = g.GemmSchedule.default(batch, m, n, k, threads=2)
+    assert (s.parallel is not None) == parallel, s
+    assert g.GemmSchedule.default(batch, m, n, k, threads=1).parallel is None
+
+
+def test_dot_kernel_batch1_stays_serial(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(g, "_threads", lambda: 2)
+    assert not lk._dot_parallel(1, 512, 784)
+    assert not lk._dot_parallel(1, 1024, 256)  # an LSTM step's recurrent product
+    assert lk._dot_parallel(1, 4096, 1024)
+
+
+def _conv1x1(c: int, o: int, size: int) -> kiln.IRModule:
+    x = kiln.var("x", shape=(1, c, size, size), dtype="float32")
+    w = kiln.var("w", shape=(o, c, 1, 1), dtype="float32")
+    b = kiln.var("b", shape=(o,), dtype="float32")
+    body = op.clip(nn.bias_add(nn.conv2d(x, w), b), a_min=0.0, a_max=6.0)
+    return kiln.IRModule.from_expr(kiln.Function([x, w, b], body))
+
+
+@pytest.mark.parametrize(("c", "o", "size"), [(16, 96, 28), (24, 40, 30)])
+def test_split_conv_agrees_with_numpy_and_one_thread(c: int, o: int, size: int) -> None:
+    # a MobileNet-style 1×1 expansion conv with packed weights, split over output pixels
+    # (whose ``pixel // width`` index arithmetic the threaded copy must keep right)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, c, size, size)).astype(np.float32)
+    w = (rng.standard_normal((o, c, 1, 1)) * 0.3).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
+    exe = kiln.build(_conv1x1(c, o, size), params={"w": w, "b": b})
+    expect = np.clip(np.einsum("oc,chw->ohw", w[:, :, 0, 0], x[0])[None]
+                     + b[None, :, None, None], 0.0, 6.0)
+    with threads(1):
+        one = exe(x)
+    with threads(2):
+        two = exe(x)
+    np.testing.assert_allclose(two, expect, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(one, two)
