@@ -19,7 +19,7 @@ from functools import cache
 import llvmlite.binding as llvm
 
 # Bump when emitted code changes meaning or form (part of every cache key and symbol).
-CODEGEN_VERSION = "kiln-codegen-3"
+CODEGEN_VERSION = "kiln-codegen-4"
 
 _init_lock = threading.Lock()
 _initialized = False

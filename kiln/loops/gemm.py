@@ -17,7 +17,9 @@ The accumulator tile is a local buffer indexed only by constants, which SROA tur
 registers (6×16 float32: 12 ymm accumulators on AVX2; see `tests/loops/test_gemm.py`).
 Partial K blocks are summed in Cp, a padded copy of C. Edge tiles read zeros from the padded
 packing, and the epilogue writes only the valid rows and columns: full-width tiles with a
-vectorizable loop of ``nr``, the last, narrower column tile with a loop of ``n % nr``.
+vectorizable loop of ``nr``, the last, narrower column tile with a loop of ``n % nr``. When
+that last tile has at most one vector of columns (n % nr ≤ 8, as a 7×7 conv's N = 49), its
+micro-kernel is ``mr``×8 (N = 49: 56 columns computed instead of 64).
 
 Tile indices are clamped (``min(jc·TNB + t, NT - 1)``): the clamp never changes a value at
 run time, but it lets the verifier's interval arithmetic prove every access in bounds.
@@ -244,9 +246,11 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
 
         return _blocks(ic, tmb, mt, "ta", tile_body)
 
-    def micro(bt: Expr, pc: Expr, tn: Expr, tile_n: Expr, tm: Expr, tile_m: Expr) -> Stmt:
+    def micro(bt: Expr, pc: Expr, tn: Expr, tile_n: Expr, tm: Expr, tile_m: Expr,
+              width: int = nr) -> Stmt:
+        # ``width`` < nr: the last column tile, narrower (its other columns are padding)
         acc = Buffer("acc", (mr, nr), dtype, "local")
-        vecs = [(i, v * lanes) for i in range(mr) for v in range(nr // lanes)]
+        vecs = [(i, v * lanes) for i in range(mr) for v in range(width // lanes)]
 
         def acc_at(i: int, c: int) -> Load:
             return Load(acc, (Const(i), Const(c)), lanes)
@@ -270,19 +274,19 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
                 return b_panel(bt, tile_n, pc * kc + p, Const(c, INDEX))
             return Load(bp, (tn, p, Const(c)), lanes)
 
-        kloop = _k_loop(acc, a_at, b_at, kc, mr, nr, lanes, s.unroll)
-        finish = epilogue(bt, acc, tile_m, tile_n)
+        kloop = _k_loop(acc, a_at, b_at, kc, mr, width, lanes, s.unroll)
+        finish = epilogue(bt, acc, tile_m, tile_n, width)
         if cp is not None:
             keep = Seq(tuple(Store(cp, (tile_m * mr + i, tile_n * nr + c), acc_at(i, c))
                              for i, c in vecs))
             finish = IfThenElse(Binary("eq", pc, Const(nk - 1)), finish, keep)
         return Allocate(acc, Seq((init, kloop, finish)))
 
-    def epilogue(bt: Expr, acc: Buffer, tile_m: Expr, tile_n: Expr) -> Stmt:
+    def epilogue(bt: Expr, acc: Buffer, tile_m: Expr, tile_n: Expr, width: int = nr) -> Stmt:
         ctile = Buffer("ctile", (mr, nr), dtype, "local")
         spill = Seq(tuple(Store(ctile, (Const(i), Const(v * lanes)),
                                 Load(acc, (Const(i), Const(v * lanes)), lanes))
-                          for i in range(mr) for v in range(nr // lanes)))
+                          for i in range(mr) for v in range(width // lanes)))
         nfull = n // nr
         rows: Expr = Const(mr, INDEX)
         if m % mr:
@@ -307,8 +311,16 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
         return Allocate(ctile, Seq((spill, body)))
 
     def m_block(bt: Expr, jc: Expr, pc: Expr, ic: Expr) -> Stmt:
+        def tile(tn: Expr, tile_n: Expr, tm: Expr, tile_m: Expr) -> Stmt:
+            full = micro(bt, pc, tn, tile_n, tm, tile_m)
+            if not 0 < n % nr <= lanes < nr:
+                return full
+            # the last column tile has at most `lanes` columns: one vector of B per step
+            return IfThenElse(Binary("lt", tile_n, Const(nt - 1, INDEX)), full,
+                              micro(bt, pc, tn, tile_n, tm, tile_m, lanes))
+
         tiles = _blocks(jc, tnb, nt, "jr", lambda tn, tile_n: _blocks(
-            ic, tmb, mt, "ir", lambda tm, tile_m: micro(bt, pc, tn, tile_n, tm, tile_m)))
+            ic, tmb, mt, "ir", lambda tm, tile_m: tile(tn, tile_n, tm, tile_m)))
         if a_panel is not None:
             return tiles
         return Allocate(ap, Seq((pack_a(bt, ic, pc), tiles)))
