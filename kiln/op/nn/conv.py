@@ -159,18 +159,18 @@ def _conv2d_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
                   oplib.dtype_const(0, acc), fin, acc)  # type: ignore[arg-type]
 
 
-conv2d = register(
-    "nn.conv2d",
-    inputs=("data", "weight"),
-    attrs=(
+def _window_attrs(extra: tuple[Attr, ...], kernel_layout: str,
+                  after_layout: tuple[Attr, ...] = ()) -> tuple[Attr, ...]:
+    """The attributes every convolution shares, ``extra`` before the kernel layout and
+    ``after_layout`` after it."""
+    return (
         Attr("strides", (1, 1), kind="ints", convert=pair, doc="step of the window (h, w)"),
-        # TVM's default is (0, 0); a given padding is normalized to (top, left, bottom, right).
         Attr(
             "padding",
             (0, 0),
             kind="ints",
             convert=padding4,
-            doc="zero padding: 1, 2 or 4 numbers, kept as (top, left, bottom, right)",
+            doc="padding of the convolution: 1, 2 or 4 numbers, kept as (top, left, bottom, right)",
         ),
         Attr("dilation", (1, 1), kind="ints", convert=pair, doc="spacing of kernel taps"),
         Attr("groups", 1, kind="int", doc="channel groups (groups = channels: depthwise)"),
@@ -183,10 +183,21 @@ conv2d = register(
             convert=pair,
             doc="kernel (h, w), if given",
         ),
-        Attr("data_layout", "NCHW", kind="str", doc="layout of data (only NCHW)"),
-        Attr("kernel_layout", "OIHW", kind="str", doc="layout of weight (only OIHW)"),
-        Attr("out_layout", "", kind="str", doc="layout of the result ('' or NCHW)"),
+        *extra,
+        Attr("kernel_layout", kernel_layout, kind="str", doc=f"layout of weight ({kernel_layout})"),
+        *after_layout,
         Attr("out_dtype", "", kind="dtype", doc="result dtype; '': that of data"),
+    )
+
+
+
+conv2d = register(
+    "nn.conv2d",
+    inputs=("data", "weight"),
+    attrs=_window_attrs(
+        (Attr("data_layout", "NCHW", kind="str", doc="layout of data (only NCHW)"),),
+        "OIHW",
+        (Attr("out_layout", "", kind="str", doc="layout of the result ('' or NCHW)"),),
     ),
     relation=_conv2d_relation,
     compute=_conv2d,
@@ -270,33 +281,6 @@ def _conv2d_grad(c: Call, g: Expr) -> list[Expr | None]:
         _data_adjoint(g, weight, data, out_hw, kernel, c.attrs, "nn.conv2d"),  # type: ignore
         _weight_adjoint(g, data, weight, c.attrs, "nn.conv2d"),
     ]
-
-
-def _window_attrs(extra: tuple[Attr, ...], kernel_layout: str) -> tuple[Attr, ...]:
-    return (
-        Attr("strides", (1, 1), kind="ints", convert=pair, doc="step of the window (h, w)"),
-        Attr(
-            "padding",
-            (0, 0),
-            kind="ints",
-            convert=padding4,
-            doc="padding of the convolution: 1, 2 or 4 numbers, kept as (top, left, bottom, right)",
-        ),
-        Attr("dilation", (1, 1), kind="ints", convert=pair, doc="spacing of kernel taps"),
-        Attr("groups", 1, kind="int", doc="channel groups"),
-        Attr("channels", None, kind="int", optional=True, doc="output channels, if given"),
-        Attr(
-            "kernel_size",
-            None,
-            kind="ints",
-            optional=True,
-            convert=pair,
-            doc="kernel (h, w), if given",
-        ),
-        *extra,
-        Attr("kernel_layout", kernel_layout, kind="str", doc=f"layout of weight ({kernel_layout})"),
-        Attr("out_dtype", "", kind="dtype", doc="result dtype; '': that of data"),
-    )
 
 
 def _conv2d_transpose_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
