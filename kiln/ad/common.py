@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from kiln.errors import Error, InternalError
 from kiln.infer.infer import describe
 from kiln.ir.expr import Call, Expr, Let, Op, Tuple, TupleGetItem, Var
-from kiln.ir.traverse import children, with_children
+from kiln.ir.traverse import children, post_order, with_children
 from kiln.ir.ty import TensorType, TupleType, Type, type_children
 from kiln.op import registry
 
@@ -117,16 +117,11 @@ class Binder:
 
     def bind(self, root: Expr, name: str = "g") -> Expr:
         known = self.known
-        stack: list[tuple[Expr, bool]] = [(root, False)]
-        while stack:
-            node, ready = stack.pop()
+        # Nodes already known are not entered: what stands for them is not rebuilt.
+        for node in post_order(root, gate=lambda e: id(e) not in known):
             if id(node) in known:
                 continue
             kids = children(node)
-            if not ready and kids:
-                stack.append((node, True))
-                stack.extend((k, False) for k in reversed(kids) if id(k) not in known)
-                continue
             rebuilt = with_children(node, [known.get(id(k), k) for k in kids])
             if isinstance(rebuilt, Call) and isinstance(rebuilt.op, Op):
                 rebuilt = self.lets.push(rebuilt, name)

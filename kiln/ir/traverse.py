@@ -3,14 +3,15 @@
 Programs in A-normal form are let chains thousands deep, so nothing here recurses over the
 IR. Two tools cover most needs:
 
-- `post_order` lists the nodes of a DAG children-first, and `rewrite` rebuilds it bottom-up;
+- `post_order` lists the nodes of a DAG children-first (a ``gate`` says where not to descend),
+  and `rewrite` rebuilds it bottom-up;
 - `trampoline` runs code written as recursive *generators* on an explicit stack: a visitor
   says ``value = yield self.visit(child)`` where it would have called itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import Any
 
 from kiln.errors import InternalError
@@ -129,8 +130,18 @@ def with_children(e: Expr, kids: tuple[Expr, ...] | list[Expr]) -> Expr:
     raise InternalError(f"cannot rebuild expression node {type(e).__name__}")
 
 
-def post_order(root: Expr) -> list[Expr]:
-    """Every distinct node reachable from ``root`` (by identity), children before parents."""
+def post_order(
+    root: Expr,
+    gate: Callable[[Expr], bool] | None = None,
+    kids: Callable[[Expr], Sequence[Expr]] = children,
+) -> list[Expr]:
+    """Every distinct node reachable from ``root`` (by identity), children before parents.
+
+    The one post-order walk of kiln, on an explicit stack. ``gate(node)`` False means "do not
+    descend": the node itself is still listed, at its place in the order, but nothing below
+    it is reached through it (a fused kernel, a nested function). ``kids`` gives a node's
+    children, `children` unless the walk follows other edges (dataflow edges, live bindings).
+    """
     order: list[Expr] = []
     seen: set[int] = set()
     stack: list[tuple[Expr, bool]] = [(root, False)]
@@ -143,7 +154,9 @@ def post_order(root: Expr) -> list[Expr]:
             continue
         seen.add(id(node))
         stack.append((node, True))
-        for kid in reversed(children(node)):
+        if gate is not None and not gate(node):
+            continue
+        for kid in reversed(kids(node)):
             if id(kid) not in seen:
                 stack.append((kid, False))
     return order

@@ -50,7 +50,7 @@ from kiln.ir.expr import (
     Var,
 )
 from kiln.ir.module import IRModule
-from kiln.ir.traverse import children, trampoline
+from kiln.ir.traverse import children, post_order, trampoline
 from kiln.ir.ty import (
     AnyDim,
     FuncType,
@@ -512,32 +512,24 @@ class _Body:
 
     def walk(self, tail: Expr) -> tuple[list[Expr], dict[int, tuple[Expr, ...]], list[Var]]:
         """The non-atomic nodes children-first, their children, and the variables used."""
-        order: list[Expr] = []
         kids_of: dict[int, tuple[Expr, ...]] = {}
+
+        def kids(node: Expr) -> tuple[Expr, ...]:
+            k = kids_of[id(node)] = _children(node)
+            return k
+
+        # Atoms are listed but not entered; the order keeps the other nodes, and the atoms
+        # that are variables, in first-use order, are the variables used.
+        order: list[Expr] = []
         used: list[Var] = []
         used_ids = self.used_vars
-        seen: set[int] = set()
-        stack: list[tuple[Expr, bool]] = [(tail, False)]
-        while stack:
-            node, done = stack.pop()
-            if done:
-                order.append(node)
-                continue
-            nid = id(node)
-            if nid in seen:
-                continue
-            seen.add(nid)
-            if _is_atom(node):
+        for node in post_order(tail, gate=lambda n: not _is_atom(n), kids=kids):
+            if id(node) not in kids_of:
                 if type(node) is Var:
-                    used_ids.add(nid)
+                    used_ids.add(id(node))
                     used.append(node)  # type: ignore[arg-type]
                 continue
-            kids = _children(node)
-            kids_of[nid] = kids
-            stack.append((node, True))
-            for j in range(len(kids) - 1, -1, -1):
-                if id(kids[j]) not in seen:
-                    stack.append((kids[j], False))
+            order.append(node)
         return order, kids_of, used
 
     def order_events(self, tail: Expr, kids_of: dict[int, tuple[Expr, ...]]) -> None:

@@ -46,7 +46,7 @@ from kiln.ir.expr import (
     Var,
 )
 from kiln.ir.module import IRModule
-from kiln.ir.traverse import Visit, children, trampoline, with_children
+from kiln.ir.traverse import Visit, children, post_order, trampoline, with_children
 from kiln.transform.effects import Effect, EffectAnalysis
 from kiln.transform.pass_manager import PassContext, is_primitive, module_pass
 
@@ -140,29 +140,13 @@ class Scopes:
         return (id(e), id(frame)) if id(e) in self.per_frame else id(e)
 
 
-def _post_order(root: Expr) -> list[Expr]:
-    order: list[Expr] = []
-    seen: set[int] = set()
-    stack: list[tuple[Expr, bool]] = [(root, False)]
-    while stack:
-        node, expanded = stack.pop()
-        if expanded:
-            order.append(node)
-            continue
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        stack.append((node, True))
-        if isinstance(node, Function) and is_primitive(node) and node is not root:
-            continue
-        stack.extend((k, False) for k in reversed(children(node)) if id(k) not in seen)
-    return order
-
-
 def compute_scopes(root: Expr, per_frame: frozenset[int] = frozenset()) -> Scopes:
     """Each node's scope: the least common ancestor of the scopes its users put it in."""
     s = Scopes(Scope(None, "function"), per_frame)
-    s.order = _post_order(root)
+    # Fused kernels below the root are nodes of the graph but are not entered.
+    s.order = post_order(
+        root, gate=lambda n: not (isinstance(n, Function) and is_primitive(n) and n is not root)
+    )
     s.of[id(root)] = s.root
     s.copies[id(root)] = [id(root)]
     for node in reversed(s.order):  # every user before what it uses

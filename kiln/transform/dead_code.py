@@ -64,21 +64,11 @@ def eliminate(root: Expr, effects: dict[int, int]) -> Expr:
 
     # Post-order over what survives: a dead binding's value is never visited.
     done: dict[int, Expr] = {}
-    seen: set[int] = set()
-    stack: list[tuple[Expr, bool]] = [(root, False)]
-    while stack:
-        node, expanded = stack.pop()
-        if expanded:
-            if isinstance(node, Let) and node.var not in live:
-                done[id(node)] = done[id(node.body)]
-            else:
-                done[id(node)] = with_children(node, [done[id(k)] for k in children(node)])
-            continue
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        stack.append((node, True))
-        stack.extend((k, False) for k in reversed(kids(node)) if id(k) not in seen)
+    for node in post_order(root, kids=kids):
+        if isinstance(node, Let) and node.var not in live:
+            done[id(node)] = done[id(node.body)]
+        else:
+            done[id(node)] = with_children(node, [done[id(k)] for k in children(node)])
     return done[id(root)]
 
 

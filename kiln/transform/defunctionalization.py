@@ -351,7 +351,7 @@ class _Defunctionalizer:
 
     def function(self, fn: Function) -> Function:
         kernels = _kernels(fn)
-        order = _post_order_outside_kernels(fn, kernels)
+        order = post_order(fn, gate=lambda n: id(n) not in kernels)
         hint: dict[int, str] = {}
         self_var: dict[int, Var] = {}
         for node in order:
@@ -457,24 +457,6 @@ def _kernels(fn: Function) -> set[int]:
                                 "value; kernels can only be called", k.span)
                 kernels.add(id(k))
     return kernels
-
-
-def _post_order_outside_kernels(root: Expr, kernels: set[int]) -> list[Expr]:
-    order: list[Expr] = []
-    seen: set[int] = set()
-    stack: list[tuple[Expr, bool]] = [(root, False)]
-    while stack:
-        node, expanded = stack.pop()
-        if expanded:
-            order.append(node)
-            continue
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        stack.append((node, True))
-        if id(node) not in kernels:
-            stack.extend((k, False) for k in reversed(children(node)) if id(k) not in seen)
-    return order
 
 
 def _is_first_order(mod: IRModule) -> bool:

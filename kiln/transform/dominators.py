@@ -33,7 +33,7 @@ from kiln.ir.expr import (
     Tuple,
     TupleGetItem,
 )
-from kiln.ir.traverse import children
+from kiln.ir.traverse import children, post_order
 from kiln.ir.ty import TensorType, TupleType
 from kiln.op import registry
 from kiln.op.registry import OpPattern
@@ -97,7 +97,7 @@ class IndexedForwardGraph:
     def __init__(self, root: Expr) -> None:
         self.nodes: list[GraphNode] = []
         self.node_of: dict[int, GraphNode] = {}  # id(expr) -> node
-        for e in _post_order(root):
+        for e in post_order(root, kids=dataflow_children):
             node = GraphNode(e, len(self.nodes))
             self.nodes.append(node)
             self.node_of[id(e)] = node
@@ -168,26 +168,6 @@ class IndexedForwardGraph:
                     self._edge(kid, None, OpPattern.OPAQUE)
             case _:
                 pass  # variables, globals, constructors: opaque leaves
-
-
-def _post_order(root: Expr) -> list[Expr]:
-    """Graph nodes reachable from ``root``, children first (an explicit stack, no recursion)."""
-    order: list[Expr] = []
-    seen: set[int] = set()
-    stack: list[tuple[Expr, bool]] = [(root, False)]
-    while stack:
-        e, expanded = stack.pop()
-        if expanded:
-            order.append(e)
-            continue
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        stack.append((e, True))
-        for kid in reversed(dataflow_children(e)):
-            if id(kid) not in seen:
-                stack.append((kid, False))
-    return order
 
 
 class PostDominatorTree:

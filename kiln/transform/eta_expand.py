@@ -19,7 +19,7 @@ from __future__ import annotations
 from kiln.ir.adt import Constructor
 from kiln.ir.expr import Call, Expr, Function, GlobalVar, Var
 from kiln.ir.module import IRModule
-from kiln.ir.traverse import children, with_children
+from kiln.ir.traverse import children, post_order, with_children
 from kiln.ir.ty import FuncType, Type, TypeVar, substitute
 from kiln.transform.pass_manager import (
     ModulePass,
@@ -60,26 +60,19 @@ def eta_expand_function(fn: Function, kinds: tuple[type, ...], annotate: bool = 
         # One expansion per use: uses of one node may be at different types.
         return expansion(e, annotate) if isinstance(e, kinds) else rebuilt  # type: ignore
 
+    def kernel(e: Expr) -> bool:
+        return isinstance(e, Function) and is_primitive(e) and e is not fn
+
     done: dict[int, Expr] = {}
-    seen: set[int] = set()
-    stack: list[tuple[Expr, bool]] = [(fn, False)]
-    while stack:
-        node, expanded = stack.pop()
-        if expanded:
-            kids = children(node)
-            new = [value(k, done[id(k)]) for k in kids]
-            if isinstance(node, Call):
-                new[0] = done[id(kids[0])]  # the callee is not a value
-            done[id(node)] = with_children(node, new)
-            continue
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        if isinstance(node, Function) and is_primitive(node) and node is not fn:
+    for node in post_order(fn, gate=lambda e: not kernel(e)):
+        if kernel(node):
             done[id(node)] = node  # fused kernels are left as they are
             continue
-        stack.append((node, True))
-        stack.extend((k, False) for k in reversed(children(node)) if id(k) not in seen)
+        kids = children(node)
+        new = [value(k, done[id(k)]) for k in kids]
+        if isinstance(node, Call):
+            new[0] = done[id(kids[0])]  # the callee is not a value
+        done[id(node)] = with_children(node, new)
     out = done[id(fn)]
     assert isinstance(out, Function)
     return out

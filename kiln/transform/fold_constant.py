@@ -43,7 +43,7 @@ from kiln.ir.expr import (
     Var,
 )
 from kiln.ir.module import IRModule
-from kiln.ir.traverse import children, with_children
+from kiln.ir.traverse import children, post_order, with_children
 from kiln.ir.ty import TensorType, TupleType, Type
 from kiln.op import registry
 from kiln.transform.effects import op_effect
@@ -188,31 +188,15 @@ RULES = {
 }
 
 
-def _post_order(root: Expr) -> list[Expr]:
-    """Nodes children-first, as `post_order`, but not entering fused kernels."""
-    order: list[Expr] = []
-    seen: set[int] = set()
-    stack: list[tuple[Expr, bool]] = [(root, False)]
-    while stack:
-        node, expanded = stack.pop()
-        if expanded:
-            order.append(node)
-            continue
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        stack.append((node, True))
-        if isinstance(node, Function) and is_primitive(node):
-            continue
-        stack.extend((k, False) for k in reversed(children(node)) if id(k) not in seen)
-    return order
+def _not_kernel(e: Expr) -> bool:
+    return not (isinstance(e, Function) and is_primitive(e))
 
 
 def fold(root: Expr) -> Expr:
     """``root`` with its constant parts folded."""
     # A let's value is complete before its body is visited, and the body is where its
     # variable first occurs: a let-bound constant is known before any use of the variable.
-    order = _post_order(root)
+    order = post_order(root, gate=_not_kernel)  # fused kernels are not entered
     lets_of_value: dict[int, list[Var]] = {}
     for node in order:
         if isinstance(node, Let):

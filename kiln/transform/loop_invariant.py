@@ -121,21 +121,7 @@ def _safe_call(call: Call) -> bool:
 
 def _own_scope(body: Expr) -> list[Expr]:
     """Nodes of ``body`` children first, without entering nested functions."""
-    order: list[Expr] = []
-    seen: set[int] = set()
-    stack: list[tuple[Expr, bool]] = [(body, False)]
-    while stack:
-        e, expanded = stack.pop()
-        if expanded:
-            order.append(e)
-            continue
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        stack.append((e, True))
-        if not isinstance(e, Function):
-            stack.extend((k, False) for k in reversed(children(e)) if id(k) not in seen)
-    return order
+    return post_order(body, gate=lambda e: not isinstance(e, Function))
 
 
 def _is_self_call(e: Expr, self_ref: Expr, arity: int) -> bool:

@@ -427,15 +427,8 @@ class RewriteContext:
         if t is not None:
             return t
         # Only nodes made by rewrites lack types; work them out children first.
-        stack: list[tuple[Expr, bool]] = [(e, False)]
-        while stack:
-            node, expanded = stack.pop()
+        for node in post_order(e, gate=lambda n: self.type_of_known(n) is None):
             if self.type_of_known(node) is not None:
-                continue
-            if not expanded:
-                stack.append((node, True))
-                stack.extend((k, False) for k in children(node)
-                             if self.type_of_known(k) is None)
                 continue
             t = self._local_type(node)
             if t is not None:
