@@ -9,6 +9,7 @@
     kiln optimize --passes fold-constant,fuse-ops model.rly -o out.rly
     kiln optimize --list                          every pass, with its opt level
     kiln build model.rly -o model.kiln            compile to an executable file
+    kiln export model.onnx -o model.so            a C-callable shared library and model.h
 
 One file per subcommand. Errors are one line on stderr and a non-zero exit status: 1 for a
 kiln.Error (a bad file, model or input), 2 for bad arguments, 3 for a bug in kiln (an
@@ -22,7 +23,7 @@ import sys
 from collections.abc import Sequence
 
 from kiln.cli import compile as compile_cmd
-from kiln.cli import graph, import_cmd, run, show
+from kiln.cli import export, graph, import_cmd, run, show
 from kiln.errors import Error, InternalError
 
 
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_parser(sub)
     graph.add_parser(sub)
     compile_cmd.add_parsers(sub)
+    export.add_parser(sub)
     return parser
 
 

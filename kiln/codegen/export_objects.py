@@ -1,0 +1,134 @@
+"""Position-independent object files for `kiln export`: kernels and a program entry for a Target.
+
+The in-process code generator (compile.py, target.py) makes machine code for MCJIT to map into
+this process: the JIT code model, the default relocation model. A shared library needs
+position-independent code instead (``-fPIC``: calls through the PLT, globals through the GOT),
+and may be for another machine than this one (``aarch64-linux-gnu``), so `kiln export` compiles
+its own objects here: the same LLVM IR (emit.py, program.py), verified, optimized with the same
+pipeline, and emitted for the Target with ``reloc="pic"``. They are cached on disk beside the
+JIT objects, under keys that say PIC and name the target.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import llvmlite.binding as llvm
+
+from kiln.codegen.cache import DiskCache, cache_key, fingerprint, kernel_symbol
+from kiln.codegen.emit import emit_kernel
+from kiln.codegen.target import CODEGEN_VERSION, initialize_all
+from kiln.errors import Error, InternalError
+from kiln.loops.ir import Kernel
+from kiln.loops.verify import verify
+from kiln.target import Target
+
+
+@dataclass(frozen=True)
+class PicMachine:
+    """An LLVM target machine making position-independent code for a Target."""
+
+    target: Target
+    opt_level: int
+    machine: llvm.TargetMachine
+
+    @property
+    def data_layout(self) -> str:
+        return str(self.machine.target_data)
+
+    @property
+    def key(self) -> str:
+        """Everything that changes the object code: part of each cache key."""
+        version = ".".join(str(v) for v in llvm.llvm_version_info)
+        return (f"{CODEGEN_VERSION}|pic|{self.target.triple}|{self.target.cpu}|"
+                f"{self.target.llvm_features}|llvm-{version}|O{self.opt_level}")
+
+
+def pic_machine(target: Target, opt_level: int) -> PicMachine:
+    """A target machine for ``target`` at ``opt_level`` (0-3), emitting PIC."""
+    initialize_all()
+    try:
+        llvm_target = llvm.Target.from_triple(target.triple)
+    except RuntimeError as exc:
+        raise Error(f"LLVM cannot generate code for {target.triple!r}: {exc}") from None
+    machine = llvm_target.create_target_machine(
+        cpu=target.cpu, features=target.llvm_features, opt=opt_level, reloc="pic",
+        codemodel="default")
+    return PicMachine(target, opt_level, machine)
+
+
+def _compile(text: str, pm: PicMachine, what: str) -> bytes:
+    """Verify, optimize (the pipeline of kiln/codegen/target.py) and emit one module."""
+    try:
+        module = llvm.parse_assembly(text)
+        module.verify()
+    except RuntimeError as exc:
+        raise InternalError(f"LLVM rejected the code generated for {what}: {exc}") from None
+    pto = llvm.create_pipeline_tuning_options(speed_level=pm.opt_level)
+    if pm.opt_level >= 2:
+        pto.loop_vectorization = True
+        pto.slp_vectorization = True
+        pto.loop_unrolling = True
+        pto.loop_interleaving = True
+    pb = llvm.create_pass_builder(pm.machine, pto)
+    pb.getModulePassManager().run(module, pb)
+    return bytes(pm.machine.emit_object(module))
+
+
+@dataclass
+class ExportObjects:
+    """The object files of an exported library, and what making them cost."""
+
+    kernel_symbols: dict[str, str]  # kernel name -> its symbol
+    objects: list[tuple[str, bytes]]  # (a file name, the object's bytes)
+    compiled: int = 0
+    cache_hits: int = 0
+    seconds: float = 0.0
+    per_object: dict[str, float] = field(default_factory=dict)
+
+
+def compile_export_objects(kernels: Sequence[Kernel], entry_text: str, pm: PicMachine,
+                           entry_opt_level: int, cache: bool = True) -> ExportObjects:
+    """PIC objects for ``kernels`` (one per distinct kernel) and the program entry's IR."""
+    t0 = time.perf_counter()
+    disk = DiskCache.default() if cache else None
+    out = ExportObjects({}, [])
+    done: set[str] = set()
+
+    def build(name: str, key: str, make_text, what: str, machine: PicMachine) -> None:
+        data = disk.get(key) if disk is not None else None
+        if data is not None:
+            out.cache_hits += 1
+        else:
+            s = time.perf_counter()
+            data = _compile(make_text(), machine, what)
+            out.per_object[name] = time.perf_counter() - s
+            out.compiled += 1
+            if disk is not None:
+                disk.put(key, data)
+        out.objects.append((f"{name}.o", data))
+
+    for k in kernels:
+        fp = fingerprint(k)
+        symbol = kernel_symbol(k, fp)
+        out.kernel_symbols[k.name] = symbol
+        if symbol in done:
+            continue
+        done.add(symbol)
+        build(symbol, cache_key(fp, pm.key),
+              lambda k=k, symbol=symbol: str(emit_kernel(verify(k), symbol, pm.target.triple,
+                                                         pm.data_layout)),
+              f"kernel {k.name}", pm)
+    entry_pm = pm if entry_opt_level == pm.opt_level else pic_machine(pm.target,
+                                                                       entry_opt_level)
+    digest = hashlib.sha256(entry_text.encode()).hexdigest()
+    build("program", cache_key("module:" + digest, entry_pm.key), lambda: entry_text,
+          "the program's entry point", entry_pm)
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+__all__ = ["ExportObjects", "PicMachine", "compile_export_objects", "pic_machine"]

@@ -1,0 +1,188 @@
+"""kiln export: a shared library and header that a C program links and calls, checked against the
+reference interpreter — on this machine, and for aarch64 under qemu when the cross tools exist."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.cli import main as cli_main
+from kiln.runtime.export import export_library
+from kiln.testing.models import mlp
+
+CROSS_CC = "aarch64-linux-gnu-gcc"
+QEMU = "qemu-aarch64"
+SYSROOT = "/usr/aarch64-linux-gnu"
+
+needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc)")
+needs_cross = pytest.mark.skipif(
+    shutil.which(CROSS_CC) is None or shutil.which(QEMU) is None,
+    reason=f"{CROSS_CC} or {QEMU} is not installed (make cross-tools installs them)")
+
+SMALL_CONV = """
+def @main(%x: Tensor[(1, 3, 8, 8), float32], %w1: Tensor[(8, 3, 3, 3), float32],
+          %b1: Tensor[(8), float32], %w2: Tensor[(4, 8, 1, 1), float32]) {
+  %0 = nn.conv2d(%x, %w1, padding=[1, 1], channels=8, kernel_size=[3, 3]);
+  %1 = nn.relu(nn.bias_add(%0, %b1));
+  %2 = nn.max_pool2d(%1, pool_size=[2, 2], strides=[2, 2]);
+  %3 = nn.conv2d(%2, %w2, channels=4, kernel_size=[1, 1]);
+  (%3, nn.softmax(nn.batch_flatten(%3)))
+}
+"""
+
+
+def rand(*shape: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype("float32")
+
+
+def c_main(lib) -> str:
+    """A C program: each input read from in<i>.bin, the model run, each output written to
+    out<i>.bin; the status's message on stderr."""
+    p, up = lib.name, lib.name.upper()
+    lines = ["#include <stdio.h>", "#include <stdlib.h>", f'#include "{lib.header.name}"', "",
+             "int main(void) {"]
+    for i, t in enumerate(lib.inputs):
+        lines += [f"    static {t.c_type} in{i}[{up}_INPUT_{i}_COUNT];",
+                  f'    FILE *f{i} = fopen("in{i}.bin", "rb");',
+                  f"    if (!f{i} || fread(in{i}, 1, {up}_INPUT_{i}_BYTES, f{i}) != "
+                  f"{up}_INPUT_{i}_BYTES) return 10;",
+                  f"    fclose(f{i});"]
+    for i, t in enumerate(lib.outputs):
+        lines.append(f"    static {t.c_type} out{i}[{up}_OUTPUT_{i}_COUNT];")
+    args = ", ".join([f"in{i}" for i in range(len(lib.inputs))]
+                     + [f"out{i}" for i in range(len(lib.outputs))])
+    lines += [f"    int status = {p}_run({args});",
+              f'    if (status != {up}_OK) {{ fprintf(stderr, "%s\\n", {p}_error(status)); '
+              "return 11; }"]
+    for i in range(len(lib.outputs)):
+        lines += [f'    FILE *g{i} = fopen("out{i}.bin", "wb");',
+                  f"    fwrite(out{i}, 1, {up}_OUTPUT_{i}_BYTES, g{i});", f"    fclose(g{i});"]
+    lines += ["    return 0;", "}", ""]
+    return "\n".join(lines)
+
+
+def run_c(lib, inputs: list[np.ndarray], cc: str = "cc", runner: list[str] = ()) -> list:
+    """Compile `c_main` against the library, run it on ``inputs``, read its outputs back."""
+    work = lib.library.parent
+    (work / "main.c").write_text(c_main(lib))
+    subprocess.run([cc, "-O1", "-Wall", "-Werror", "-o", "main", "main.c", lib.library.name,
+                    "-Wl,-rpath,$ORIGIN"], cwd=work, check=True, capture_output=True)
+    for i, a in enumerate(inputs):
+        (work / f"in{i}.bin").write_bytes(np.ascontiguousarray(a).tobytes())
+    done = subprocess.run([*runner, "./main"], cwd=work, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    return [np.fromfile(work / f"out{i}.bin", t.type.dtype).reshape(t.shape)
+            for i, t in enumerate(lib.outputs)]
+
+
+def flat(value) -> list[np.ndarray]:
+    return list(value) if isinstance(value, tuple) else [value]
+
+
+def check(got: list[np.ndarray], want) -> None:
+    want = flat(want)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+def conv_case() -> tuple[kiln.IRModule, dict[str, np.ndarray], np.ndarray]:
+    mod = kiln.parse(SMALL_CONV)
+    params = {"w1": rand(8, 3, 3, 3, seed=1) * 0.3, "b1": rand(8, seed=2) * 0.1,
+              "w2": rand(4, 8, 1, 1, seed=3) * 0.3}
+    return mod, params, rand(1, 3, 8, 8, seed=4)
+
+
+@needs_cc
+def test_an_mlp_runs_from_c_like_the_interpreter(tmp_path: Path) -> None:
+    mod, params = mlp(batch=2, sizes=(64, 48, 10))
+    lib = export_library(mod, tmp_path / "mlp.so", params=params)
+    assert lib.prototype == "int mlp_run(const float *data, float *output)"
+    header = lib.header.read_text()
+    assert "#define MLP_INPUT_0_COUNT 128" in header and "#define MLP_OUTPUT_0_BYTES 80" in header
+    x = rand(2, 64, seed=5)
+    check(run_c(lib, [x]), kiln.interpret(mod, x, params=params))
+
+
+@needs_cc
+def test_a_conv_net_with_a_tuple_result_from_c(tmp_path: Path) -> None:
+    mod, params, x = conv_case()
+    lib = export_library(mod, tmp_path / "conv.so", params=params,
+                         output_names=["features", "probs"])
+    assert [t.c_name for t in lib.outputs] == ["features", "probs"]
+    check(run_c(lib, [x]), kiln.interpret(mod, x, params=params))
+
+
+@needs_cc
+def test_an_executable_exports_and_weights_may_stay_inputs(tmp_path: Path) -> None:
+    mod = kiln.parse("def @main(%x: Tensor[(3, 5), float32], %k: float32, %c: bool) {"
+                     " if (%c) { nn.relu(%x) * %k } else { %x - %k } }")
+    lib = export_library(kiln.build(mod), tmp_path / "branch.so")
+    assert lib.prototype == ("int branch_run(const float *x, const float *k, const uint8_t *c, "
+                             "float *output)")
+    x, k = rand(3, 5, seed=6), np.float32(1.5)
+    for c in (True, False):
+        check(run_c(lib, [x, k, np.bool_(c)]), kiln.interpret(mod, x, k, np.bool_(c)))
+
+
+def test_a_program_that_is_not_static_is_a_clear_error(tmp_path: Path) -> None:
+    mod = kiln.parse("def @count(%n: int32) -> int32 { if (%n == 0) { 0 } else "
+                     "{ 1 + @count(%n - 1) } }  def @main(%n: int32) { @count(%n) }")
+    with pytest.raises(kiln.Error, match="recursively.*static programs only"):
+        export_library(mod, tmp_path / "count.so")
+    sym = kiln.parse("def @main(%x: Tensor[(n, 3), float32]) { nn.relu(%x) }")
+    with pytest.raises(kiln.Error, match="symbolic shape"):
+        export_library(sym, tmp_path / "sym.so")
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("target, message", [
+    ("sparc-sun-solaris", "sparc"), ("llvm -mfoo=1", "unknown option"),
+    ("evaluator", "not a machine"), ("", "empty target")])
+def test_bad_targets_are_errors(tmp_path: Path, target: str, message: str) -> None:
+    mod = kiln.parse("def @main(%x: Tensor[(4), float32]) { %x * 2f }")
+    with pytest.raises(kiln.Error, match=message):
+        export_library(mod, tmp_path / "m.so", target=target)
+
+
+def test_an_unwritable_output_path_is_an_error(tmp_path: Path) -> None:
+    mod = kiln.parse("def @main(%x: Tensor[(4), float32]) { %x * 2f }")
+    with pytest.raises(kiln.Error, match="no directory"):
+        export_library(mod, tmp_path / "missing" / "m.so")
+    with pytest.raises(kiln.Error, match="is a directory"):
+        export_library(mod, tmp_path)
+    with pytest.raises(kiln.Error, match="not a C identifier"):
+        export_library(mod, tmp_path / "m.so", name="my model")
+
+
+@needs_cc
+def test_the_command_exports_a_relay_file(tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli_main(["export", "--help"])
+    assert e.value.code == 0
+    assert "shared library" in capsys.readouterr().out
+    src = tmp_path / "twice.rly"
+    src.write_text("def @main(%x: Tensor[(2, 3), float32]) { %x * 2f }")
+    assert cli_main(["export", str(src), "-o", str(tmp_path / "twice.so")]) == 0
+    err = capsys.readouterr().err
+    assert "int twice_run(const float *x, float *output)" in err
+    assert (tmp_path / "twice.h").is_file()
+    assert cli_main(["export", str(src), "--target", "mips-linux-gnu",
+                     "-o", str(tmp_path / "m.so")]) == 1
+    assert "mips" in capsys.readouterr().err
+
+
+@needs_cross
+def test_aarch64_under_qemu(tmp_path: Path) -> None:
+    mod, params, x = conv_case()
+    lib = export_library(mod, tmp_path / "conv.so", target="aarch64-linux-gnu", params=params)
+    assert "aarch64" in subprocess.run(["file", "-b", str(lib.library)], capture_output=True,
+                                       text=True).stdout.lower() or shutil.which("file") is None
+    got = run_c(lib, [x], cc=CROSS_CC, runner=[QEMU, "-L", SYSROOT])
+    check(got, kiln.interpret(mod, x, params=params))
