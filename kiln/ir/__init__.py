@@ -10,6 +10,7 @@ from kiln.ir.adt import (
     TypeData,
 )
 from kiln.ir.attrs import Attrs
+from kiln.ir.dtype import DType, dtype_of
 from kiln.ir.equal import structural_equal, structural_hash
 from kiln.ir.expr import (
     Call,
@@ -55,6 +56,7 @@ from kiln.ir.ty import (
 
 __all__ = [
     "Attrs",
+    "DType",
     "IRModule",
     "structural_equal",
     "structural_hash",
@@ -95,6 +97,7 @@ __all__ = [
     "Var",
     "as_expr",
     "const",
+    "dtype_of",
     "if_",
     "let",
     "scalar_type",
