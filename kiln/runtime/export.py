@@ -246,11 +246,12 @@ def export_library(
                     "static programs only (tensors of static shape and tuples of them, "
                     "branches, loops, calls that do not recurse) — the ones the native "
                     "executor runs; the VM runs the others, from Python") from None
-    decls = program.kernels
-    missing = [n for n in code.kernels if decls[n].kernel is None]
-    if missing:
-        raise InternalError(f"kernels without loop IR: {', '.join(missing)}")
-    kernels = [decls[n].kernel for n in code.kernels]
+    kernels = []
+    for kernel_name in code.kernels:
+        k = program.kernels[kernel_name].kernel
+        if k is None:
+            raise InternalError(f"kernel {kernel_name} has no loop IR to export")
+        kernels.append(k)
     inputs, outputs = _tensors(program, code, input_names, output_names)
     blob, offsets = _weights(program.constants)
     if len(blob) > MAX_WEIGHT_BYTES:

@@ -46,7 +46,8 @@ class CTensor:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(int(d) for d in self.type.shape)  # type: ignore[call-overload]
+        # Static: emit_program refuses symbolic shapes before any CTensor is made.
+        return tuple(d for d in self.type.shape if isinstance(d, int))
 
     @property
     def count(self) -> int:

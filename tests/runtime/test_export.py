@@ -3,8 +3,10 @@ reference interpreter — on this machine, and for aarch64 under qemu when the c
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -66,7 +68,8 @@ def c_main(lib) -> str:
     return "\n".join(lines)
 
 
-def run_c(lib, inputs: list[np.ndarray], cc: str = "cc", runner: list[str] = ()) -> list:
+def run_c(lib, inputs: list[np.ndarray], cc: str = "cc", runner: Sequence[str] = (),
+          env: dict[str, str] | None = None) -> list:
     """Compile `c_main` against the library, run it on ``inputs``, read its outputs back."""
     work = lib.library.parent
     (work / "main.c").write_text(c_main(lib))
@@ -75,7 +78,7 @@ def run_c(lib, inputs: list[np.ndarray], cc: str = "cc", runner: list[str] = ())
     for i, a in enumerate(inputs):
         (work / f"in{i}.bin").write_bytes(np.ascontiguousarray(a).tobytes())
     done = subprocess.run([*runner, "./main"], cwd=work, capture_output=True, text=True,
-                          timeout=60)
+                          timeout=60, env={**os.environ, **(env or {})})
     assert done.returncode == 0, done.stderr
     return [np.fromfile(work / f"out{i}.bin", t.type.dtype).reshape(t.shape)
             for i, t in enumerate(lib.outputs)]
@@ -129,6 +132,54 @@ def test_an_executable_exports_and_weights_may_stay_inputs(tmp_path: Path) -> No
     x, k = rand(3, 5, seed=6), np.float32(1.5)
     for c in (True, False):
         check(run_c(lib, [x, k, np.bool_(c)]), kiln.interpret(mod, x, k, np.bool_(c)))
+
+
+@needs_cc
+def test_parallel_kernels_run_on_libgomp_with_any_thread_count(tmp_path: Path) -> None:
+    mod, params = mlp(batch=64, sizes=(784, 512, 10))  # a 784x512 layer worth two threads
+    lib = export_library(mod, tmp_path / "big.so", params=params)
+    assert "GOMP_parallel" in subprocess.run(["nm", "-u", str(lib.library)], text=True,
+                                             capture_output=True).stdout
+    x = rand(64, 784, seed=7)
+    want = kiln.interpret(mod, x, params=params)
+    for n in ("1", "2"):
+        check(run_c(lib, [x], env={"KILN_NUM_THREADS": n}), want)
+
+
+ERRORS_MAIN = """
+#include <stdio.h>
+#include <stdlib.h>
+#include "m.h"
+int main(void) {
+    static float x[M_INPUT_0_COUNT], y[M_OUTPUT_0_COUNT];
+    int s = m_run(x, NULL);
+    printf("%d %s\\n", s, m_error(s));
+    char *ws = aligned_alloc(64, M_WORKSPACE_BYTES + 64);
+    s = m_run_with_workspace(x, y, ws + 1);
+    printf("%d %s\\n", s, m_error(s));
+    printf("%d %s\\n", m_run_with_workspace(x, y, ws), m_error(12345 << 16));
+    m_set_num_threads(3);
+    printf("%d\\n", m_num_threads());
+    return 0;
+}
+"""
+
+
+@needs_cc
+def test_bad_calls_return_statuses_that_say_what_was_wrong(tmp_path: Path) -> None:
+    mod = kiln.parse("def @main(%x: Tensor[(4, 4), float32]) { nn.softmax(%x) }")
+    export_library(mod, tmp_path / "m.so")
+    (tmp_path / "main.c").write_text(ERRORS_MAIN)
+    subprocess.run(["cc", "-Wall", "-Werror", "-o", "main", "main.c", "m.so",
+                    "-Wl,-rpath,$ORIGIN"], cwd=tmp_path, check=True, capture_output=True)
+    out = subprocess.run(["./main"], cwd=tmp_path, capture_output=True, text=True).stdout
+    assert out.splitlines() == ["1 a tensor pointer is NULL",
+                                "3 the workspace is not aligned to 64 bytes",
+                                "0 unknown status", "3"]
+    exported = subprocess.run(["nm", "-D", "--defined-only", "m.so"], cwd=tmp_path, text=True,
+                              capture_output=True).stdout
+    assert sorted(line.split()[-1] for line in exported.splitlines()) == [
+        "m_error", "m_num_threads", "m_run", "m_run_with_workspace", "m_set_num_threads"]
 
 
 def test_a_program_that_is_not_static_is_a_clear_error(tmp_path: Path) -> None:
