@@ -3,6 +3,11 @@
 `ExprEmitter.emit` walks an expression iteratively (loop-IR expressions can be hundreds
 deep) and emits every node once per statement: values are memoized by node identity, since
 lowerings share subexpressions freely. The semantics of each operation are in arith.py.
+
+Transcendental functions are core arithmetic by the time they get here: the decompose-math
+pass (kiln/loops/decompose_math.py) rewrites them in the loop IR, so the machine computes
+exactly what the loop evaluator does. A kernel emitted without that pass still works: a
+transcendental call met here is expanded by the same rewrite, node by node.
 """
 
 from __future__ import annotations
@@ -20,11 +25,14 @@ from kiln.codegen.llvmtypes import (
     kind,
     memory_type,
     splat,
+    value_type,
 )
 from kiln.errors import InternalError
+from kiln.loops.decompose_math import TRANSCENDENTAL, expand
 from kiln.loops.ir import (
     FMA,
     Binary,
+    Bitcast,
     Broadcast,
     Buffer,
     Cast,
@@ -48,9 +56,11 @@ class ExprEmitter:
         self.b = builder
         self.env = env
         self.buffers = buffers
+        # Transcendental calls met in expressions, by identity: the call and its expansion.
+        self.expanded: dict[int, tuple[Unary, Expr]] = {}
         self.rules: dict[type, Callable[[Expr, Memo], ir.Value]] = {
             Const: self._const, Var: self._var, Load: self._load, Binary: self._binary,
-            Unary: self._unary, Cast: self._cast, Select: self._select,
+            Unary: self._unary, Cast: self._cast, Bitcast: self._bitcast, Select: self._select,
             Broadcast: self._broadcast, FMA: self._fma,
         }
 
@@ -68,8 +78,15 @@ class ExprEmitter:
                 memo[id(e)] = rule(e, memo)
                 continue
             stack.append((e, True))
-            stack.extend((c, False) for c in _children(e) if id(c) not in memo)
+            stack.extend((c, False) for c in self._children(e) if id(c) not in memo)
         return memo[id(root)]
+
+    def _children(self, e: Expr) -> tuple[Expr, ...]:
+        if isinstance(e, Unary) and e.op in TRANSCENDENTAL:
+            if id(e) not in self.expanded:
+                self.expanded[id(e)] = (e, expand(e.op, e.a))
+            return (self.expanded[id(e)][1],)
+        return _children(e)
 
     def address(self, buf: Buffer, indices: tuple[Expr, ...], memo: Memo) -> ir.Value:
         """The address of ``buf[indices]`` (row-major; the verifier proved it in bounds,
@@ -129,10 +146,15 @@ class ExprEmitter:
                             e.b)
 
     def _unary(self, e: Unary, memo: Memo) -> ir.Value:
+        if e.op in TRANSCENDENTAL:
+            return memo[id(self.expanded[id(e)][1])]
         return arith.unary(self.mc, self.b, e.op, e.dtype, memo[id(e.a)])
 
     def _cast(self, e: Cast, memo: Memo) -> ir.Value:
         return arith.cast(self.mc, self.b, e.a.dtype, e.dtype, memo[id(e.a)])
+
+    def _bitcast(self, e: Bitcast, memo: Memo) -> ir.Value:
+        return self.b.bitcast(memo[id(e.a)], value_type(e.dtype, e.lanes))
 
 
 def _children(e: Expr) -> tuple[Expr, ...]:
@@ -141,7 +163,7 @@ def _children(e: Expr) -> tuple[Expr, ...]:
             return idx
         case Binary(a=a, b=b):
             return (a, b)
-        case Unary(a=a) | Cast(a=a):
+        case Unary(a=a) | Cast(a=a) | Bitcast(a=a):
             return (a,)
         case Select(cond=c, a=a, b=b):
             return (c, a, b)

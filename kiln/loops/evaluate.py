@@ -4,20 +4,26 @@ It runs a kernel statement by statement on numpy arrays, element by element, so 
 for small shapes in tests: to check a lowering before it is compiled, and to check that the
 compiled kernel computes exactly what its loop IR says. Outputs start filled with a sentinel
 (NaN, or the dtype's maximum) so that an element the kernel forgets to write shows.
+
+Transcendental functions are first decomposed into core arithmetic (decompose_math.py),
+the same the code generator compiles, and every operation rounds to its dtype as the
+machine does: float32 arithmetic is numpy's float32 arithmetic, and `FMA` rounds once
+(computed exactly, then rounded).
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any
+from fractions import Fraction
 
 import numpy as np
 
 from kiln.errors import EvalError, InternalError
+from kiln.loops.decompose_math import decompose_math
 from kiln.loops.ir import (
     FMA,
     Allocate,
     Binary,
+    Bitcast,
     Broadcast,
     Buffer,
     Cast,
@@ -38,10 +44,6 @@ from kiln.loops.ir import (
 )
 
 
-def _erf(x: np.ndarray) -> np.ndarray:
-    return np.vectorize(math.erf, otypes=[np.float64])(x)
-
-
 def _round_half_away(x: np.ndarray) -> np.ndarray:
     # Not floor(|x| + 0.5): that addition rounds (0.49999997 + 0.5 is 1 in float32).
     whole = np.trunc(x)
@@ -54,13 +56,6 @@ _UNARY = {
     "abs": np.abs,
     "sqrt": np.sqrt,
     "rsqrt": lambda x: 1.0 / np.sqrt(x),
-    "exp": np.exp,
-    "log": np.log,
-    "tanh": np.tanh,
-    "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
-    "erf": _erf,
-    "sin": np.sin,
-    "cos": np.cos,
     "floor": np.floor,
     "ceil": np.ceil,
     "round": _round_half_away,
@@ -97,40 +92,77 @@ _BINARY = {
 }
 
 
+def _fma(a: np.ndarray, b: np.ndarray, c: np.ndarray, dtype: str) -> np.ndarray:
+    """``a * b + c`` rounded once to ``dtype``, as the machine's fused multiply-add."""
+    if not dtype.startswith("float"):
+        return np.asarray(a * b + c, dtype=dtype)
+    out = np.empty(len(a), dtype=dtype)
+    for i, (x, y, z) in enumerate(zip(a.tolist(), b.tolist(), c.tolist())):
+        plain = x * y + z
+        if not (np.isfinite(x) and np.isfinite(y) and np.isfinite(z)) or not np.isfinite(plain):
+            out[i] = plain  # inf and NaN come out as IEEE says; no rounding to worry about
+            continue
+        exact = Fraction(x) * Fraction(y) + Fraction(z)
+        near = float(exact)  # correctly rounded to float64
+        if dtype != "float64" and Fraction(near) != exact:
+            # Round to odd, so that the rounding to the narrower type is still a single one.
+            bits = np.float64(near).view(np.int64)
+            if not bits & 1:
+                near = float(np.nextafter(near, np.inf if Fraction(near) < exact else -np.inf))
+        out[i] = near
+    return out
+
+
 class _Machine:
     def __init__(self) -> None:
         self.env: dict[int, np.ndarray] = {}  # id(var) -> value (1-D array of its lanes)
         self.mem: dict[int, np.ndarray] = {}  # id(buffer) -> storage
 
-    def expr(self, e: Expr) -> np.ndarray:
-        """The value of ``e`` as a 1-D array of ``e.lanes`` elements of ``e.dtype``."""
+    def expr(self, root: Expr) -> np.ndarray:
+        """The value of ``root`` as a 1-D array of ``root.lanes`` elements of its dtype
+        (a post-order walk: each shared node is evaluated once)."""
+        memo: dict[int, np.ndarray] = {}
+        stack: list[tuple[Expr, bool]] = [(root, False)]
+        while stack:
+            e, ready = stack.pop()
+            if id(e) in memo:
+                continue
+            if ready:
+                memo[id(e)] = self._node(e, memo)
+                continue
+            stack.append((e, True))
+            stack.extend((c, False) for c in _children(e) if id(c) not in memo)
+        return memo[id(root)]
+
+    def _node(self, e: Expr, m: dict[int, np.ndarray]) -> np.ndarray:
         match e:
             case Const(value=v, dtype=dt, lanes=n):
                 return np.full(n, v, dtype=dt)
             case Var():
                 return self.env[id(e)]
             case Load(buffer=b, indices=idx, lanes=n):
-                where = tuple(int(self.expr(i)[0]) for i in idx)
+                where = tuple(int(m[id(i)][0]) for i in idx)
                 data = self.mem[id(b)]
                 if n == 1:
                     return np.array([data[where]], dtype=b.dtype)
                 return np.array(data[where[:-1]][where[-1]: where[-1] + n], dtype=b.dtype)
             case Binary(op=op, a=a, b=b):
-                out = _BINARY[op](self.expr(a), self.expr(b))
-                return np.asarray(out, dtype=e.dtype)
+                return np.asarray(_BINARY[op](m[id(a)], m[id(b)]), dtype=e.dtype)
             case Unary(op=op, a=a):
-                x = self.expr(a)
-                return np.asarray(_UNARY[op](x), dtype=e.dtype)
+                rule = _UNARY.get(op)
+                if rule is None:
+                    raise InternalError(f"loop evaluator: {op} was not decomposed")
+                return np.asarray(rule(m[id(a)]), dtype=e.dtype)
             case Cast(dtype=dt, a=a):
-                return self.expr(a).astype(dt)
+                return m[id(a)].astype(dt)
+            case Bitcast(dtype=dt, a=a):
+                return m[id(a)].view(dt)
             case Select(cond=c, a=a, b=b):
-                return np.where(self.expr(c), self.expr(a), self.expr(b)).astype(e.dtype)
+                return np.where(m[id(c)], m[id(a)], m[id(b)]).astype(e.dtype)
             case Broadcast(value=v, lanes=n):
-                return np.repeat(self.expr(v), n)
+                return np.repeat(m[id(v)], n)
             case FMA(a=a, b=b, c=c):
-                wide = (self.expr(a).astype(np.float64) * self.expr(b).astype(np.float64)
-                        + self.expr(c).astype(np.float64))
-                return wide.astype(e.dtype)
+                return _fma(m[id(a)], m[id(b)], m[id(c)], e.dtype)
         raise InternalError(f"loop evaluator: unknown expression {type(e).__name__}")
 
     def stmt(self, s: Stmt) -> None:
@@ -172,6 +204,23 @@ class _Machine:
                 raise InternalError(f"loop evaluator: unknown statement {type(s).__name__}")
 
 
+def _children(e: Expr) -> tuple[Expr, ...]:
+    match e:
+        case Load(indices=idx):
+            return idx
+        case Binary(a=a, b=b):
+            return (a, b)
+        case Unary(a=a) | Cast(a=a) | Bitcast(a=a):
+            return (a,)
+        case Select(cond=c, a=a, b=b):
+            return (c, a, b)
+        case Broadcast(value=v):
+            return (v,)
+        case FMA(a=a, b=b, c=c):
+            return (a, b, c)
+    return ()
+
+
 def _sentinel(b: Buffer) -> np.ndarray:
     if b.dtype.startswith("float"):
         return np.full(b.shape, np.nan, dtype=b.dtype)
@@ -184,6 +233,7 @@ def evaluate(kernel: Kernel, *inputs: np.ndarray) -> list[np.ndarray]:
     """Run ``kernel`` on input arrays; the output arrays, in the kernel's order."""
     if len(inputs) != len(kernel.inputs):
         raise InternalError(f"{kernel.name} takes {len(kernel.inputs)} inputs, got {len(inputs)}")
+    kernel = decompose_math(kernel)
     m = _Machine()
     for b, a in zip(kernel.inputs, inputs):
         a = np.asarray(a)
@@ -197,6 +247,3 @@ def evaluate(kernel: Kernel, *inputs: np.ndarray) -> list[np.ndarray]:
     with np.errstate(all="ignore"):
         m.stmt(kernel.body)
     return outs
-
-
-_ = Any

@@ -5,7 +5,7 @@ deliberately small and explicit, so that the verifier can prove every access in 
 code generation is a direct translation to LLVM:
 
 - expressions are scalars or short vectors (``lanes > 1``, e.g. 8 × float32 for AVX2):
-  `Const`, `Var`, `Load`, `Binary`, `Unary`, `Cast`, `Select`, `Broadcast`, `FMA`;
+  `Const`, `Var`, `Load`, `Binary`, `Unary`, `Cast`, `Bitcast`, `Select`, `Broadcast`, `FMA`;
 - statements: `For` (serial, parallel, vectorized or unrolled), `Store`, `LetStmt`,
   `Allocate` (a local buffer: a register tile or scratch space), `Seq`, `IfThenElse`;
 - `Buffer`s have static shapes, are row-major and contiguous; a `Load`/`Store` with
@@ -198,11 +198,16 @@ UNARY_OPS = frozenset(
     ["neg", "not", "abs", "sqrt", "rsqrt", "exp", "log", "tanh", "sigmoid", "erf", "sin", "cos",
      "floor", "ceil", "round", "sign"]
 )
+# Unary operations that are not core arithmetic: lowerings write them, and the
+# decompose-math pass (decompose_math.py) rewrites them into core operations before a
+# kernel is evaluated or compiled.
+TRANSCENDENTAL_OPS = frozenset(["exp", "log", "tanh", "sigmoid", "erf", "sin", "cos"])
 
 
 @dataclass(frozen=True, eq=False)
 class Unary(Expr):
-    """A unary operation; transcendentals are emitted as polynomial approximations."""
+    """A unary operation; the transcendental ones (`TRANSCENDENTAL_OPS`) are decomposed into
+    core arithmetic (range reduction and polynomials) before evaluation and code generation."""
 
     op: str
     a: Expr
@@ -225,6 +230,29 @@ class Cast(Expr):
 
     def __post_init__(self) -> None:
         _check_dtype(self.dtype)
+
+    @property
+    def lanes(self) -> int:  # type: ignore[override]
+        return self.a.lanes
+
+
+_BITS = {"bool": 1, "int8": 8, "int16": 16, "int32": 32, "int64": 64, "uint8": 8, "uint16": 16,
+         "uint32": 32, "uint64": 64, "float16": 16, "float32": 32, "float64": 64}
+
+
+@dataclass(frozen=True, eq=False)
+class Bitcast(Expr):
+    """The bits of ``a`` read as another dtype of the same width (same lanes): how the math
+    decomposition reaches a float's exponent and sign."""
+
+    dtype: str
+    a: Expr
+
+    def __post_init__(self) -> None:
+        _check_dtype(self.dtype)
+        if _BITS.get(self.dtype) != _BITS.get(self.a.dtype) or self.dtype == "bool":
+            raise InternalError(f"loop IR: bitcast from {self.a.dtype} to {self.dtype} "
+                                "changes the width")
 
     @property
     def lanes(self) -> int:  # type: ignore[override]

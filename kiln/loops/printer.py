@@ -6,6 +6,7 @@ from kiln.loops.ir import (
     FMA,
     Allocate,
     Binary,
+    Bitcast,
     Broadcast,
     Cast,
     Check,
@@ -52,6 +53,8 @@ def expr_text(e: Expr) -> str:
             return f"{op}({expr_text(a)})"
         case Cast(a=a):
             return f"{_ty(e)}({expr_text(a)})"
+        case Bitcast(a=a):
+            return f"bitcast<{_ty(e)}>({expr_text(a)})"
         case Select(cond=c, a=a, b=b):
             return f"select({expr_text(c)}, {expr_text(a)}, {expr_text(b)})"
         case Broadcast(value=v, lanes=n):

@@ -20,6 +20,7 @@ from kiln.loops.ir import (
     FMA,
     Allocate,
     Binary,
+    Bitcast,
     Broadcast,
     Buffer,
     Cast,
@@ -106,6 +107,10 @@ class _Verifier:
                                         f"({a.dtype}x{a.lanes} vs {b.dtype}x{b.lanes})")
                     stack.extend((a, b))
                 case Unary(a=a) | Cast(a=a):
+                    stack.append(a)
+                case Bitcast(a=a):
+                    if a.lanes != e.lanes:
+                        raise self.fail(f"bitcast changes the lanes: {expr_text(e)}")
                     stack.append(a)
                 case Select(cond=c, a=a, b=b):
                     if c.dtype != "bool" or a.dtype != b.dtype or a.lanes != b.lanes:
