@@ -16,6 +16,7 @@ from kiln.infer import infer_types
 from kiln.ir import *  # noqa: F403
 from kiln.ir import __all__ as _ir_all
 from kiln.runtime import Executable, build, load
+from kiln.target import Target
 from kiln.text import astext, parse, parse_expr, parse_type
 from kiln.transform import optimize
 
@@ -28,6 +29,7 @@ __all__ = [
     "InternalError",
     "ParseError",
     "RefValue",
+    "Target",
     "Tensor",
     "TypeCheckError",
     "astext",

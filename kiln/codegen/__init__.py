@@ -2,8 +2,9 @@
 
 Three stages, one file each: emit (emit.py, with emit_expr.py, arith.py and math.py: the
 loop IR as an LLVM module), verify and compile (compile.py, target.py: LLVM's verifier, the
-O3 pipeline for the host CPU, an object file), and load (library.py: machine code linked
-into the process, kernels callable from Python or from other native code). cache.py keeps
+O3 pipeline for a `kiln.Target` — this CPU by default —, an object file), and load
+(library.py: machine code linked into the process, kernels callable from Python or from
+other native code; never for a target this host cannot run). cache.py keeps
 machine code on disk; threads.py runs parallel loops on libgomp's threads; program.py emits
 a whole static SSA program as one entry point that calls its kernels (the native executor's).
 
@@ -16,14 +17,15 @@ a whole static SSA program as one entry point that calls its kernels (the native
 from kiln.codegen.cache import DiskCache, fingerprint, kernel_symbol
 from kiln.codegen.compile import assembly, compile_ir, compile_kernels, llvm_ir, optimized_ir
 from kiln.codegen.emit import emit_kernel, status_messages
-from kiln.codegen.library import CompiledKernel, KernelLibrary, LibraryStats
+from kiln.codegen.library import CompiledKernel, ForeignKernel, KernelLibrary, LibraryStats
 from kiln.codegen.program import NotStatic, ProgramCode, emit_program
-from kiln.codegen.target import host_target
+from kiln.codegen.target import Machine, check_runnable, host_target, machine
 from kiln.codegen.threads import has_libgomp, num_threads, set_num_threads, threads
 
 __all__ = [
-    "CompiledKernel", "DiskCache", "KernelLibrary", "LibraryStats", "NotStatic", "ProgramCode",
-    "assembly", "compile_ir", "compile_kernels", "emit_kernel", "emit_program", "fingerprint",
-    "has_libgomp", "host_target", "kernel_symbol", "llvm_ir", "num_threads", "optimized_ir",
-    "set_num_threads", "status_messages", "threads",
+    "CompiledKernel", "DiskCache", "ForeignKernel", "KernelLibrary", "LibraryStats", "Machine",
+    "NotStatic", "ProgramCode", "assembly", "check_runnable", "compile_ir", "compile_kernels",
+    "emit_kernel", "emit_program", "fingerprint", "has_libgomp", "host_target", "kernel_symbol",
+    "llvm_ir", "machine", "num_threads", "optimized_ir", "set_num_threads", "status_messages",
+    "threads",
 ]

@@ -4,7 +4,8 @@ A kernel's *fingerprint* hashes its content — a canonical text of its loop IR,
 variables and buffers are numbered by first appearance (names are only hints, and may
 repeat) and shared expression nodes are written once — plus its attributes. The kernel's
 name is left out, so identical kernels share machine code. The cache key adds the target
-(CPU name and features, LLVM version, opt level, kiln's codegen version; `HostTarget.key`).
+machine's key (`Machine.key`: the `kiln.Target`'s fingerprint — triple, CPU, features —, the
+LLVM version, the opt level and kiln's codegen version).
 
 Entries live under ``$KILN_CACHE`` (default ``~/.cache/kiln``; an empty value turns the
 cache off) as ``objects/<key>.o``: a magic number, the SHA-256 of the payload, its length,

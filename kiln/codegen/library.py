@@ -7,11 +7,16 @@ through ctypes (which releases the GIL) with an array of data pointers, after
 `check_arrays` has checked every argument; a nonzero status raises `kiln.EvalError` with
 the message of the `Check` (or allocation) that failed.
 
+A library built for a `kiln.Target` this host cannot run (another architecture, or
+features this CPU lacks) holds its object files but loads nothing: its kernels are
+`ForeignKernel`s, which raise `kiln.Error` when called, and it can still be saved.
+
 `KernelLibrary.object_code` is one self-describing blob (a format version, the target it
-was compiled for, the objects and the symbols each defines, a SHA-256 over everything);
-`KernelLibrary.from_object` maps it back into a process with no compiler work. A blob that
-is truncated or corrupted, compiled for a CPU lacking features of this one, or that does
-not define the kernels it is given raises `kiln.Error` — never a crash.
+was compiled for — its spec string, fingerprint and fields —, the objects and the symbols
+each defines, a SHA-256 over everything); `KernelLibrary.from_object` maps it back into a
+process with no compiler work. A blob that is truncated or corrupted, compiled for a target
+this host cannot run, or that does not define the kernels it is given raises `kiln.Error`
+— never a crash.
 """
 
 from __future__ import annotations
@@ -29,14 +34,15 @@ import numpy as np
 from kiln.codegen import elf
 from kiln.codegen.cache import kernel_symbol
 from kiln.codegen.emit import status_messages
-from kiln.codegen.target import host_target, missing_features
+from kiln.codegen.target import check_runnable, llvm_version, machine
 from kiln.codegen.threads import ensure_runtime
 from kiln.errors import Error, EvalError, InternalError
 from kiln.loops.ir import Buffer, Kernel
 from kiln.runtime.kernel import check_arrays
+from kiln.target import Target
 
-FORMAT_VERSION = 1
-_MAGIC = b"KILNLIB\x01"
+FORMAT_VERSION = 2
+_MAGIC = b"KILNLIB\x02"
 _ENTRY = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p)
 
 
@@ -139,23 +145,44 @@ class CompiledKernel:
         return f"<CompiledKernel {self.kernel.name} at {self.address:#x}>"
 
 
-class KernelLibrary(Mapping[str, CompiledKernel]):
+class ForeignKernel:
+    """A kernel in machine code for a target this host cannot run: calling it raises."""
+
+    def __init__(self, kernel: Kernel, symbol: str, target: Target) -> None:
+        self.kernel = kernel
+        self.symbol = symbol
+        self.target = target
+
+    def __call__(self, *arrays: np.ndarray) -> None:
+        check_runnable(self.target, f"kernel {self.kernel.name}")
+        raise InternalError(f"kernel {self.kernel.name} was never loaded")
+
+    def __repr__(self) -> str:
+        return f"<ForeignKernel {self.kernel.name} for {self.target.triple}>"
+
+
+class KernelLibrary(Mapping[str, "CompiledKernel | ForeignKernel"]):
     """Compiled kernels by name, and the machine code they live in."""
 
     def __init__(self, kernels: Sequence[Kernel], objects: Sequence[ObjectCode],
-                 target: dict[str, str | int], stats: LibraryStats | None = None) -> None:
-        ensure_runtime()
-        self.target = dict(target)
+                 target: Target, opt_level: int = 3, stats: LibraryStats | None = None
+                 ) -> None:
+        self.target = target
+        self.opt_level = opt_level
         self.objects = list(objects)
         self.stats = stats or LibraryStats(kernels=len(kernels))
+        self.runnable = target.is_host  # else: machine code to save, never to load here
         self._exported = {s for o in self.objects for s in o.symbols}
-        _check_symbols(self.objects)
-        machine = host_target(int(self.target.get("opt_level", 3))).new_machine()
-        self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), machine)
-        for o in self.objects:
-            self._engine.add_object_file(llvm.ObjectFileRef.from_data(o.data))
-        self._engine.finalize_object()
-        self._kernels: dict[str, CompiledKernel] = {}
+        self._engine = None
+        if self.runnable:
+            ensure_runtime()
+            _check_symbols(self.objects)
+            tm = machine(target, opt_level).new_machine()
+            self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), tm)
+            for o in self.objects:
+                self._engine.add_object_file(llvm.ObjectFileRef.from_data(o.data))
+            self._engine.finalize_object()
+        self._kernels: dict[str, CompiledKernel | ForeignKernel] = {}
         for k in kernels:
             if k.name in self._kernels:
                 raise InternalError(f"two kernels of one library are named {k.name}")
@@ -164,12 +191,13 @@ class KernelLibrary(Mapping[str, CompiledKernel]):
                 raise Error(f"the machine code does not define kernel {k.name} (symbol "
                             f"{symbol}): it was compiled from different kernels or by "
                             "another version of kiln")
-            self._kernels[k.name] = CompiledKernel(k, symbol, self.function_address(symbol),
-                                                   self)
+            self._kernels[k.name] = (
+                CompiledKernel(k, symbol, self.function_address(symbol), self)
+                if self.runnable else ForeignKernel(k, symbol, target))
 
     # --- the mapping -------------------------------------------------------------------------
 
-    def __getitem__(self, name: str) -> CompiledKernel:
+    def __getitem__(self, name: str) -> CompiledKernel | ForeignKernel:
         return self._kernels[name]
 
     def __iter__(self) -> Iterator[str]:
@@ -184,12 +212,19 @@ class KernelLibrary(Mapping[str, CompiledKernel]):
 
     def address(self, name: str) -> int:
         """The native address of kernel ``name``'s entry point."""
-        return self._kernels[name].address
+        return self.function_address(self._kernels[name].symbol)
+
+    def defines(self, symbol: str) -> bool:
+        """Whether one of the library's objects defines the global ``symbol``."""
+        return symbol in self._exported
 
     def function_address(self, symbol: str) -> int:
         """The address of any global symbol the library defines (e.g. a program's entry)."""
         if symbol not in self._exported:
             raise InternalError(f"the library does not define the symbol {symbol}")
+        if self._engine is None:
+            check_runnable(self.target, "this library")
+            raise InternalError("a runnable library has no execution engine")
         address = self._engine.get_function_address(symbol)
         if not address:
             raise InternalError(f"the symbol {symbol} did not resolve")
@@ -200,17 +235,22 @@ class KernelLibrary(Mapping[str, CompiledKernel]):
     @property
     def object_code(self) -> bytes:
         """All the library's machine code as one blob, for `from_object`."""
-        return pack_library(self.target, self.objects)
+        info = {**self.target.to_json(), "llvm": llvm_version(), "opt_level": self.opt_level}
+        return pack_library(info, self.objects)
 
     @classmethod
     def from_object(cls, object_code: bytes, kernels: Sequence[Kernel]) -> KernelLibrary:
-        """Map machine code from `object_code` back in, with no compiler work."""
-        target, objects = unpack_library(object_code)
-        lacking = missing_features(str(target.get("features", "")))
-        if lacking:
-            raise Error(f"this machine code was compiled for a {target.get('cpu')} CPU; this "
-                        f"one lacks {', '.join(lacking)}")
-        return cls(kernels, objects, target)
+        """Map machine code from `object_code` back in, with no compiler work; `kiln.Error`
+        if this host cannot run the target it was built for."""
+        info, objects = unpack_library(object_code)
+        try:
+            target = Target.from_json(info)
+            opt_level = int(info.get("opt_level", 3))
+        except (Error, KeyError, TypeError, ValueError) as exc:
+            raise Error(f"not valid kiln machine code: its target is malformed ({exc})"
+                        ) from None
+        check_runnable(target, "this machine code")
+        return cls(kernels, objects, target, opt_level)
 
 
 _process = ctypes.CDLL(None)

@@ -1,13 +1,18 @@
-"""The host target: LLVM initialization, the CPU kiln compiles for, and the O3 pipeline.
+"""LLVM's side of a `kiln.Target`: initialization, target machines, the O3 pipeline.
 
-kiln compiles for the machine it runs on: the target machine is made from the process
-triple with the host CPU's name and features (``znver3`` with AVX2 and FMA here), so the
-optimizer may use every instruction the CPU has. `Target.key` names all of that, plus the
-LLVM version and the code generator's version; it is part of every machine-code cache key,
-and saved libraries record it so that a file is never run on a CPU lacking its features.
+`machine(target, opt_level)` is the LLVM target machine for a `kiln.Target` (triple, CPU
+name and feature string) at one optimization level, cached per process; the code generator
+optimizes and emits object files with it. `Machine.key` names everything that changes the
+machine code for given LLVM IR — the target's fingerprint, the LLVM version, kiln's codegen
+version, the opt level — and is part of every machine-code cache key.
 
-llvmlite serializes every call into LLVM behind one process-wide lock, so one target per
-process is enough; it is created on first use.
+Every target gets the same relocation and code model (JIT-default: loaded code may sit
+anywhere relative to libgomp and libc), so that an object's bytes depend only on the key,
+whichever machine made it. Machine code for a target this host cannot run (another
+architecture, or features this CPU lacks) is made the same way and never loaded.
+
+llvmlite serializes every call into LLVM behind one process-wide lock, so one machine per
+(target, opt level) is enough; it is created on first use.
 """
 
 from __future__ import annotations
@@ -18,43 +23,57 @@ from functools import cache
 
 import llvmlite.binding as llvm
 
+from kiln.errors import Error
+from kiln.target import Target
+
 # Bump when emitted code changes meaning or form (part of every cache key and symbol).
-CODEGEN_VERSION = "kiln-codegen-4"
+CODEGEN_VERSION = "kiln-codegen-5"
 
 _init_lock = threading.Lock()
-_initialized = False
+_initialized: set[str] = set()
 
 
 def initialize() -> None:
     """Initialize LLVM's native target once per process."""
-    global _initialized
     with _init_lock:
-        if not _initialized:
+        if "native" not in _initialized:
             llvm.initialize_native_target()
             llvm.initialize_native_asmprinter()
             llvm.initialize_native_asmparser()
-            _initialized = True
+            _initialized.add("native")
+
+
+def initialize_all() -> None:
+    """Initialize every target LLVM was built with (for code of another architecture)."""
+    initialize()
+    with _init_lock:
+        if "all" not in _initialized:
+            llvm.initialize_all_targets()
+            llvm.initialize_all_asmprinters()
+            _initialized.add("all")
+
+
+def llvm_version() -> str:
+    return ".".join(str(v) for v in llvm.llvm_version_info)
 
 
 @dataclass(frozen=True)
-class HostTarget:
-    """The target machine for this CPU at one optimization level."""
+class Machine:
+    """The LLVM target machine for one `Target` at one optimization level."""
 
-    triple: str
-    cpu: str
-    features: str
+    target: Target
     opt_level: int
     machine: llvm.TargetMachine
 
     @property
-    def llvm_version(self) -> str:
-        return ".".join(str(v) for v in llvm.llvm_version_info)
+    def triple(self) -> str:
+        return self.target.triple
 
     @property
     def key(self) -> str:
-        """Everything about the target that changes the machine code."""
-        return (f"{CODEGEN_VERSION}|{self.triple}|{self.cpu}|{self.features}|"
-                f"llvm-{self.llvm_version}|O{self.opt_level}")
+        """Everything that changes the machine code for given LLVM IR (for cache keys)."""
+        return (f"{CODEGEN_VERSION}|{self.target.fingerprint}|llvm-{llvm_version()}|"
+                f"O{self.opt_level}")
 
     @property
     def data_layout(self) -> str:
@@ -75,40 +94,54 @@ class HostTarget:
     def new_machine(self) -> llvm.TargetMachine:
         """Another target machine like this one (an execution engine takes ownership of
         the machine it is given)."""
-        return _create_machine(self.triple, self.cpu, self.features, self.opt_level)
+        return _create_machine(self.target, self.opt_level)
 
     def emit_object(self, module: llvm.ModuleRef) -> bytes:
         """Machine code (an ELF relocatable object) for an optimized module."""
         return bytes(self.machine.emit_object(module))
 
-
-def host_cpu() -> tuple[str, str]:
-    """The host CPU's name and its feature string (``+avx2,+fma,...``)."""
-    initialize()
-    return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+    def emit_assembly(self, module: llvm.ModuleRef) -> str:
+        return str(self.machine.emit_assembly(module))
 
 
 @cache
-def host_target(opt_level: int = 3) -> HostTarget:
-    """The (cached) target machine for this CPU at ``opt_level`` (0–3)."""
+def machine(target: Target | None = None, opt_level: int = 3) -> Machine:
+    """The (cached) target machine for ``target`` (default: this CPU) at ``opt_level``."""
     if opt_level not in (0, 1, 2, 3):
         raise ValueError(f"opt_level must be 0, 1, 2 or 3, not {opt_level!r}")
+    target = target or Target.host()
+    return Machine(target, opt_level, _create_machine(target, opt_level))
+
+
+def host_target(opt_level: int = 3) -> Machine:
+    """The target machine for this CPU at ``opt_level`` (``machine(Target.host(), ...)``)."""
+    return machine(Target.host(), opt_level)
+
+
+def _create_machine(target: Target, opt_level: int) -> llvm.TargetMachine:
     initialize()
-    triple = llvm.get_process_triple()
-    cpu, features = host_cpu()
-    machine = _create_machine(triple, cpu, features, opt_level)
-    return HostTarget(triple, cpu, features, opt_level, machine)
+    if target.arch != Target.host().arch:
+        initialize_all()
+    try:
+        llvm_target = llvm.Target.from_triple(target.triple)
+    except RuntimeError as exc:
+        raise Error(f"LLVM cannot generate code for {target.triple}: {str(exc).strip()}"
+                    ) from None
+    return llvm_target.create_target_machine(
+        cpu=target.cpu, features=target.llvm_features, opt=opt_level, reloc="default",
+        codemodel="jitdefault", jit=True)
 
 
-def _create_machine(triple: str, cpu: str, features: str, opt_level: int) -> llvm.TargetMachine:
-    # The JIT code model: loaded code may sit anywhere relative to libgomp and libc.
-    return llvm.Target.from_triple(triple).create_target_machine(
-        cpu=cpu, features=features, opt=opt_level, reloc="default", codemodel="jitdefault",
-        jit=True)
-
-
-def missing_features(features: str) -> list[str]:
-    """The ``+feature``s of ``features`` that this CPU lacks (machine code for it would fault)."""
-    _, host = host_cpu()
-    have = {f[1:] for f in host.split(",") if f.startswith("+")}
-    return sorted(f[1:] for f in features.split(",") if f.startswith("+") and f[1:] not in have)
+def check_runnable(target: Target, what: str = "this machine code") -> None:
+    """Raise `kiln.Error` unless this host can run code built for ``target``."""
+    if target.is_host:
+        return
+    host = Target.host()
+    if target.arch != host.arch:
+        why = f"this host is {host.triple}"
+    else:
+        lacking = sorted(target.features - host.features)
+        shown = ", ".join(lacking[:8]) + (", ..." if len(lacking) > 8 else "")
+        why = f"this host's CPU ({host.cpu}) lacks {shown}"
+    raise Error(f"{what} was built for {target.triple} ({target.cpu}); {why}, so it cannot "
+                "run here; use kiln export to write it out for that machine")

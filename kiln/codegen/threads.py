@@ -90,10 +90,10 @@ define void @kiln_serial_parallel(ptr %fn, ptr %data, i32 %n, i32 %flags) {
 define i32 @kiln_serial_zero() { ret i32 0 }
 define i32 @kiln_serial_one() { ret i32 1 }
 """
-    target = host_target(0)
+    tm = host_target(0)  # it runs in this process, so it is built for this machine
     module = llvm.parse_assembly(text)
-    module.triple = target.triple
-    engine = llvm.create_mcjit_compiler(module, target.new_machine())
+    module.triple = tm.triple
+    engine = llvm.create_mcjit_compiler(module, tm.new_machine())
     engine.finalize_object()
     for symbol, fn in (("GOMP_parallel", "kiln_serial_parallel"),
                        ("omp_get_thread_num", "kiln_serial_zero"),

@@ -15,9 +15,12 @@ kernel's loop IR as JSON, kiln/runtime/kernel_format.py: signatures for the runt
 checks, and what the evaluator runs when there is no machine code), ``constants`` (the
 weights' raw bytes, each at a 64-byte boundary; dtype and shape are in the program),
 ``machine_code`` (kiln.codegen's object-code blob, itself checksummed and stamped with the
-CPU it was compiled for) when the kernels were compiled natively, and ``program_code`` (the
-whole-program native executor's entry point, the same kind of blob) when that executor runs
-the program. The header's ``executor`` names the executor; loading picks the same one.
+`kiln.Target` it was compiled for) when the kernels were compiled natively, and
+``program_code`` (the whole-program native executor's entry point, the same kind of blob)
+when that executor runs the program. The header's ``executor`` names the executor; loading
+picks the same one. The header's ``target`` is the target's canonical string and
+``target_info`` its fields and fingerprint: a file built for a target this host cannot run
+(another architecture, or features this CPU lacks) is refused with a `kiln.Error` saying so.
 
 Loading reads the file into one aligned buffer, checks the magic, version and checksum
 before looking at anything else, and then reads each section field by field: a truncated
@@ -38,10 +41,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from kiln.codegen.target import check_runnable
 from kiln.errors import Error, InternalError
 from kiln.ir.ty import DTYPES, TensorType
 from kiln.runtime.compiler import EVALUATOR, NATIVE, KernelSet, load_kernels
 from kiln.runtime.kernel_format import read_kernel, write_kernel
+from kiln.runtime.native import NativeExecutor
 from kiln.ssa.memory import FunctionPlan, MemoryPlan, tensor_bytes
 from kiln.ssa.serialize import (
     parse_relay_function,
@@ -50,12 +55,13 @@ from kiln.ssa.serialize import (
     write_program,
 )
 from kiln.ssa.verify import problems
+from kiln.target import Target
 
 if TYPE_CHECKING:
     from kiln.runtime.build import Executable
 
 MAGIC = b"KILNEXE\x00"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: the header records the kiln.Target
 _ALIGN = 64
 _PREFIX = struct.Struct("<8sIIQ")  # magic, version, reserved, header length
 _DIGEST = 32
@@ -95,14 +101,15 @@ def save(exe: Executable, path: str | Path) -> None:
     ]
     if machine_code is not None:
         sections.append(("machine_code", machine_code))
-    executor = getattr(exe.executor, "name", "vm")
-    program_code = getattr(exe.executor, "object_code", None)
-    if program_code is not None:
-        sections.append(("program_code", bytes(program_code)))
+    executor: str | None = exe.executor.name
+    if isinstance(exe.executor, NativeExecutor):
+        sections.append(("program_code", exe.executor.object_code))
     elif executor != "vm":
         executor = None  # nothing saved for it: the first executor that accepts runs it
-    meta = {"backend": backend, "target": exe.target, "opt_level": exe.opt_level,
-            "kiln_format": FORMAT_VERSION, "executor": executor}
+    target = exe.kernels.target if backend == NATIVE else None
+    meta = {"backend": backend, "target": str(target) if target is not None else EVALUATOR,
+            "target_info": target.to_json() if target is not None else None,
+            "opt_level": exe.opt_level, "kiln_format": FORMAT_VERSION, "executor": executor}
     # The header holds the section offsets, which depend on the header's length: place the
     # sections after a header sized generously, then pad the header to that size.
     table = [{"name": n, "offset": 0, "length": len(d)} for n, d in sections]
@@ -186,7 +193,9 @@ def load(path: str | Path) -> Executable:
         backend = header["backend"]
         if backend not in (NATIVE, EVALUATOR):
             raise bad(f"unknown backend {backend!r}")
-        target = str(header.get("target", "llvm"))
+        target: Target | str = EVALUATOR
+        if backend == NATIVE:
+            target = Target.from_json(header["target_info"])
         opt_level = int(header.get("opt_level", 3))
         doc = json.loads(bytes(sections["program"]).decode())
         kernel_docs = json.loads(bytes(sections["kernels"]).decode())
@@ -216,6 +225,11 @@ def load(path: str | Path) -> Executable:
             if sig != want:
                 raise bad(f"kernel {decl.name} does not match its declaration")
             decl.kernel = k
+    if isinstance(target, Target):
+        try:
+            check_runnable(target, "it")
+        except Error as e:
+            raise Error(f"{path}: {e.message}") from None
     machine = sections.get("machine_code")
     executor = header.get("executor")
     if executor is not None and not isinstance(executor, str):

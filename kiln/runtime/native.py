@@ -10,8 +10,10 @@ so concurrent calls never share intermediate memory.
 
 The factory declines (returns None, and the VM runs the program) for anything else: ADTs,
 closures, references, recursion that is not a loop, symbolic shapes, kernels not compiled to
-machine code. The entry point's machine code is cached on disk like a kernel's and saved in
-the executable's file; loading maps it back with no compiler work.
+machine code. The entry point's machine code is built for the kernels' `kiln.Target`, cached
+on disk like a kernel's and saved in the executable's file; loading maps it back with no
+compiler work. For a target this host cannot run, the entry point is built (to be saved)
+but calling the executor raises `kiln.Error`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from kiln.codegen.compile import compile_kernels
+from kiln.codegen.library import CompiledKernel, ForeignKernel, KernelLibrary, data_pointer
+from kiln.codegen.program import STATUS_SHIFT, NotStatic, ProgramCode, emit_program
+from kiln.codegen.target import check_runnable, machine
 from kiln.errors import Error, InternalError
 from kiln.ir.ty import TensorType, TupleType, Type
 from kiln.runtime.compiler import NATIVE, KernelSet
@@ -50,15 +56,17 @@ class NativeExecutor:
 
     name = "native"
 
-    def __init__(self, program: Program, kernels: KernelSet, code: Any, library: Any) -> None:
-        from kiln.codegen.library import data_pointer
-
+    def __init__(self, program: Program, kernels: KernelSet, code: ProgramCode,
+                 library: KernelLibrary) -> None:
         self.program = program
-        self.code = code  # kiln.codegen.program.ProgramCode
+        self.code = code
         self.library = library  # keeps the entry point's machine code mapped
         self.kernels = kernels  # ... and the kernels'
         self._pointer = data_pointer
-        self._fn = _ENTRY(library.function_address(code.symbol))
+        self._kernel_functions = [kernels.functions[name] for name in code.kernels]
+        self._fn = None
+        if library.runnable:  # else: built to be saved, for another machine
+            self._fn = _ENTRY(library.function_address(code.symbol))
         constants = []
         for c in program.constants:
             c = np.require(c, requirements="CA")
@@ -67,9 +75,10 @@ class NativeExecutor:
                 c.setflags(write=False)
             constants.append(c)
         self._constants = constants  # the table below points into them
-        self._kernel_functions = [kernels.functions[name] for name in code.kernels]
         table = [data_pointer(c) for c in constants]
-        table += [int(f.address) for f in self._kernel_functions]
+        if self._fn is not None:
+            table += [f.address for f in self._kernel_functions
+                      if isinstance(f, CompiledKernel)]
         self._ctx = (ctypes.c_void_p * max(len(table), 1))(*table)
         self._n_in = len(code.inputs)
         self._ins_type = ctypes.c_void_p * max(self._n_in, 1)
@@ -99,6 +108,8 @@ class NativeExecutor:
         return state
 
     def run(self, args: list[Any]) -> Any:
+        if self._fn is None:
+            check_runnable(self.library.target, "this program")
         if self._simple:
             leaves = args
         else:
@@ -123,8 +134,6 @@ class NativeExecutor:
         return outs[0]
 
     def _fail(self, status: int) -> None:
-        from kiln.codegen.program import STATUS_SHIFT
-
         k = (status >> STATUS_SHIFT) - 1
         if 0 <= k < len(self._kernel_functions):
             self._kernel_functions[k].fail(status & ((1 << STATUS_SHIFT) - 1))
@@ -137,7 +146,7 @@ class NativeExecutor:
 LARGE_PROGRAM = 256  # call sites
 
 
-def entry_opt_level(code: Any, opt_level: int) -> int:
+def entry_opt_level(code: ProgramCode, opt_level: int) -> int:
     """The optimization level for a program's entry point (not its kernels')."""
     return min(opt_level, 2) if code.call_sites <= LARGE_PROGRAM else 0
 
@@ -150,34 +159,28 @@ def make_native_executor(program: Program, kernels: KernelSet,
     (``kernels.loaded``): its saved machine code is mapped back, or None when the file has
     none — loading never compiles.
     """
-    if kernels.backend != NATIVE:
+    if kernels.backend != NATIVE or kernels.target is None:
         return None
-    if any(not hasattr(f, "address") for f in kernels.functions.values()):
-        return None
-    try:
-        from kiln.codegen import compile_kernels, host_target
-        from kiln.codegen.library import KernelLibrary
-        from kiln.codegen.program import NotStatic, emit_program
-    except ImportError:
-        return None
-    opt_level = 3
-    if kernels.library is not None:
-        opt_level = int(kernels.library.target.get("opt_level", 3))
     if kernels.loaded and kernels.program_code is None:
         return None
-    target = host_target(opt_level)
+    tm = machine(kernels.target, kernels.opt_level)
     try:
-        code = emit_program(program, target.triple, target.data_layout)
+        code = emit_program(program, tm.triple, tm.data_layout)
     except NotStatic:
         return None
     if any(name not in kernels.functions for name in code.kernels):
         return None
+    native = CompiledKernel if kernels.target.is_host else ForeignKernel
+    if not all(isinstance(f, native) for f in kernels.functions.values()):
+        return None  # some kernel is not machine code of this library (or evaluated)
     if kernels.loaded:
+        assert kernels.program_code is not None
         library = KernelLibrary.from_object(kernels.program_code, [])
-        if code.symbol not in {s for o in library.objects for s in o.symbols}:
+        if not library.defines(code.symbol):
             raise Error("the saved native entry point was compiled from another program")
     else:
-        library = compile_kernels([], entry_opt_level(code, opt_level), modules=[code.text])
+        library = compile_kernels([], kernels.target, entry_opt_level(code, kernels.opt_level),
+                                  modules=[code.text])
         kernels.compile_seconds += library.stats.seconds
         kernels.cache_hits += library.stats.cache_hits
     return NativeExecutor(program, kernels, code, library)

@@ -28,7 +28,7 @@ def sentinel(shape: tuple[int, ...], dtype: str) -> np.ndarray:
 
 def run_compiled(kernel: Kernel, *inputs: np.ndarray, opt_level: int = 3) -> list[np.ndarray]:
     """The outputs of ``kernel`` compiled to machine code."""
-    lib = compile_kernels([kernel], opt_level)
+    lib = compile_kernels([kernel], opt_level=opt_level)
     outs = [sentinel(b.shape, b.dtype) for b in kernel.outputs]
     lib[kernel.name](*inputs, *outs)
     return outs

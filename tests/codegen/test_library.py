@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import kiln
 from kiln.codegen import KernelLibrary, compile_kernels, kernel_symbol
 from kiln.codegen.library import ObjectCode, pack_library, unpack_library
 from kiln.loops.ir import Binary, Buffer, Check, Const, For, Kernel, Load, Seq, Store, Unary, Var
+from kiln.target import Target
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -113,10 +115,16 @@ def test_damaged_object_code_is_an_error_not_a_crash() -> None:
 
 def test_machine_code_for_a_richer_cpu_is_refused() -> None:
     blob = compile_kernels([make("a")]).object_code
-    target, objects = unpack_library(blob)
-    target = dict(target, cpu="future", features=target["features"] + ",+avx1024")
+    info, objects = unpack_library(blob)
+    host = Target.from_json(info)
+    rich = dataclasses.replace(host, cpu="future", features=host.features | {"avx1024"})
     with pytest.raises(kiln.Error, match="lacks avx1024"):
-        KernelLibrary.from_object(pack_library(target, objects), [make("a")])
+        KernelLibrary.from_object(pack_library({**info, **rich.to_json()}, objects),
+                                  [make("a")])
+    # fields that do not match the fingerprint saved with them: a damaged header
+    forged = {**info, **rich.to_json(), "fingerprint": host.fingerprint}
+    with pytest.raises(kiln.Error, match="fingerprint"):
+        KernelLibrary.from_object(pack_library(forged, objects), [make("a")])
 
 
 def _program_ir(symbol: str, callee: str | None = None) -> str:
