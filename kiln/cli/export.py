@@ -18,7 +18,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     progress.step(f"exporting for {args.target}")
     lib = export_library(model.module, out, args.target, params=model.params or None,
                          opt_level=args.opt_level, name=args.name,
-                         input_names=model.input_names or None,
+                         # an ONNX graph's own names; Relay's are @main's, as bound
+                         input_names=model.input_names if model.kind == "onnx" else None,
                          output_names=model.output_names, cc=args.cc)
     print(f"kiln: wrote {lib.library} ({lib.library.stat().st_size} bytes, "
           f"{lib.weight_bytes} of them weights) and {lib.header} for {lib.target.triple}: "

@@ -178,9 +178,6 @@ def _check_writable(path: Path) -> None:
 
 
 def _link(cc: str, out: Path, sources: list[str], openmp: bool, cwd: str) -> None:
-    if shutil.which(cc) is None:
-        raise Error(f"kiln export needs the C compiler {cc!r} to link the library, and it is "
-                    "not installed (for aarch64: apt-get install gcc-aarch64-linux-gnu)")
     cmd = [cc, "-shared", "-fPIC", "-O2", "-std=gnu11", "-o", str(out), *sources,
            "-Wl,--version-script=exports.map", "-Wl,--no-undefined", "-Wl,-z,noexecstack",
            f"-Wl,-soname,{out.name}"]
@@ -231,7 +228,14 @@ def export_library(
         raise Error(f"opt_level must be an integer from 0 to 4, got {opt_level!r}")
     out = Path(path)
     _check_writable(out)
+    cc = cc or default_cc(tgt)
+    if shutil.which(cc) is None:
+        raise Error(f"kiln export needs the C compiler {cc!r} to link a library for "
+                    f"{tgt.triple}, and it is not installed (for aarch64: apt-get install "
+                    "gcc-aarch64-linux-gnu, or `make cross-tools`)")
     header_path = out.with_suffix(".h")
+    if header_path == out:
+        raise Error(f"{out}: that is where the header goes; name the library .so")
     prefix = c_identifier(name if name is not None else out.stem.split(".")[0] or "model",
                           set())
     if name is not None and prefix != name:
@@ -257,7 +261,6 @@ def export_library(
     if len(blob) > MAX_WEIGHT_BYTES:
         raise Error(f"the model has {len(blob)} bytes of weights; kiln export embeds at most "
                     f"{MAX_WEIGHT_BYTES} bytes in a library")
-    cc = cc or default_cc(tgt)
     objects = compile_export_objects(kernels, code.text, pm,
                                      entry_opt_level(code, min(opt_level, 3)))
     needed: set[str] = set()

@@ -210,6 +210,11 @@ def test_an_unwritable_output_path_is_an_error(tmp_path: Path) -> None:
         export_library(mod, tmp_path)
     with pytest.raises(kiln.Error, match="not a C identifier"):
         export_library(mod, tmp_path / "m.so", name="my model")
+    with pytest.raises(kiln.Error, match="that is where the header goes"):
+        export_library(mod, tmp_path / "m.h")
+    with pytest.raises(kiln.Error, match="C compiler 'no-such-cc'.*not installed"):
+        export_library(mod, tmp_path / "m.so", cc="no-such-cc")
+    assert not list(tmp_path.iterdir())
 
 
 @needs_cc
@@ -219,14 +224,61 @@ def test_the_command_exports_a_relay_file(tmp_path: Path, capsys) -> None:
     assert e.value.code == 0
     assert "shared library" in capsys.readouterr().out
     src = tmp_path / "twice.rly"
-    src.write_text("def @main(%x: Tensor[(2, 3), float32]) { %x * 2f }")
-    assert cli_main(["export", str(src), "-o", str(tmp_path / "twice.so")]) == 0
+    src.write_text("def @main(%x: Tensor[(2, 3), float32], %k: Tensor[(3), float32]) "
+                   "{ %x * %k }")
+    np.savez(tmp_path / "k.npz", k=np.float32([2, 3, 4]))
+    assert cli_main(["export", str(src), "--params", str(tmp_path / "k.npz"),
+                     "-o", str(tmp_path / "twice.so")]) == 0
     err = capsys.readouterr().err
     assert "int twice_run(const float *x, float *output)" in err
     assert (tmp_path / "twice.h").is_file()
     assert cli_main(["export", str(src), "--target", "mips-linux-gnu",
                      "-o", str(tmp_path / "m.so")]) == 1
     assert "mips" in capsys.readouterr().err
+
+
+@needs_cc
+def test_the_command_exports_an_onnx_model_under_its_graph_names(tmp_path: Path, capsys) -> None:
+    from onnx import TensorProto, helper, numpy_helper, save
+
+    w, b = rand(6, 4, seed=8), rand(6, seed=9)
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["input.1", "w", "b"], ["h"], transB=1),
+         helper.make_node("Relu", ["h"], ["logits"])], "g",
+        [helper.make_tensor_value_info("input.1", TensorProto.FLOAT, [3, 4])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [3, 6])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+         str(tmp_path / "gemm.onnx"))
+    assert cli_main(["export", str(tmp_path / "gemm.onnx"), "--name", "net"]) == 0
+    assert "int net_run(const float *input_1, float *logits)" in capsys.readouterr().err
+    header = (tmp_path / "gemm.h").read_text()
+    assert '#define NET_INPUT_0_NAME "input.1"' in header
+    x = rand(3, 4, seed=10)
+    (tmp_path / "main.c").write_text(GEMM_MAIN)
+    subprocess.run(["cc", "-Wall", "-Werror", "-o", "main", "main.c", "gemm.so",
+                    "-Wl,-rpath,$ORIGIN"], cwd=tmp_path, check=True, capture_output=True)
+    (tmp_path / "in0.bin").write_bytes(x.tobytes())
+    subprocess.run(["./main"], cwd=tmp_path, check=True)
+    got = np.fromfile(tmp_path / "out0.bin", np.float32).reshape(3, 6)
+    np.testing.assert_allclose(got, np.maximum(x @ w.T + b, 0), rtol=1e-5, atol=1e-6)
+
+
+GEMM_MAIN = """
+#include <stdio.h>
+#include "gemm.h"
+int main(void) {
+    float x[NET_INPUT_0_COUNT], y[NET_OUTPUT_0_COUNT];
+    FILE *f = fopen("in0.bin", "rb");
+    if (!f || fread(x, 1, NET_INPUT_0_BYTES, f) != NET_INPUT_0_BYTES) return 2;
+    fclose(f);
+    if (net_run(x, y) != NET_OK) return 3;
+    f = fopen("out0.bin", "wb");
+    fwrite(y, 1, NET_OUTPUT_0_BYTES, f);
+    fclose(f);
+    return 0;
+}
+"""
 
 
 @needs_cross
