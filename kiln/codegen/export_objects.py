@@ -20,7 +20,7 @@ import llvmlite.binding as llvm
 
 from kiln.codegen.cache import DiskCache, cache_key, fingerprint, kernel_symbol
 from kiln.codegen.emit import emit_kernel
-from kiln.codegen.target import CODEGEN_VERSION, initialize_all
+from kiln.codegen.target import Machine, initialize_all
 from kiln.errors import Error, InternalError
 from kiln.loops.ir import Kernel
 from kiln.loops.verify import verify
@@ -29,22 +29,27 @@ from kiln.target import Target
 
 @dataclass(frozen=True)
 class PicMachine:
-    """An LLVM target machine making position-independent code for a Target."""
+    """A `Machine` (kiln/codegen/target.py: its optimizer pipeline and object emission) whose
+    LLVM target machine makes position-independent code."""
 
-    target: Target
-    opt_level: int
-    machine: llvm.TargetMachine
+    machine: Machine
+
+    @property
+    def target(self) -> Target:
+        return self.machine.target
+
+    @property
+    def opt_level(self) -> int:
+        return self.machine.opt_level
 
     @property
     def data_layout(self) -> str:
-        return str(self.machine.target_data)
+        return self.machine.data_layout
 
     @property
     def key(self) -> str:
         """Everything that changes the object code: part of each cache key."""
-        version = ".".join(str(v) for v in llvm.llvm_version_info)
-        return (f"{CODEGEN_VERSION}|pic|{self.target.triple}|{self.target.cpu}|"
-                f"{self.target.llvm_features}|llvm-{version}|O{self.opt_level}")
+        return f"{self.machine.key}|pic"
 
 
 def pic_machine(target: Target, opt_level: int) -> PicMachine:
@@ -54,28 +59,21 @@ def pic_machine(target: Target, opt_level: int) -> PicMachine:
         llvm_target = llvm.Target.from_triple(target.triple)
     except RuntimeError as exc:
         raise Error(f"LLVM cannot generate code for {target.triple!r}: {exc}") from None
-    machine = llvm_target.create_target_machine(
+    tm = llvm_target.create_target_machine(
         cpu=target.cpu, features=target.llvm_features, opt=opt_level, reloc="pic",
         codemodel="default")
-    return PicMachine(target, opt_level, machine)
+    return PicMachine(Machine(target, opt_level, tm))
 
 
 def _compile(text: str, pm: PicMachine, what: str) -> bytes:
-    """Verify, optimize (the pipeline of kiln/codegen/target.py) and emit one module."""
+    """Verify, optimize and emit one module."""
     try:
         module = llvm.parse_assembly(text)
         module.verify()
     except RuntimeError as exc:
         raise InternalError(f"LLVM rejected the code generated for {what}: {exc}") from None
-    pto = llvm.create_pipeline_tuning_options(speed_level=pm.opt_level)
-    if pm.opt_level >= 2:
-        pto.loop_vectorization = True
-        pto.slp_vectorization = True
-        pto.loop_unrolling = True
-        pto.loop_interleaving = True
-    pb = llvm.create_pass_builder(pm.machine, pto)
-    pb.getModulePassManager().run(module, pb)
-    return bytes(pm.machine.emit_object(module))
+    pm.machine.optimize(module)
+    return pm.machine.emit_object(module)
 
 
 @dataclass

@@ -158,9 +158,10 @@ def _weights(constants: Sequence[np.ndarray]) -> tuple[bytes, list[int]]:
 
 
 def default_cc(target: Target) -> str:
-    """The C compiler that links for ``target``: ``$CC`` or ``cc`` here, else the GNU cross
-    compiler named by the triple (``aarch64-linux-gnu-gcc``)."""
-    if target.is_host and target.arch == Target.host().arch:
+    """The C compiler that links for ``target``: ``$CC`` or ``cc`` for this architecture
+    (whatever the CPU), else the GNU cross compiler named by the triple
+    (``aarch64-linux-gnu-gcc``)."""
+    if target.arch == Target.host().arch:
         return os.environ.get("CC", "cc")
     parts = target.triple.split("-")
     system = "-".join(p for p in parts[1:] if p not in ("unknown", "pc"))
