@@ -114,9 +114,10 @@ def test_an_mlp_runs_from_c_like_the_interpreter(tmp_path: Path) -> None:
 
 
 @needs_cc
-def test_a_conv_net_with_a_tuple_result_from_c(tmp_path: Path) -> None:
+@pytest.mark.parametrize("target", ["llvm", "llvm -mattr=-avx512f,-avx2"])
+def test_a_conv_net_with_a_tuple_result_from_c(tmp_path: Path, target: str) -> None:
     mod, params, x = conv_case()
-    lib = export_library(mod, tmp_path / "conv.so", params=params,
+    lib = export_library(mod, tmp_path / "conv.so", target, params=params,
                          output_names=["features", "probs"])
     assert [t.c_name for t in lib.outputs] == ["features", "probs"]
     check(run_c(lib, [x]), kiln.interpret(mod, x, params=params))
