@@ -19,13 +19,13 @@ tests/loops/test_decompose_math.py (dense sweeps, against numpy in float64 for f
 against numpy's long double or mpmath for float64; the tests assert the bound column).
 
     function  float32  float64  bound   range
-    exp       0.99     0.88     1       all inputs (inf above 88.72 / 709.78)
-    log       0.80     0.76     1       all positive inputs (denormals included)
-    tanh      1.30     1.60     2       all inputs
-    sigmoid   2.26     1.82     2.5     all inputs (the exact 1/(1 + e^-x))
-    erf       0.98     0.84     1       all inputs
-    sin       1.92     0.84     2       |x| ≤ 2^20; beyond, the reduction loses accuracy (the
-    cos       1.54     0.90     2       result stays in [-1, 1]); ±inf gives NaN
+    exp       0.98     0.99     1       all inputs (inf above 88.72 / 709.78)
+    log       0.78     0.82     1       all positive inputs (denormals included)
+    tanh      1.20     1.21     1.5     all inputs
+    sigmoid   2.10     1.93     2.5     all inputs (the exact 1/(1 + e^-x))
+    erf       0.94     0.91     1       all inputs
+    sin       1.46     1.44     2       |x| ≤ 2^20; beyond, the reduction loses accuracy (the
+    cos       1.47     1.44     2       result stays in [-1, 1]); ±inf gives NaN
 
 float32 constants are Cephes' (exp, log, tanh, sin, cos) or least-squares fits made with
 numpy (erf: x·P(x²) on [0, 1]; on [1, 4], log(erfc(x)) + x² as a polynomial in

@@ -1,11 +1,15 @@
-"""The accuracy of the transcendental polynomials (kiln/codegen/math.py), in float32 ulp.
+"""The accuracy of compiled float32 transcendentals, in ulp: kernels that still call them,
+emitted directly (the emitter expands each call with kiln/loops/decompose_math.py, whose
+approximations these are; tests/loops/test_decompose_math.py covers float64 and the
+evaluator).
 
 Each function is compiled alone (a vectorized loop, and explicit 8-lane vectors) and run
 over a dense sweep — evenly spaced values, and values evenly spaced in their bit patterns so
 that every binade from denormals up is covered — and compared with numpy in float64 (for
 erf, Python's math.erf). The error is measured in units in the last place of the correctly
-rounded float32 result; the bounds asserted are the ones math.py documents. Special values
-(±inf, NaN, ±0, overflow and underflow edges) must come out exactly as float64 rounds them.
+rounded float32 result; the bounds asserted are the ones decompose_math.py documents.
+Special values (±inf, NaN, ±0, overflow and underflow edges) must come out exactly as
+float64 rounds them.
 """
 
 from __future__ import annotations
@@ -24,8 +28,7 @@ erf64 = np.vectorize(math.erf, otypes=[np.float64])
 REFERENCE = {"exp": np.exp, "log": np.log, "tanh": np.tanh, "erf": erf64, "sin": np.sin,
              "cos": np.cos, "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x))}
 
-# The bounds documented in kiln/codegen/math.py (measured maxima: 0.99, 0.80, 1.30, 2.26,
-# 0.98, 1.92, 1.54).
+# The bounds documented in kiln/loops/decompose_math.py.
 BOUND = {"exp": 1.0, "log": 1.0, "tanh": 1.5, "sigmoid": 2.5, "erf": 1.0, "sin": 2.0,
          "cos": 2.0}
 
