@@ -13,6 +13,7 @@ machine does: float32 arithmetic is numpy's float32 arithmetic, and `FMA` rounds
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 import numpy as np
@@ -96,21 +97,28 @@ def _fma(a: np.ndarray, b: np.ndarray, c: np.ndarray, dtype: str) -> np.ndarray:
     """``a * b + c`` rounded once to ``dtype``, as the machine's fused multiply-add."""
     if not dtype.startswith("float"):
         return np.asarray(a * b + c, dtype=dtype)
-    out = np.empty(len(a), dtype=dtype)
-    for i, (x, y, z) in enumerate(zip(a.tolist(), b.tolist(), c.tolist())):
-        plain = x * y + z
-        if not (np.isfinite(x) and np.isfinite(y) and np.isfinite(z)) or not np.isfinite(plain):
-            out[i] = plain  # inf and NaN come out as IEEE says; no rounding to worry about
-            continue
-        exact = Fraction(x) * Fraction(y) + Fraction(z)
-        near = float(exact)  # correctly rounded to float64
-        if dtype != "float64" and Fraction(near) != exact:
-            # Round to odd, so that the rounding to the narrower type is still a single one.
-            bits = np.float64(near).view(np.int64)
-            if not bits & 1:
-                near = float(np.nextafter(near, np.inf if Fraction(near) < exact else -np.inf))
-        out[i] = near
-    return out
+    if dtype == "float64":
+        return np.array([_fma64(x, y, z) for x, y, z in zip(a.tolist(), b.tolist(),
+                                                            c.tolist())])
+    # float32 and float16: the product is exact in float64 and TwoSum gives the error of the
+    # sum; rounding that sum to odd makes the rounding to the narrow type a single one.
+    p = a.astype(np.float64) * b.astype(np.float64)
+    c = c.astype(np.float64)
+    s = p + c
+    v = s - p
+    err = (p - (s - v)) + (c - v)
+    even = (s.view(np.int64) & 1) == 0
+    odd = np.nextafter(s, np.where(err > 0, np.inf, -np.inf))
+    s = np.where(np.isfinite(s) & (err != 0) & even, odd, s)
+    return s.astype(dtype)
+
+
+def _fma64(x: float, y: float, z: float) -> float:
+    plain = x * y + z
+    if not (math.isfinite(x) and math.isfinite(y) and math.isfinite(z)
+            and math.isfinite(plain)):
+        return plain  # inf and NaN come out as IEEE says
+    return float(Fraction(x) * Fraction(y) + Fraction(z))  # exact, then rounded once
 
 
 class _Machine:
