@@ -37,29 +37,33 @@ from kiln.loops.ir import (
     Store,
     Var,
 )
-from kiln.loops.schedule import PARALLEL_MIN_ELEMENTS
+from kiln.loops.schedule import PARALLEL_MIN_ELEMENTS, lowering_target
+from kiln.target import Target
 
 COPY_PARALLEL_MIN = 1 << 20  # elements of an input copy worth a parallel region
 
 
 def conv2d(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequence[int],
-           dilation: Sequence[int], groups: int, out_shape: Sequence[int], dtype: str
-           ) -> Tensor:
-    """The convolution as an extern tensor (see the module docstring)."""
+           dilation: Sequence[int], groups: int, out_shape: Sequence[int], dtype: str,
+           target: Target | None = None) -> Tensor:
+    """The convolution as an extern tensor (see the module docstring), scheduled for
+    ``target`` (default: the lowering's)."""
+    tgt = lowering_target(target)
     c = x.shape[1]
     cg = w.shape[1]
     if cg == 1 and groups == c and groups > 1:
         t = extern(tuple(out_shape), dtype, lambda write: depthwise(
-            x, w, strides, padding, dilation, out_shape, write))
+            x, w, strides, padding, dilation, out_shape, write, tgt))
         t.schedule = {"kernel": "depthwise",  # type: ignore[attr-defined]
-                      "parallel": _depthwise_parallel(out_shape, w.shape)}
+                      "parallel": _depthwise_parallel(out_shape, w.shape, tgt)}
         return t
-    return implicit_gemm(x, w, strides, padding, dilation, groups, out_shape, dtype)
+    return implicit_gemm(x, w, strides, padding, dilation, groups, out_shape, dtype,
+                         target=tgt)
 
 
 def implicit_gemm(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequence[int],
                   dilation: Sequence[int], groups: int, out_shape: Sequence[int], dtype: str,
-                  a_packed: Buffer | None = None) -> Tensor:
+                  a_packed: Buffer | None = None, target: Target | None = None) -> Tensor:
     """conv2d as a batch (images × groups) of GEMMs over im2col read on the fly.
 
     ``a_packed``, when given, holds the weight already in the GEMM's A panels, (groups,
@@ -81,10 +85,11 @@ def implicit_gemm(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequenc
     inside = ylo >= 0 and xlo >= 0 and yhi < x.shape[2] and xhi < x.shape[3]
     # With padding, each image is first copied into a zero-padded buffer (see `padded`),
     # and the product runs per image over the groups.
+    tgt = lowering_target(target)
     schedule = g.GemmSchedule.default(batch if inside else groups, m, n, k, dtype,
-                                      a_prepacked=a_packed is not None)
+                                      a_prepacked=a_packed is not None, target=tgt)
     if a_packed is not None and a_packed.shape != (groups, -(-m // schedule.mr),
-                                                   schedule.kc * g.k_blocking(k)[1],
+                                                   schedule.kc * g.k_blocking(k, tgt)[1],
                                                    schedule.mr):
         a_packed = None
 
@@ -131,7 +136,7 @@ def implicit_gemm(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequenc
     def emit(write: WriteFn) -> Stmt:
         if inside:
             return g.gemm(batch, m, n, k, a, b, put_for(image_group, write), dtype, schedule,
-                          a_panel=panel(lambda bt: image_group(bt)[1]))
+                          a_panel=panel(lambda bt: image_group(bt)[1]), target=tgt)
         return padded(write)
 
     def padded(write: WriteFn) -> Stmt:
@@ -141,7 +146,7 @@ def implicit_gemm(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequenc
         xp = Buffer("xpad", (c, yhi - ylo + 1, xhi - xlo + 1), dtype, "local")
         img, ci = Var("n"), Var("ci")
         # serial: a parallel region costs more than copying (but for large images)
-        copy_kind = "parallel" if xp.size >= COPY_PARALLEL_MIN else "serial"
+        copy_kind = "parallel" if xp.size >= COPY_PARALLEL_MIN and tgt.cores > 1 else "serial"
         copy = For(ci, Const(0), Const(c), padded_copy(
             x, (img, ci), xp, (ci,), (ylo, yhi), (xlo, xhi)), copy_kind)
 
@@ -154,7 +159,7 @@ def implicit_gemm(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequenc
             return Load(xp, (bt * cg + c0, y * sh + ky * dh, xx * sw + kx * dw))
 
         prod = g.gemm(groups, m, n, k, a, bp, put_for(grp_of, write), dtype, schedule,
-                      a_panel=panel(lambda bt: bt))
+                      a_panel=panel(lambda bt: bt), target=tgt)
         return For(img, Const(0), Const(nimg), Allocate(xp, Seq((copy, prod))))
 
     t = extern(tuple(out_shape), dtype, emit)
@@ -163,8 +168,10 @@ def implicit_gemm(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequenc
 
 
 def depthwise(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequence[int],
-              dilation: Sequence[int], out_shape: Sequence[int], write: WriteFn) -> Stmt:
-    """Depthwise conv2d (output channel o reads input channel o // multiplier)."""
+              dilation: Sequence[int], out_shape: Sequence[int], write: WriteFn,
+              target: Target | None = None) -> Stmt:
+    """Depthwise conv2d (output channel o reads input channel o // multiplier); LLVM
+    vectorizes its pixel loops to the target's width."""
     nimg, oc, oh, ow = out_shape
     _, _, kh, kw = w.shape
     mult = oc // x.shape[1]
@@ -195,7 +202,7 @@ def depthwise(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequence[in
     rows = For(oy, Const(0), Const(oh), For(ox, Const(0), Const(ow), LetStmt(
         v, total, write((img, ch, oy, ox), v)), "vectorized"))
     body = Allocate(plane, Seq((copy, rows)))
-    kind = "parallel" if _depthwise_parallel(out_shape, w.shape) else "serial"
+    kind = "parallel" if _depthwise_parallel(out_shape, w.shape, target) else "serial"
     return For(img, Const(0), Const(nimg), For(ch, Const(0), Const(oc), body, kind))
 
 
@@ -225,9 +232,11 @@ def _phase_planes(x: Tensor, plane_of: tuple[Expr, Expr], rows: tuple[int, int],
     return out, Seq(tuple(stmts))
 
 
-def _depthwise_parallel(out_shape: Sequence[int], w_shape: Sequence[int]) -> bool:
+def _depthwise_parallel(out_shape: Sequence[int], w_shape: Sequence[int],
+                        target: Target | None = None) -> bool:
     nimg, oc, oh, ow = out_shape
-    return nimg * oc * oh * ow * w_shape[2] * w_shape[3] >= PARALLEL_MIN_ELEMENTS and oc >= 2
+    return (nimg * oc * oh * ow * w_shape[2] * w_shape[3] >= PARALLEL_MIN_ELEMENTS and oc >= 2
+            and lowering_target(target).cores > 1)
 
 
 def padded_copy(x: Tensor, plane_of: tuple[Expr, Expr], out: Buffer, prefix: tuple[Expr, ...],

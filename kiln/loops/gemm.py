@@ -10,16 +10,18 @@ consumers (bias, relu, residual add) before storing. The loop nest follows BLIS:
         for pc: kc of K        ... packed into Bp[nc/nr][kc][nr] (zero padded)
           for ic: mc rows      a block of A packed into Ap[mc/mr][kc][mr] (zero padded)
             for jr, ir:        an mr×nr tile of C in vector registers:
-              for p in kc:     nr/8 vector loads of Bp, mr broadcasts of Ap, mr·nr/8 FMAs
+              for p in kc:     nr/L vector loads of Bp, mr broadcasts of Ap, mr·nr/L FMAs
               epilogue         (last pc) the tile through ``write``; else kept in Cp
 
+(L: the vector lanes of the `kiln.Target`). The tile and the blocks come from the target
+(`register_tile`, `k_blocking`, `GemmSchedule.default`): 6×16 on AVX2, 14×32 on AVX-512.
 The accumulator tile is a local buffer indexed only by constants, which SROA turns into
-registers (6×16 float32: 12 ymm accumulators on AVX2; see `tests/loops/test_gemm.py`).
+registers (12 ymm accumulators on AVX2, 28 zmm on AVX-512; see `tests/loops/test_gemm.py`).
 Partial K blocks are summed in Cp, a padded copy of C. Edge tiles read zeros from the padded
 packing, and the epilogue writes only the valid rows and columns: full-width tiles with a
 vectorizable loop of ``nr``, the last, narrower column tile with a loop of ``n % nr``. When
-that last tile has at most one vector of columns (n % nr ≤ 8, as a 7×7 conv's N = 49), its
-micro-kernel is ``mr``×8 (N = 49: 56 columns computed instead of 64).
+that last tile has at most one vector of columns (n % nr ≤ L, as a 7×7 conv's N = 49), its
+micro-kernel is ``mr``×L (AVX2, N = 49: 56 columns computed instead of 64).
 
 Tile indices are clamped (``min(jc·TNB + t, NT - 1)``): the clamp never changes a value at
 run time, but it lets the verifier's interval arithmetic prove every access in bounds.
@@ -27,16 +29,18 @@ run time, but it lets the verifier's interval arithmetic prove every access in b
 A constant weight can be packed once at compile time instead (the alter-layout pass,
 kiln/op/nn/packed.py): the kernel then reads its panels in place (``a_panel``/``b_panel``).
 
-Only float32 takes this path (8 lanes on AVX2); other dtypes keep the operators' plain
-reduction loops. The knobs (`GemmSchedule`) are recorded in ``kernel.attrs["schedules"]``.
+Only float32 takes this path; other dtypes keep the operators' plain reduction loops. The
+knobs (`GemmSchedule`) are recorded in ``kernel.attrs["schedules"]``.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
+from kiln.errors import InternalError
 from kiln.loops.ir import (
     FMA,
     INDEX,
@@ -56,12 +60,11 @@ from kiln.loops.ir import (
     Store,
     Var,
 )
-from kiln.loops.schedule import worth_parallel
+from kiln.loops.schedule import lowering_target, worth_parallel
+from kiln.target import Target
 
-LANES = {"float32": 8}
-KC_MAX = 256  # a kc×nr micro-panel of B stays in L1 (16 KiB)
-MC_MAX = 144  # an mc×kc block of A stays in L2 (144 KiB)
-NC_MAX = 1024  # a kc×nc panel of B stays in L3 (1 MiB)
+DTYPES = ("float32",)  # what the packed micro-kernel handles
+MR_MAX = 16  # rows of a tile: beyond this the A sliver packed per tile outgrows its use
 
 ReadFn = Callable[[Expr, Expr, Expr], Expr]  # (batch, row or k, k or col) -> scalar
 WriteFn = Callable[[Expr, Expr, Expr, Expr], Stmt]  # (batch, row, col, value) -> statement
@@ -69,21 +72,45 @@ WriteFn = Callable[[Expr, Expr, Expr, Expr], Stmt]  # (batch, row, col, value) -
 
 def supported(dtype: str) -> bool:
     """Whether the packed micro-kernel handles ``dtype`` (float32 only, for now)."""
-    return dtype in LANES
+    return dtype in DTYPES
 
 
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _threads() -> int:
-    """The cores this process may use: what blocks are split for. Deliberately not
-    ``KILN_NUM_THREADS`` (read when a kernel runs), so that machine code, and the disk cache
-    keyed by it, do not depend on the count set at build time."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+def register_tile(target: Target, dtype: str = "float32") -> tuple[int, int]:
+    """(mr, nr): the register tile of the micro-kernel for ``target``.
+
+    Each step of the K loop keeps mr × nr/lanes accumulators, loads nr/lanes vectors of B
+    and broadcasts one element of A at a time, so they fit when
+    ``mr · v + v + 1 ≤ registers`` (v = nr/lanes). Two vectors of B per step (v = 2) give
+    the most FMAs per load that fit: AVX2 (16 registers, 8 float32 lanes): 6×16, 12
+    accumulators; AVX-512 (32 registers, 16 lanes): 14×32, 28 accumulators; NEON (32
+    registers, 4 lanes): 14×8. Enough accumulators, too, to hide the FMA latency (4 cycles
+    × 2 pipes = 8 in flight).
+    """
+    lanes = target.lanes(dtype)
+    v = 2
+    mr = min((target.registers - v - 1) // v, MR_MAX)
+    return mr, v * lanes
+
+
+def _kc_max(target: Target, dtype: str) -> int:
+    # A kc×nr micro-panel of B stays in half of L1 (the other half holds the A sliver and
+    # the C tile): 256 for AVX2 with 32 KiB, 192 for AVX-512 with 48 KiB. A multiple of 16.
+    _, nr = register_tile(target, dtype)
+    size = np.dtype(dtype).itemsize
+    return max(16, (target.l1d // 2) // (nr * size) // 16 * 16)
+
+
+def k_blocking(k: int, target: Target | None = None, dtype: str = "float32") -> tuple[int, int]:
+    """(kc, number of K blocks) for a reduction of length ``k``: blocks of at most the
+    target's kc (`_kc_max`), as even as possible. A prepacked operand is padded with zeros
+    to kc × blocks along K."""
+    kc_max = _kc_max(lowering_target(target), dtype)
+    blocks = _ceil(max(k, 1), kc_max)
+    return _ceil(max(k, 1), blocks), blocks
 
 
 @dataclass(frozen=True)
@@ -93,7 +120,8 @@ class GemmSchedule:
     ``mr``×``nr``: the register tile (``nr`` a multiple of the vector width); ``kc``: the K
     block; ``mc``/``nc``: rows of an A block and columns of a B panel (multiples of
     ``mr``/``nr``); ``parallel``: the loop on the thread pool ("batch", "n", "m" or None);
-    ``unroll``: how many steps of the K loop are unrolled.
+    ``unroll``: how many steps of the K loop are unrolled; ``lanes``: elements per vector
+    (None: the target's width for the dtype).
     """
 
     mr: int
@@ -103,22 +131,32 @@ class GemmSchedule:
     nc: int
     parallel: str | None
     unroll: int = 1
+    lanes: int | None = None
 
     @staticmethod
     def default(batch: int, m: int, n: int, k: int, dtype: str = "float32",
                 threads: int | None = None, b_prepacked: bool = False,
-                a_prepacked: bool = False) -> GemmSchedule:
-        """A schedule from the shapes: 6×16 tiles, cache-sized blocks, the parallel loop.
-        With ``b_prepacked`` (B's panels are a constant), splitting M copies nothing; with
+                a_prepacked: bool = False, target: Target | None = None) -> GemmSchedule:
+        """A schedule for ``target`` (default: the lowering's) from the shapes: its register
+        tile, cache-sized blocks, the parallel loop over its cores (or ``threads``). With
+        ``b_prepacked`` (B's panels are a constant), splitting M copies nothing; with
         ``a_prepacked``, splitting N."""
-        lanes = LANES[dtype]
-        nr = 2 * lanes if n > lanes else lanes
-        mr = 6 if nr == 2 * lanes else 12
-        kc = k_blocking(k)[0]
+        t = lowering_target(target)
+        lanes = t.lanes(dtype)
+        size = np.dtype(dtype).itemsize
+        mr, nr = register_tile(t, dtype)
+        if n <= lanes:
+            # narrow: one vector of B per step, so twice the rows in the same accumulators
+            nr, mr = lanes, min(2 * mr, t.registers - 2)
+        kc = k_blocking(k, t, dtype)[0]
+        # An mc×kc block of A stays in a quarter of L2 (B's micro-panels stream through the
+        # rest); a kc×nc panel of B in half of each core's share of L3, at most 4096 columns.
+        mc_max = max(mr, (t.l2 // 4) // (kc * size))
+        nc_max = max(nr, min(4096, (t.l3 // (2 * max(t.cores, 1))) // (kc * size)))
         mt, nt = _ceil(m, mr), _ceil(n, nr)
-        tmb = max(1, min(mt, MC_MAX // mr))
-        tnb = max(1, min(nt, NC_MAX // nr))
-        threads = _threads() if threads is None else threads
+        tmb = max(1, min(mt, mc_max // mr))
+        tnb = max(1, min(nt, nc_max // nr))
+        threads = t.cores if threads is None else threads
         parallel = None
         if worth_parallel(batch * m * n * k, threads):  # kiln/loops/schedule.py
             # Over N each thread packs its own panels of B but all of A; over M, its own
@@ -127,7 +165,7 @@ class GemmSchedule:
                 parallel = "batch"
             elif (m > n or b_prepacked) and not a_prepacked and mt >= threads:
                 # one M block per thread where it fits (B is packed once per M block)
-                tmb = max(1, min(_ceil(mt, threads), 2 * MC_MAX // mr))
+                tmb = max(1, min(_ceil(mt, threads), 2 * mc_max // mr))
                 parallel = "m"
             elif nt >= threads:
                 tnb = min(tnb, _ceil(nt, threads))
@@ -135,7 +173,7 @@ class GemmSchedule:
             elif mt >= threads:
                 tmb = min(tmb, _ceil(mt, threads))
                 parallel = "m"
-        return GemmSchedule(mr, nr, kc, tmb * mr, tnb * nr, parallel)
+        return GemmSchedule(mr, nr, kc, tmb * mr, tnb * nr, parallel, lanes=lanes)
 
     def attrs(self) -> dict:
         """The knobs, for ``kernel.attrs`` (printing, statistics)."""
@@ -177,30 +215,28 @@ def _guarded(value: Expr, conds: list[Expr], dtype: str) -> Expr:
     return value if cond is None else Select(cond, value, Const(0.0, dtype))
 
 
-def k_blocking(k: int) -> tuple[int, int]:
-    """(kc, number of K blocks) for a reduction of length ``k``: blocks of at most `KC_MAX`,
-    as even as possible. A prepacked operand is padded with zeros to kc × blocks along K."""
-    blocks = _ceil(max(k, 1), KC_MAX)
-    return _ceil(max(k, 1), blocks), blocks
-
-
 PanelFn = Callable[[Expr, Expr, Expr, Expr], Expr]  # (batch, tile, kk, lane) -> value
 
 
 def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteFn,
          dtype: str = "float32", schedule: GemmSchedule | None = None,
-         a_panel: PanelFn | None = None, b_panel: PanelFn | None = None) -> Stmt:
+         a_panel: PanelFn | None = None, b_panel: PanelFn | None = None,
+         target: Target | None = None) -> Stmt:
     """The statement computing ``C = A·B`` (see the module docstring).
 
     ``a(bt, i, p)`` and ``b(bt, p, j)`` read A and B (only at indices inside the shapes);
     ``write(bt, i, j, value)`` is the statement storing C's element. An operand packed ahead
     of time (a constant weight, kiln/op/nn/packed.py) is given instead as ``a_panel(bt, tile,
-    kk, i)`` (a scalar of row ``tile·mr + i``) or ``b_panel(bt, tile, kk, c)`` (``nr``/8
+    kk, i)`` (a scalar of row ``tile·mr + i``) or ``b_panel(bt, tile, kk, c)`` (``nr``/L
     vectors at column ``tile·nr + c``), with kk over the K padded to kc × blocks: it is then
     read in place, never packed.
     """
-    s = schedule or GemmSchedule.default(batch, m, n, k, dtype)
-    lanes = LANES[dtype]
+    t = lowering_target(target)
+    s = schedule or GemmSchedule.default(batch, m, n, k, dtype, target=t)
+    lanes = s.lanes or t.lanes(dtype)
+    if s.nr % lanes:
+        raise InternalError(f"a GEMM tile of {s.nr} columns is not a whole number of "
+                            f"{lanes}-lane vectors")
     mr, nr, kc = s.mr, s.nr, s.kc
     mt, nt, nk = _ceil(m, mr), _ceil(n, nr), _ceil(k, kc)
     tmb, tnb = s.mc // mr, s.nc // nr

@@ -31,7 +31,8 @@ from kiln.loops.ir import (
     Var,
 )
 from kiln.loops.ir import Buffer as LBuffer
-from kiln.loops.schedule import worth_parallel
+from kiln.loops.schedule import lowering_target, worth_parallel
+from kiln.target import Target
 
 DOT_MAX_ROWS = 4  # dense with at most this many rows uses the dot-product kernel
 
@@ -61,18 +62,23 @@ def usable(dtype: str, *shapes: Sequence[int]) -> bool:
     return g.supported(dtype) and all(d > 0 for s in shapes for d in s)
 
 
-def dense(x: Tensor, w: Tensor, out_shape: Sequence[int], dtype: str) -> Tensor:
-    """``x @ w.T`` for x of shape (..., K) and w of shape (N, K)."""
+def dense(x: Tensor, w: Tensor, out_shape: Sequence[int], dtype: str,
+          target: Target | None = None) -> Tensor:
+    """``x @ w.T`` for x of shape (..., K) and w of shape (N, K), scheduled for ``target``
+    (default: the lowering's)."""
+    tgt = lowering_target(target)
     lead = tuple(x.shape[:-1])
     m, k, n = _prod(lead), x.shape[-1], w.shape[0]
     shape = tuple(out_shape)
+    lanes = tgt.lanes(dtype)
     if m <= DOT_MAX_ROWS and isinstance(x, BufferTensor) and isinstance(w, BufferTensor) \
-            and k >= 8:
+            and k >= lanes:
+        parallel = _dot_parallel(m, n, k, tgt)
         t = extern(shape, dtype, lambda write: dot_rows(
-            x.buffer, w.buffer, lead, m, n, k, write))
-        t.schedule = {"kernel": "dot", "parallel": _dot_parallel(m, n, k)}  # type: ignore
+            x.buffer, w.buffer, lead, m, n, k, write, tgt))
+        t.schedule = {"kernel": "dot", "parallel": parallel, "lanes": lanes}  # type: ignore
         return t
-    schedule = g.GemmSchedule.default(1, m, n, k, dtype)
+    schedule = g.GemmSchedule.default(1, m, n, k, dtype, target=tgt)
 
     def emit(write: WriteFn) -> Stmt:
         return g.gemm(
@@ -80,25 +86,26 @@ def dense(x: Tensor, w: Tensor, out_shape: Sequence[int], dtype: str) -> Tensor:
             lambda b, i, p: x(*_split(i, lead), p),
             lambda b, p, j: w(j, p),
             lambda b, i, j, v: write((*_split(i, lead), j), v),
-            dtype, schedule)
+            dtype, schedule, target=tgt)
 
     t = extern(shape, dtype, emit)
     t.schedule = schedule.attrs()  # type: ignore[attr-defined]
     return t
 
 
-def dense_prepacked(x: Tensor, wp: LBuffer, units: int, out_shape: Sequence[int], dtype: str
-                    ) -> Tensor | None:
+def dense_prepacked(x: Tensor, wp: LBuffer, units: int, out_shape: Sequence[int], dtype: str,
+                    target: Target | None = None) -> Tensor | None:
     """``x @ W.T`` with W's panels prepacked in ``wp`` (kiln/op/nn/packed.py); None when the
-    panels are not in the layout this GEMM would choose."""
+    panels are not in the layout this GEMM would choose for ``target``."""
+    tgt = lowering_target(target)
     lead = tuple(x.shape[:-1])
     m, k = _prod(lead), x.shape[-1]
-    schedule = g.GemmSchedule.default(1, m, units, k, dtype, b_prepacked=True)
-    kc, blocks = g.k_blocking(k)
+    schedule = g.GemmSchedule.default(1, m, units, k, dtype, b_prepacked=True, target=tgt)
+    kc, blocks = g.k_blocking(k, tgt, dtype)
     if wp.shape[2] != schedule.nr or wp.shape[1] != kc * blocks \
             or wp.shape[0] != -(-units // schedule.nr):
         return None
-    lanes = g.LANES[dtype]
+    lanes = schedule.lanes or tgt.lanes(dtype)
 
     def emit(write: WriteFn) -> Stmt:
         return g.gemm(
@@ -107,7 +114,7 @@ def dense_prepacked(x: Tensor, wp: LBuffer, units: int, out_shape: Sequence[int]
             lambda b, p, j: Const(0.0, dtype),  # B is never packed: read from wp
             lambda b, i, j, v: write((*_split(i, lead), j), v),
             dtype, schedule,
-            b_panel=lambda b, tile, kk, c: Load(wp, (tile, kk, c), lanes))
+            b_panel=lambda b, tile, kk, c: Load(wp, (tile, kk, c), lanes), target=tgt)
 
     t = extern(tuple(out_shape), dtype, emit)
     t.schedule = {**schedule.attrs(), "b_prepacked": True}  # type: ignore[attr-defined]
@@ -115,13 +122,14 @@ def dense_prepacked(x: Tensor, wp: LBuffer, units: int, out_shape: Sequence[int]
 
 
 def batch_matmul(x: Tensor, y: Tensor, out_shape: Sequence[int], dtype: str,
-                 transpose_a: bool, transpose_b: bool) -> Tensor:
+                 transpose_a: bool, transpose_b: bool, target: Target | None = None) -> Tensor:
     """Batched ``x @ y`` with Relay's transpose flags and broadcast batch of 1."""
+    tgt = lowering_target(target)
     batch, m, n = out_shape
     k = x.shape[1] if transpose_a else x.shape[2]
     bx = (lambda b: b) if x.shape[0] == batch else (lambda b: Const(0, INDEX))
     by = (lambda b: b) if y.shape[0] == batch else (lambda b: Const(0, INDEX))
-    schedule = g.GemmSchedule.default(batch, m, n, k, dtype)
+    schedule = g.GemmSchedule.default(batch, m, n, k, dtype, target=tgt)
 
     def a(b: Expr, i: Expr, p: Expr) -> Expr:
         return x(bx(b), p, i) if transpose_a else x(bx(b), i, p)
@@ -131,23 +139,26 @@ def batch_matmul(x: Tensor, y: Tensor, out_shape: Sequence[int], dtype: str,
 
     def emit(write: WriteFn) -> Stmt:
         return g.gemm(batch, m, n, k, a, bread, lambda b, i, j, v: write((b, i, j), v),
-                      dtype, schedule)
+                      dtype, schedule, target=tgt)
 
     t = extern(tuple(out_shape), dtype, emit)
     t.schedule = schedule.attrs()  # type: ignore[attr-defined]
     return t
 
 
-def _dot_parallel(m: int, n: int, k: int) -> bool:
-    # the rule of kiln/loops/schedule.py: a batch-1 layer of 784×512 stays on one thread
-    return n >= 2 and worth_parallel(m * n * k, g._threads())
+def _dot_parallel(m: int, n: int, k: int, target: Target | None = None) -> bool:
+    # the rule of kiln/loops/schedule.py over the target's cores: a batch-1 layer of
+    # 784×512 stays on one thread
+    return n >= 2 and worth_parallel(m * n * k, lowering_target(target).cores)
 
 
 def dot_rows(x: LBuffer, w: LBuffer, lead: tuple[int, ...], m: int, n: int, k: int,
-             write: WriteFn) -> Stmt:
-    """``out[i, j] = x[i, :] · w[j, :]`` with 4 vector accumulators along K, then a horizontal
-    sum and the scalar tail; parallel over j when the weight is large."""
-    lanes = g.LANES[x.dtype]
+             write: WriteFn, target: Target | None = None) -> Stmt:
+    """``out[i, j] = x[i, :] · w[j, :]`` with 4 vector accumulators along K (vectors of the
+    target's width), then a horizontal sum and the scalar tail; parallel over j when the
+    weight is large."""
+    tgt = lowering_target(target)
+    lanes = tgt.lanes(x.dtype)
     dtype = x.dtype
     acc = LBuffer("dacc", (4, lanes), dtype, "local")
     j, i = Var("j"), Var("i")
@@ -186,5 +197,5 @@ def dot_rows(x: LBuffer, w: LBuffer, lead: tuple[int, ...], m: int, n: int, k: i
     v = Var("dot", dtype)
     stmts.append(LetStmt(v, s, write((*xrow, j), v)))
     body = Allocate(acc, Seq(tuple(stmts)))
-    kind = "parallel" if _dot_parallel(m, n, k) else "serial"
+    kind = "parallel" if _dot_parallel(m, n, k, tgt) else "serial"
     return For(j, Const(0), Const(n), For(i, Const(0), Const(m), body), kind)

@@ -11,6 +11,10 @@ several outputs, is it materialized into a local buffer first.
 Kernels are static: every shape is known (a program with symbolic shapes is lowered once
 its shapes are known at run time). Non-scalar constants become extra kernel inputs, listed
 in ``kernel.attrs["constants"]``.
+
+Kernels are scheduled for a `kiln.Target` (default: this machine): the lowering runs inside
+`target_scope`, so the operators' lowering rules build their kernels (GEMM tiles, vector
+widths, parallel loops) for it; the chosen knobs are in ``kernel.attrs["schedules"]``.
 """
 
 from __future__ import annotations
@@ -43,9 +47,10 @@ from kiln.loops.ir import (
     Store,
 )
 from kiln.loops.ir import Var as LVar
-from kiln.loops.schedule import loop_nest
+from kiln.loops.schedule import loop_nest, lowering_target, target_scope
 from kiln.loops.verify import verify
 from kiln.op import registry
+from kiln.target import Target
 
 Lowered = Any  # a Tensor or a (nested) tuple of Tensors
 
@@ -263,8 +268,11 @@ def _types(t: Type) -> list[TensorType]:
     return out
 
 
-def lower_primitive(fn: Function, name: str = "kernel") -> Kernel:
-    """The kernel computing a typed primitive function (see the module docstring)."""
+def lower_primitive(fn: Function, name: str = "kernel",
+                    target: Target | str | None = None) -> Kernel:
+    """The kernel computing a typed primitive function, scheduled for ``target`` (default:
+    the enclosing `target_scope`'s, else this machine; see the module docstring)."""
     if fn.checked_type_ is None:
         raise InternalError("lower_primitive needs a type-checked function")
-    return _Lowering(fn, name).run()
+    with target_scope(lowering_target(target)):
+        return _Lowering(fn, name).run()

@@ -17,14 +17,42 @@ shapes, by work rather than element counts):
 Below that, waking libgomp's team and joining it costs as much as the work saved, and on a
 loaded machine a parallel region may wait a whole scheduler timeslice for a busy core (a
 batch-1 MLP went from 0.06 ms to 40 ms that way), while a serial kernel just runs.
+
+Schedules are chosen for a `kiln.Target` (vector width, registers, caches, cores). The
+kernel builders take it as an argument; the operators' lowering rules, which do not pass
+one, get the target of the lowering in progress (`lowering_target`: `lower_primitive`
+sets it with `target_scope`), and outside any lowering this machine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from kiln.loops.ir import Const, Expr, For, Stmt, Var
+from kiln.target import Target
+
+_TARGET: ContextVar[Target | None] = ContextVar("kiln_lowering_target", default=None)
+
+
+def lowering_target(target: Target | str | None = None) -> Target:
+    """``target`` if given, else the target of the lowering in progress, else this machine."""
+    if target is not None:
+        return Target.parse(target)
+    return _TARGET.get() or Target.host()
+
+
+@contextmanager
+def target_scope(target: Target | str) -> Iterator[Target]:
+    """Kernels built inside the block are scheduled for ``target``."""
+    t = Target.parse(target)
+    token = _TARGET.set(t)
+    try:
+        yield t
+    finally:
+        _TARGET.reset(token)
 
 # Below this many elements (× work per element) a memory-bound nest runs on one thread.
 PARALLEL_MIN_ELEMENTS = 1 << 15
@@ -47,12 +75,16 @@ class NestSchedule:
     vector_axis: int | None
 
     @staticmethod
-    def default(shape: Sequence[int], work_per_element: int = 1) -> NestSchedule:
+    def default(shape: Sequence[int], work_per_element: int = 1,
+                target: Target | None = None) -> NestSchedule:
+        """Parallel over the first axis of 2 or more when the work pays and the target has
+        several cores; the innermost axis vectorized when long enough."""
         total = 1
         for d in shape:
             total *= d
         parallel = None
-        if total * work_per_element >= PARALLEL_MIN_ELEMENTS:
+        cores = lowering_target(target).cores
+        if cores > 1 and total * work_per_element >= PARALLEL_MIN_ELEMENTS:
             parallel = next((k for k, d in enumerate(shape) if d >= 2), None)
         vector = None
         if shape and shape[-1] >= VECTORIZE_MIN_EXTENT and parallel != len(shape) - 1:

@@ -3,6 +3,7 @@
 Implicit GEMM (with and without the padded copy of the input, grouped, dilated, strided,
 K larger than the GEMM's kc) and the direct depthwise kernel (stride 1 and 2, a channel
 multiplier), alone and with a fused epilogue; one and two threads give identical results.
+Each case is scheduled and compiled for this machine and for it without AVX-512 (AVX2 code).
 Padding may be asymmetric in kiln, so the oracle pads with numpy and runs torch's conv2d
 unpadded.
 """
@@ -14,8 +15,10 @@ import pytest
 
 import kiln
 from kiln.codegen import threads
+from kiln.loops.schedule import target_scope
 from kiln.op import nn
 from kiln.runtime.compiler import native_available
+from kiln.target import Target
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not native_available(), reason="needs llvmlite")
@@ -54,20 +57,29 @@ CASES = [
 ]
 
 
+TARGETS = ["llvm", "llvm -mattr=-avx512f"]
+
+
+@pytest.mark.parametrize("spec", TARGETS)
 @pytest.mark.parametrize("xs,ws,strides,padding,dilation,groups", CASES)
 def test_conv2d(xs: tuple, ws: tuple, strides: tuple, padding: tuple, dilation: tuple,
-                groups: int) -> None:
+                groups: int, spec: str) -> None:
     o, kh, kw = ws
     wshape = (o, xs[1] // groups, kh, kw)
     x = kiln.var("x", shape=xs, dtype="float32")
     w = kiln.var("w", shape=wshape, dtype="float32")
     body = nn.conv2d(x, w, strides=strides, padding=padding, dilation=dilation, groups=groups)
-    exe = kiln.build(kiln.IRModule.from_expr(kiln.Function([x, w], body)))
+    mod = kiln.IRModule.from_expr(kiln.Function([x, w], body))
+    target = Target.parse(spec)
     a = RNG.standard_normal(xs).astype(np.float32)
     b = RNG.standard_normal(wshape).astype(np.float32)
     want = reference(a, b, strides, padding, dilation, groups)
     k = wshape[1] * kh * kw
+    with target_scope(target):
+        exe = kiln.build(mod, target=target)
+        packed = kiln.build(mod, target=target, params={"w": b})  # weight packed ahead
     np.testing.assert_allclose(exe(a, b), want, rtol=1e-4, atol=2e-5 * k)
+    np.testing.assert_allclose(packed(a), want, rtol=1e-4, atol=2e-5 * k)
 
 
 @pytest.mark.parametrize("groups", [1, 16])

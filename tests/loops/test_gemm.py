@@ -4,10 +4,15 @@ Oracles: numpy in float64 (and the reference interpreter for fused epilogues). S
 chosen off the tile sizes (M, N, K not multiples of 6, 16 or kc; one row; K = 1; K larger
 than kc, so partial sums go through Cp), the knobs are varied explicitly, and results with
 one and two threads must be identical (each element is computed by the same instructions
-whichever thread runs it).
+whichever thread runs it). The same products are scheduled and compiled for this machine and
+for it without AVX-512 (AVX2 code: 256-bit vectors, 16 registers), and the micro-kernel's
+assembly is checked to use zmm registers in the first case and ymm only in the second.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -15,12 +20,14 @@ import pytest
 import kiln
 from kiln.codegen import assembly, compile_kernels, threads
 from kiln.ir.traverse import post_order
-from kiln.loops.gemm import GemmSchedule, gemm
+from kiln.loops.gemm import GemmSchedule, gemm, register_tile
 from kiln.loops.ir import Binary, Buffer, Const, Kernel, Load, Store
 from kiln.loops.lower import lower_primitive
+from kiln.loops.schedule import target_scope
 from kiln.loops.verify import verify
 from kiln.op import nn
 from kiln.runtime.compiler import native_available
+from kiln.target import Target
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="needs llvmlite")
 
@@ -110,23 +117,24 @@ def test_batch_matmul(bx: int, by: int, ta: bool, tb: bool) -> None:
 
 
 def gemm_kernel(batch: int, m: int, n: int, k: int, schedule: GemmSchedule | None,
-                name: str) -> Kernel:
-    """``o[b] = x[b] @ w[b].T + 1`` with an explicit schedule."""
+                name: str, target: Target | None = None) -> Kernel:
+    """``o[b] = x[b] @ w[b].T + 1`` with an explicit schedule (or the target's default)."""
     x = Buffer("x", (batch, m, k), "float32")
     w = Buffer("w", (batch, n, k), "float32")
     o = Buffer("o", (batch, m, n), "float32")
     body = gemm(batch, m, n, k, lambda b, i, p: Load(x, (b, i, p)),
                 lambda b, p, j: Load(w, (b, j, p)),
                 lambda b, i, j, v: Store(o, (b, i, j), Binary("add", v, Const(1.0, "float32"))),
-                "float32", schedule)
+                "float32", schedule, target=target)
     return verify(Kernel(name, (x, w), (o,), body))
 
 
 SCHEDULES = [
-    (2, 30, 50, 40, GemmSchedule(6, 16, 16, 12, 32, "n")),
-    (2, 30, 50, 40, GemmSchedule(6, 16, 13, 12, 16, "m", unroll=1)),
-    (3, 30, 50, 40, GemmSchedule(4, 8, 20, 8, 24, "batch", unroll=4)),
-    (1, 25, 9, 70, GemmSchedule(12, 8, 64, 24, 8, None, unroll=2)),
+    (2, 30, 50, 40, GemmSchedule(6, 16, 16, 12, 32, "n", lanes=8)),
+    (2, 30, 50, 40, GemmSchedule(6, 16, 13, 12, 16, "m", unroll=1, lanes=8)),
+    (3, 30, 50, 40, GemmSchedule(4, 8, 20, 8, 24, "batch", unroll=4, lanes=8)),
+    (1, 25, 9, 70, GemmSchedule(12, 8, 64, 24, 8, None, unroll=2, lanes=8)),
+    (1, 33, 70, 50, GemmSchedule(14, 32, 24, 28, 64, "n", lanes=16)),  # AVX-512's tile
     (1, 61, 77, 300, None),
 ]
 
@@ -146,26 +154,50 @@ def test_schedules_and_threads() -> None:
         close(results[0], a.astype(np.float64) @ b.swapaxes(1, 2) + 1, k)
 
 
+AVX2 = "llvm -mcpu=x86-64-v3"  # a generic AVX2 CPU: 16 registers, 32 KiB of L1d
+AVX512 = "llvm -mcpu=x86-64-v4"
+NO_AVX512 = "llvm -mattr=-avx512f"  # this machine without AVX-512
+
+
 def test_default_schedule(monkeypatch: pytest.MonkeyPatch) -> None:
-    # the machine's cores, not KILN_NUM_THREADS: machine code must not depend on it
+    # the target's cores, not KILN_NUM_THREADS: machine code must not depend on it
     before = GemmSchedule.default(1, 1024, 1024, 1024)
     monkeypatch.setenv("KILN_NUM_THREADS", "1")
     assert GemmSchedule.default(1, 1024, 1024, 1024) == before
-    big = GemmSchedule.default(1, 1024, 1024, 1024, threads=2)
-    assert (big.mr, big.nr, big.kc) == (6, 16, 256) and big.parallel == "n"
+    avx2 = Target.parse(AVX2)
+    big = GemmSchedule.default(1, 1024, 1024, 1024, threads=2, target=avx2)
+    assert (big.mr, big.nr, big.kc, big.lanes) == (6, 16, 256, 8) and big.parallel == "n"
     assert big.mc % big.mr == 0 and big.nc % big.nr == 0
-    assert GemmSchedule.default(1, 8, 8, 8, threads=2).parallel is None
-    assert GemmSchedule.default(8, 128, 128, 64, threads=2).parallel == "batch"
-    assert GemmSchedule.default(1, 512, 16, 4608, threads=2).parallel == "m"
-    assert GemmSchedule.default(1, 100, 100, 1000, threads=1).parallel is None
-    assert GemmSchedule.default(1, 10, 5, 9).nr == 8  # narrow: one vector wide
+    wide = GemmSchedule.default(1, 1024, 1024, 1024, threads=2, target=Target.parse(AVX512))
+    assert (wide.mr, wide.nr, wide.lanes) == (14, 32, 16)
+    assert GemmSchedule.default(1, 8, 8, 8, threads=2, target=avx2).parallel is None
+    assert GemmSchedule.default(8, 128, 128, 64, threads=2, target=avx2).parallel == "batch"
+    assert GemmSchedule.default(1, 512, 16, 4608, threads=2, target=avx2).parallel == "m"
+    assert GemmSchedule.default(1, 100, 100, 1000, threads=1, target=avx2).parallel is None
+    assert GemmSchedule.default(1, 10, 5, 9, target=avx2).nr == 8  # narrow: one vector wide
+    # the target's cores decide, when no thread count is given
+    one_core = dataclasses.replace(avx2, cores=1)
+    assert GemmSchedule.default(1, 1024, 1024, 1024, target=one_core).parallel is None
+    # inside a lowering for a target, the default is that target's
+    with target_scope(avx2):
+        assert GemmSchedule.default(1, 64, 64, 64).nr == 16
 
 
-def test_micro_kernel_in_registers() -> None:
-    # The K loop of the 6×16 tile: 12 ymm accumulators, FMAs, no stack traffic.
-    asm = assembly(gemm_kernel(1, 24, 32, 64, GemmSchedule(6, 16, 64, 24, 32, None), "asm"))
+@pytest.mark.parametrize("spec", [AVX2, AVX512, NO_AVX512, "llvm", "aarch64-linux-gnu"])
+def test_register_tile_fits_the_registers(spec: str) -> None:
+    # accumulators + the vectors of B + one broadcast of A <= the vector registers
+    t = Target.parse(spec)
+    mr, nr = register_tile(t)
+    vectors = nr // t.lanes("float32")
+    assert nr % t.lanes("float32") == 0 and mr * vectors + vectors + 1 <= t.registers
+    narrow = GemmSchedule.default(1, 40, t.lanes("float32"), 9, target=t)
+    assert narrow.mr + 2 <= t.registers
+
+
+def _micro_kernel_loop(asm: str) -> list[str]:
+    """The innermost loop of the assembly that does FMAs (label ... the jump back to it)."""
     lines = asm.splitlines()
-    loops: list[list[str]] = []  # label ... the jump back to it
+    loops: list[list[str]] = []
     for start, line in enumerate(lines):
         if line.startswith(".LBB") and line.endswith(":"):
             label = line[:-1]
@@ -173,9 +205,78 @@ def test_micro_kernel_in_registers() -> None:
                 if lines[end].split()[-1:] == [label] and lines[end].lstrip().startswith("j"):
                     loops.append(lines[start:end + 1])
                     break
-    loop = min((b for b in loops if any("vfmadd" in x for x in b)), key=len, default=[])
+    return min((b for b in loops if any("vfmadd" in x for x in b)), key=len, default=[])
+
+
+@pytest.mark.parametrize("spec,register", [("llvm", "zmm"), (NO_AVX512, "ymm")])
+def test_micro_kernel_in_registers(spec: str, register: str) -> None:
+    # The K loop of the target's tile: its accumulators in vector registers of its width,
+    # FMAs, no stack traffic. 6×16 (12 ymm) without AVX-512, 14×32 (28 zmm) with it.
+    host = Target.host()
+    if host.arch != "x86_64" or not host.has("fma"):
+        pytest.skip("needs an x86-64 host with FMA")
+    if register == "zmm" and not host.has("avx512f"):
+        pytest.skip("the host has no AVX-512")
+    t = Target.parse(spec)
+    mr, nr = register_tile(t)
+    s = GemmSchedule.default(1, 2 * mr, 2 * nr, 64, target=t)
+    assert (s.mr, s.nr) == (mr, nr)
+    asm = assembly(gemm_kernel(1, 2 * mr, 2 * nr, 64, s, f"asm_{register}", t), target=t)
+    loop = _micro_kernel_loop(asm)
     fmas = [x for x in loop if "vfmadd" in x]
-    if not fmas:
-        pytest.skip("the host CPU has no FMA")
-    assert len(fmas) % 12 == 0 and all("ymm" in x for x in fmas)
-    assert not any("rsp" in x or "rbp" in x for x in loop), "accumulators spilled"
+    accumulators = mr * nr // t.lanes("float32")
+    assert fmas and len(fmas) % accumulators == 0
+    assert all(register in x for x in fmas)
+    if register == "ymm":
+        assert "zmm" not in asm
+    # an accumulator spilled would be stored to the stack each step (reading the packed A
+    # block, a local buffer, from the stack is fine)
+    stores = [x for x in loop if re.search(r"%[xyz]mm\d+,\s*-?\d*\(%r[sb]p", x)]
+    assert not stores, f"accumulators spilled: {stores}"
+
+
+SHAPES = [(1, 1, 1), (3, 10, 33), (5, 17, 1), (13, 48, 300), (29, 33, 190), (97, 129, 257),
+          (15, 31, 17)]
+
+
+@pytest.mark.parametrize("spec", ["llvm", NO_AVX512])
+def test_dense_and_batch_matmul_for_each_target(spec: str) -> None:
+    # off every tile size of both targets (6, 14, 16, 32; kc 192 and 384)
+    t = Target.parse(spec)
+    for m, n, k in SHAPES:
+        x = kiln.var("x", shape=(m, k), dtype="float32")
+        w = kiln.var("w", shape=(n, k), dtype="float32")
+        with target_scope(t):
+            exe = kiln.build(kiln.IRModule.from_expr(kiln.Function([x, w], nn.dense(x, w))),
+                             target=t)
+        a, b = rand(m, k), rand(n, k)
+        close(exe(a, b), a.astype(np.float64) @ b.T.astype(np.float64), k)
+    x = kiln.var("x", shape=(3, 29, 41), dtype="float32")
+    y = kiln.var("y", shape=(3, 41, 35), dtype="float32")
+    with target_scope(t):
+        exe = kiln.build(kiln.IRModule.from_expr(kiln.Function([x, y], nn.batch_matmul(
+            x, y, transpose_b=False))), target=t)
+    a, b = rand(3, 29, 41), rand(3, 41, 35)
+    close(exe(a, b), a.astype(np.float64) @ b.astype(np.float64), 41)
+
+
+@pytest.mark.parametrize("spec", ["llvm", NO_AVX512])
+def test_gemm_kernel_schedule_follows_the_target(spec: str) -> None:
+    t = Target.parse(spec)
+    m, n, k = 37, 75, 400  # K over two blocks: partial sums through Cp
+    kernel = gemm_kernel(1, m, n, k, None, "tk", t)
+    lib = compile_kernels([kernel], t)
+    a, b = rand(1, m, k), rand(1, n, k)
+    out = np.full((1, m, n), np.nan, np.float32)
+    lib["tk"](a, b, out)
+    close(out, a.astype(np.float64) @ b.swapaxes(1, 2) + 1, k)
+    # the lowering records the tile it chose for the target
+    x = kiln.var("x", shape=(m, k), dtype="float32")
+    w = kiln.var("w", shape=(n, k), dtype="float32")
+    fused = kiln.infer_types(kiln.optimize(kiln.IRModule.from_expr(
+        kiln.Function([x, w], nn.dense(x, w)))))
+    prim = next(f for f in post_order(fused["main"])
+                if isinstance(f, kiln.Function) and f.attrs.get("Primitive"))
+    (name, knobs), = lower_primitive(prim, "d", target=t).attrs["schedules"]
+    assert (knobs["mr"], knobs["nr"], knobs["lanes"]) == (*register_tile(t),
+                                                           t.lanes("float32"))

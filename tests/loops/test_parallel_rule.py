@@ -8,6 +8,8 @@ cost more than it saved, and much more on a loaded machine).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -16,8 +18,9 @@ from kiln import op
 from kiln.codegen import threads
 from kiln.loops import gemm as g
 from kiln.loops import linear_kernels as lk
-from kiln.loops.schedule import PARALLEL_MIN_WORK_PER_THREAD, worth_parallel
+from kiln.loops.schedule import PARALLEL_MIN_WORK_PER_THREAD, NestSchedule, worth_parallel
 from kiln.op import nn
+from kiln.target import Target
 
 
 def test_worth_parallel_counts_work_per_thread() -> None:
@@ -41,11 +44,20 @@ def test_gemm_default_parallel_by_work(batch: int, m: int, n: int, k: int,
     assert g.GemmSchedule.default(batch, m, n, k, threads=1).parallel is None
 
 
-def test_dot_kernel_batch1_stays_serial(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(g, "_threads", lambda: 2)
-    assert not lk._dot_parallel(1, 512, 784)
-    assert not lk._dot_parallel(1, 1024, 256)  # an LSTM step's recurrent product
-    assert lk._dot_parallel(1, 4096, 1024)
+def test_dot_kernel_batch1_stays_serial() -> None:
+    two = dataclasses.replace(Target.host(), cores=2)
+    assert not lk._dot_parallel(1, 512, 784, two)
+    assert not lk._dot_parallel(1, 1024, 256, two)  # an LSTM step's recurrent product
+    assert lk._dot_parallel(1, 4096, 1024, two)
+    assert not lk._dot_parallel(1, 4096, 1024, dataclasses.replace(two, cores=1))
+
+
+def test_nests_go_parallel_only_with_several_cores() -> None:
+    shape = (64, 1024)
+    two = dataclasses.replace(Target.host(), cores=2)
+    assert NestSchedule.default(shape, target=two).parallel_axis == 0
+    assert NestSchedule.default(shape, target=dataclasses.replace(two, cores=1)
+                                ).parallel_axis is None
 
 
 def _conv1x1(c: int, o: int, size: int) -> kiln.IRModule:
