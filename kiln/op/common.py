@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from kiln.errors import Error, TypeCheckError
+from kiln.ir.dtype import dtype_of
 from kiln.ir.ty import ANY, AnyDim, Dim, IncompleteType, SymDim, TensorType, Type, type_children
 
 
@@ -145,21 +146,14 @@ def check_dims_equal(a: Dim, b: Dim, message: str) -> None:
         raise TypeCheckError(message)
 
 
-def is_float(dtype: str) -> bool:
-    return dtype.startswith("float")
-
-
-def is_int(dtype: str) -> bool:
-    return dtype.startswith(("int", "uint"))
-
-
 def require_dtype(t: TensorType, what: str, kind: str) -> None:
     """Check a tensor's dtype is of a kind: "float", "numeric" (int or float), "bool" or "any"."""
+    d = dtype_of(t.dtype)
     ok = {
-        "float": is_float(t.dtype),
-        "numeric": is_float(t.dtype) or is_int(t.dtype),
-        "int": is_int(t.dtype),
-        "bool": t.dtype == "bool",
+        "float": d.is_float,
+        "numeric": d.is_float or d.is_integer,
+        "int": d.is_integer,
+        "bool": d.is_bool,
         "any": True,
     }[kind]
     if not ok:

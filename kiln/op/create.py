@@ -13,6 +13,7 @@ import numpy as np
 
 from kiln.errors import EvalError, TypeCheckError
 from kiln.ir.attrs import Attrs
+from kiln.ir.dtype import dtype_of
 from kiln.ir.expr import Call, Expr, const
 from kiln.ir.ty import ANY, TensorType, Type
 from kiln.loops import oplib
@@ -99,7 +100,7 @@ def _filled(shape: Sequence[int], value: np.ndarray, dtype: str) -> np.ndarray:
 def _fill_grad(c: Call, fill_value: Expr, g: Expr) -> Expr | None:
     """Every element is the fill value: its adjoint is the sum of the result's."""
     dtype = gh.dtype(fill_value)
-    if not dtype.startswith("float"):
+    if not dtype_of(dtype).is_float:
         return None
     total = gh.call("sum", g)
     return total if gh.dtype(c) == dtype else gh.call("cast", total, dtype=dtype)
@@ -199,7 +200,7 @@ def _arange(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
         n = _arange_length(*arrays)
     except TypeCheckError as e:
         raise EvalError(e.message) from None
-    wide = np.float64 if attrs.dtype.startswith("float") else np.int64  # type: ignore[union-attr]
+    wide = np.float64 if dtype_of(attrs.dtype).is_float else np.int64  # type: ignore[arg-type]
     start, step = (np.asarray(v).astype(wide) for v in (arrays[0], arrays[2]))
     return (start + np.arange(n, dtype=wide) * step).astype(attrs.dtype)  # type: ignore
 
@@ -207,7 +208,7 @@ def _arange(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
 def _lower_arange(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
     # As the reference: start + i * step in float64 (or int64), then converted.
     start, _, step = inputs
-    wide = "float64" if out.dtype.startswith("float") else INDEX  # type: ignore[attr-defined]
+    wide = "float64" if dtype_of(out.dtype).is_float else INDEX  # type: ignore[attr-defined]
 
     def element(i: LExpr) -> LExpr:
         at = Binary("add", oplib.convert(start(), wide),

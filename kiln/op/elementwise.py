@@ -15,6 +15,7 @@ import numpy as np
 
 from kiln.errors import Error, EvalError, TypeCheckError
 from kiln.ir.attrs import Attrs
+from kiln.ir.dtype import dtype_of
 from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import TensorType, Type
 from kiln.loops import oplib
@@ -42,7 +43,6 @@ from kiln.op import grad_helpers as gh
 from kiln.op.common import (
     as_array,
     broadcast_shape,
-    is_int,
     require_dtype,
     same_dtype,
     tensor_arg,
@@ -136,21 +136,21 @@ def _erf(x: np.ndarray) -> np.ndarray:
 
 def _float_or_identity(op: str) -> LowerFn:
     """floor, ceil, round: the loop-IR unary op on floats; integers are already whole."""
-    return oplib.unary(lambda x: Unary(op, x) if oplib.is_float_dtype(x.dtype) else x)
+    return oplib.unary(lambda x: Unary(op, x) if dtype_of(x.dtype).is_float else x)
 
 
 def _sign(x: LExpr) -> LExpr:
-    if oplib.is_float_dtype(x.dtype):
+    if dtype_of(x.dtype).is_float:
         return Unary("sign", x)
     one, zero = oplib.dtype_const(1, x.dtype), oplib.dtype_const(0, x.dtype)
     positive = Select(Binary("gt", x, zero), one, zero)
-    if not oplib.is_signed_int(x.dtype):
+    if not dtype_of(x.dtype).is_int:
         return positive
     return Select(Binary("lt", x, zero), oplib.dtype_const(-1, x.dtype), positive)
 
 
 def _abs(x: LExpr) -> LExpr:
-    return x if x.dtype.startswith("uint") else Unary("abs", x)
+    return x if dtype_of(x.dtype).is_uint else Unary("abs", x)
 
 
 def _float_floor_mod(a: LExpr, b: LExpr) -> LExpr:
@@ -178,7 +178,7 @@ def _division(name: str) -> LowerFn:
 
     def lower(inputs: list[Tensor], attrs: Attrs, out_type: Type) -> Tensor:
         out = oplib.out_tensor_type(out_type)
-        if oplib.is_float_dtype(out.dtype):
+        if dtype_of(out.dtype).is_float:
             return float_rule(inputs, attrs, out_type)
         a, b = inputs
         shape = tuple(out.shape)
@@ -186,7 +186,7 @@ def _division(name: str) -> LowerFn:
         def element(idx: Indices, write: WriteFn) -> Stmt:
             x, y = LVar("x", out.dtype), LVar("y", out.dtype)
             zero = oplib.dtype_const(0, out.dtype)
-            if oplib.is_signed_int(out.dtype):
+            if dtype_of(out.dtype).is_int:
                 minus_one = oplib.dtype_const(-1, out.dtype)
                 by_minus_one = Binary("eq", y, minus_one)
                 safe = Select(by_minus_one, oplib.dtype_const(1, out.dtype), y)
@@ -209,11 +209,11 @@ def _power_lower(inputs: list[Tensor], attrs: Attrs, out_type: Type) -> Tensor:
     """Float pow; integers by repeated squaring (wrapping as numpy), a negative exponent is
     an error."""
     out = oplib.out_tensor_type(out_type)
-    if oplib.is_float_dtype(out.dtype):
+    if dtype_of(out.dtype).is_float:
         return oplib.binary("pow")(inputs, attrs, out_type)
     a, b = inputs
     shape, dt = tuple(out.shape), out.dtype
-    bits = np.iinfo(dt).bits - (1 if oplib.is_signed_int(dt) else 0)
+    bits = dtype_of(dt).bits - (1 if dtype_of(dt).is_int else 0)
 
     def element(idx: Indices, write: WriteFn) -> Stmt:
         # state: [result, base, remaining exponent]
@@ -229,7 +229,7 @@ def _power_lower(inputs: list[Tensor], attrs: Attrs, out_type: Type) -> Tensor:
         ))
         stmts: list[Stmt] = []
         exponent = b(*broadcast_indices(b.shape, shape, idx))
-        if oplib.is_signed_int(dt):
+        if dtype_of(dt).is_int:
             stmts.append(Check(Binary("ge", exponent, oplib.dtype_const(0, dt)),
                                "integer power with a negative exponent"))
         stmts += [
@@ -433,34 +433,34 @@ def _nonzero_divisor(b: np.ndarray) -> None:
 
 
 def _divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    if is_int(a.dtype.name):
+    if dtype_of(a.dtype.name).is_integer:
         _nonzero_divisor(b)
         return trunc_divide(a, b)
     return a / b
 
 
 def _mod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    if is_int(a.dtype.name):
+    if dtype_of(a.dtype.name).is_integer:
         _nonzero_divisor(b)
     return np.fmod(a, b)  # C's %: the result takes the sign of the dividend
 
 
 def _floor_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    if is_int(a.dtype.name):
+    if dtype_of(a.dtype.name).is_integer:
         _nonzero_divisor(b)
         return np.floor_divide(a, b)
     return np.floor(a / b)
 
 
 def _floor_mod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    if is_int(a.dtype.name):
+    if dtype_of(a.dtype.name).is_integer:
         _nonzero_divisor(b)
         return np.remainder(a, b)
     return a - np.floor(a / b) * b  # TVM's floormod for floats
 
 
 def _power(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    if is_int(a.dtype.name) and np.any(b < 0):
+    if dtype_of(a.dtype.name).is_integer and np.any(b < 0):
         raise EvalError("integer power with a negative exponent")
     return np.power(a, b)
 
@@ -675,7 +675,7 @@ def _clip_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
 def _clip(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     x = np.asarray(arrays[0])
     lo, hi = float(attrs.a_min), float(attrs.a_max)  # type: ignore[arg-type]
-    if is_int(x.dtype.name):
+    if dtype_of(x.dtype.name).is_integer:
         # TVM converts the bounds to the element type; keep infinite bounds inside its range.
         info = np.iinfo(x.dtype)
         lo = int(np.clip(lo, info.min, info.max))
@@ -695,7 +695,7 @@ def _clip_grad(c: Call, g: Expr) -> list[Expr | None]:
 
 def _clip_bound(value: float, dtype: str) -> float | int:
     """A bound as the reference applies it: converted to an integer dtype, within its range."""
-    if not is_int(dtype):
+    if not dtype_of(dtype).is_integer:
         return value
     info = np.iinfo(dtype)
     return min(max(int(np.clip(value, info.min, info.max)), int(info.min)), int(info.max))
@@ -745,7 +745,7 @@ def _cast(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
 def _cast_grad(c: Call, g: Expr) -> list[Expr | None]:
     # Back to the input's dtype; an integer input has no gradient.
     source = gh.dtype(c.args[0])
-    if not source.startswith("float"):
+    if not dtype_of(source).is_float:
         return [None]
     return [g if source == gh.dtype(c) else call("cast", g, dtype=source)]
 

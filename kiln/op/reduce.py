@@ -14,6 +14,7 @@ import numpy as np
 
 from kiln.errors import EvalError, TypeCheckError
 from kiln.ir.attrs import Attrs
+from kiln.ir.dtype import dtype_of
 from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import Dim, TensorType, Type
 from kiln.loops import oplib
@@ -38,7 +39,6 @@ from kiln.loops.oplib import LowerFn
 from kiln.op import grad_helpers as gh
 from kiln.op.common import (
     as_array,
-    is_int,
     normalize_axis,
     require_dtype,
     tensor_arg,
@@ -141,7 +141,7 @@ def _prod(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
 
 
 def _mean(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
-    if not is_int(x.dtype.name):
+    if not dtype_of(x.dtype.name).is_integer:
         return np.mean(x, axis=axis, keepdims=keepdims)
     # Integer mean is the (wrapping) sum divided by the count, truncated, as TVM computes it.
     count = math.prod(x.shape[a] for a in axis)
@@ -188,7 +188,7 @@ def _mean_lower(inputs: list[Tensor], attrs: Attrs, out_type: Type) -> Tensor:
     # Floats: the sum divided by the count (float16 accumulates in float32, as numpy's mean);
     # integers: the wrapping sum divided by the count, truncated.
     dtype = inputs[0].dtype
-    if is_int(dtype):
+    if dtype_of(dtype).is_integer:
         rule = oplib.reduction(
             "add", lambda dt: oplib.dtype_const(0, dt),
             lambda acc, n: Binary("truncdiv", acc, oplib.dtype_const(n, acc.dtype)),
@@ -284,7 +284,7 @@ def _arg_lower(name: str, order: str) -> LowerFn:
                 flat = flat + r * stride
             have = Load(best, zero)
             cond: LExpr = Binary({"gt": "ge", "lt": "le"}[order] if last else order, v, have)
-            if oplib.is_float_dtype(x.dtype):
+            if dtype_of(x.dtype).is_float:
                 nan = Binary("ne", v, v)
                 if not last:
                     nan = Binary("and", nan, Binary("eq", have, have))

@@ -15,6 +15,7 @@ import numpy as np
 
 from kiln.errors import EvalError, TypeCheckError
 from kiln.ir.attrs import Attrs
+from kiln.ir.dtype import dtype_of
 from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import TensorType, Type
 from kiln.loops import oplib
@@ -41,7 +42,6 @@ from kiln.op.common import (
     as_array,
     check_dims_equal,
     check_window_attrs,
-    is_int,
     padding4,
     pair,
     require_dtype,
@@ -108,7 +108,7 @@ def _windows(x: np.ndarray, attrs: Attrs, fill: object) -> np.ndarray:
 
 def _max_pool2d(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     x = np.asarray(arrays[0])
-    lowest = np.iinfo(x.dtype).min if is_int(x.dtype.name) else -np.inf
+    lowest = np.iinfo(x.dtype).min if dtype_of(x.dtype.name).is_integer else -np.inf
     return as_array(_windows(x, attrs, lowest).max(axis=(-2, -1)), x.dtype.name)
 
 
@@ -131,10 +131,10 @@ def _divisors(hw: tuple[int, ...], attrs: Attrs, dtype: object) -> np.ndarray:
 
 def _avg_pool2d(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     x = np.asarray(arrays[0])
-    acc = "int64" if is_int(x.dtype.name) else ("float32" if x.dtype == np.float16 else x.dtype)
+    acc = _avg_acc(x.dtype.name)  # the accumulator the lowering uses
     sums = _windows(x.astype(acc), attrs, 0).sum(axis=(-2, -1))
     counts = _divisors(x.shape[2:], attrs, acc)
-    if is_int(x.dtype.name):
+    if dtype_of(x.dtype.name).is_integer:
         return as_array(trunc_divide(sums, counts), x.dtype.name)
     return as_array(sums / counts, x.dtype.name)
 
@@ -185,12 +185,12 @@ class _Window:
 
 
 def _avg_acc(dtype: str) -> str:
-    return "int64" if is_int(dtype) else ("float32" if dtype == "float16" else dtype)
+    return "int64" if dtype_of(dtype).is_integer else ("float32" if dtype == "float16" else dtype)
 
 
 def _average(total: LExpr, count: LExpr, out_dtype: str) -> LExpr:
     """``total / count`` as the reference divides: truncated for integers."""
-    op = "div" if oplib.is_float_dtype(total.dtype) else "truncdiv"
+    op = "div" if dtype_of(total.dtype).is_float else "truncdiv"
     return oplib.convert(Binary(op, total, oplib.convert(count, total.dtype)), out_dtype)
 
 
@@ -450,7 +450,7 @@ def _global_avg_pool2d(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     count = x.shape[2] * x.shape[3]
     if count == 0:
         raise EvalError(f"global average pooling over no elements (shape {x.shape})")
-    if is_int(x.dtype.name):
+    if dtype_of(x.dtype.name).is_integer:
         total = x.astype(np.int64).sum(axis=(2, 3), keepdims=True)
         return as_array(trunc_divide(total, count), x.dtype.name)
     return as_array(x.mean(axis=(2, 3), keepdims=True), x.dtype.name)

@@ -8,6 +8,7 @@ import numpy as np
 
 from kiln.errors import Error, TypeCheckError
 from kiln.ir.attrs import Attrs
+from kiln.ir.dtype import dtype_of
 from kiln.ir.expr import Call, Expr, const
 from kiln.ir.ty import ANY, Dim, TensorType, Type
 from kiln.loops import oplib
@@ -92,7 +93,7 @@ def _pad_grad(c: Call, g: Expr) -> list[Expr | None]:
         ends = [-after if after else 2**31 - 1 for _, after in widths]  # type: ignore[union-attr]
         middle = call("strided_slice", g, begin=[b for b, _ in widths], end=ends)  # type: ignore
         dvalue = None
-        if gh.dtype(value).startswith("float"):
+        if dtype_of(gh.dtype(value)).is_float:
             rest = call("sum", g) - call("sum", middle)
             if gh.dtype(value) != gh.dtype(data):
                 rest = call("cast", rest, dtype=gh.dtype(value))
