@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from kiln.errors import Error, InternalError
 from kiln.infer.infer import describe
+from kiln.ir.dtype import dtype_of
 from kiln.ir.expr import Call, Expr, Let, Op, Tuple, TupleGetItem, Var
 from kiln.ir.traverse import children, post_order, with_children
 from kiln.ir.ty import TensorType, TupleType, Type, type_children
@@ -21,7 +22,7 @@ UNIT = TupleType(())
 
 def is_float(t: Type) -> bool:
     """A floating-point tensor type: the values that have adjoints."""
-    return isinstance(t, TensorType) and t.dtype.startswith("float")
+    return isinstance(t, TensorType) and dtype_of(t.dtype).is_float
 
 
 def has_float(t: Type) -> bool:

@@ -146,8 +146,9 @@ def check_grad(
 
 
 def _is_float_type(t: Any) -> bool:
+    from kiln.ir.dtype import dtype_of
     from kiln.ir.ty import TensorType, TupleType
 
     if isinstance(t, TupleType):
         return bool(t.fields) and all(_is_float_type(f) for f in t.fields)
-    return isinstance(t, TensorType) and t.dtype.startswith("float")
+    return isinstance(t, TensorType) and dtype_of(t.dtype).is_float

@@ -21,9 +21,9 @@ evaluates ``x``, so effects inside operands are never lost or reordered.
 
 from __future__ import annotations
 
+from kiln.ir.dtype import dtype_of
 from kiln.ir.expr import Expr
 from kiln.ir.module import IRModule
-from kiln.ir.ty import FLOAT_DTYPES
 from kiln.op import abs as abs_
 from kiln.op import add, divide, multiply, negative, ones_like, sqrt, subtract, zeros_like
 from kiln.transform.pass_manager import PassContext, module_pass
@@ -48,7 +48,7 @@ def _fast(x: Expr, root: Expr, ctx: RewriteContext) -> bool:
     t = ctx.tensor_type(x)
     if t is None or not ctx.same_type(x, root):
         return False
-    return t.dtype not in FLOAT_DTYPES or bool(ctx.config(FAST_MATH, False))
+    return not dtype_of(t.dtype).is_float or bool(ctx.config(FAST_MATH, False))
 
 
 def _zeros(x: Expr, root: Expr, ctx: RewriteContext) -> Expr | None:
@@ -74,7 +74,7 @@ def _sqrt(x: Expr, root: Expr, ctx: RewriteContext) -> Expr | None:
 def _float_fast(x: Expr, root: Expr, ctx: RewriteContext) -> bool:
     """A row that is wrong for integers (where it would hide a division by zero)."""
     t = ctx.tensor_type(x)
-    return t is not None and t.dtype in FLOAT_DTYPES and _fast(x, root, ctx)
+    return t is not None and dtype_of(t.dtype).is_float and _fast(x, root, ctx)
 
 
 def _reciprocal(x: Expr, root: Expr, ctx: RewriteContext) -> Expr | None:

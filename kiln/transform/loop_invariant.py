@@ -31,6 +31,7 @@ from collections.abc import Callable
 
 from kiln.errors import InternalError
 from kiln.ir.adt import Constructor, pattern_vars
+from kiln.ir.dtype import dtype_of
 from kiln.ir.expr import (
     Call,
     Constant,
@@ -67,7 +68,7 @@ def _types_of(call: Call) -> list[TensorType | None]:
 
 def _integer(call: Call) -> bool:
     t = call.checked_type_
-    return not isinstance(t, TensorType) or not t.dtype.startswith(("float", "bool"))
+    return not isinstance(t, TensorType) or dtype_of(t.dtype).is_integer
 
 
 def _maybe_empty(call: Call) -> bool:

@@ -24,6 +24,7 @@ import numpy as np
 from kiln import op
 from kiln.frontend.onnx.context import NodeContext, cast, const_like
 from kiln.frontend.onnx.table import converter
+from kiln.ir.dtype import dtype_of
 from kiln.ir.expr import Constant, Expr
 
 
@@ -33,11 +34,12 @@ def bit_shift(ctx: NodeContext) -> Expr:
     if direction not in ("LEFT", "RIGHT"):
         raise ctx.error(f"direction must be LEFT or RIGHT, not {direction!r}")
     dtype = ctx.dtype(0)
-    if not dtype.startswith(("int", "uint")):
+    dt = dtype_of(dtype)
+    if not dt.is_integer:
         raise ctx.error(f"BitShift takes integers, not {dtype}")
     x, k = ctx.x(0), cast(ctx.x(1), dtype)
-    bits = np.iinfo(dtype).bits
-    signed = dtype.startswith("int")
+    bits = dt.bits
+    signed = dt.is_int
     powers = np.array([1 << j for j in range(bits)], dtype=f"uint{bits}").view(dtype)
     power = op.take(Constant(powers), cast(k, "int64"), axis=0, mode="clip")
     out_of_range = op.greater_equal(k, const_like(bits, dtype))
@@ -55,13 +57,13 @@ def bit_shift(ctx: NodeContext) -> Expr:
 
 
 def _powers(dtype: str) -> np.ndarray:
-    bits = np.iinfo(dtype).bits
+    bits = dtype_of(dtype).bits
     return np.array([1 << j for j in range(bits)], dtype=f"uint{bits}").view(dtype)
 
 
 def _integer(ctx: NodeContext) -> str:
     dtype = ctx.dtype(0)
-    if not dtype.startswith(("int", "uint")):
+    if not dtype_of(dtype).is_integer:
         raise ctx.error(f"{ctx.op_type} takes integers, not {dtype}")
     return dtype
 
@@ -69,7 +71,7 @@ def _integer(ctx: NodeContext) -> str:
 @converter("BitwiseNot", since=18)
 def bitwise_not(ctx: NodeContext) -> Expr:
     dtype = _integer(ctx)
-    if dtype.startswith("int"):
+    if dtype_of(dtype).is_int:
         return op.subtract(op.negative(ctx.x(0)), const_like(1, dtype))
     return op.subtract(const_like(np.iinfo(dtype).max, dtype), ctx.x(0))
 

@@ -16,6 +16,7 @@ from kiln import op
 from kiln.frontend.onnx.context import NodeContext, cast, const_like
 from kiln.frontend.onnx.ops_tensor import norm_axis, reshape
 from kiln.frontend.onnx.table import converter
+from kiln.ir.dtype import dtype_of
 from kiln.ir.expr import Constant, Expr
 
 # --- slices ---------------------------------------------------------------------------------
@@ -155,7 +156,7 @@ def scatter_flat(ctx: NodeContext, data: Expr, flat: Expr, updates: Expr, n: int
     if reduction == "mul":
         return op.multiply(data, op.prod(op.where(mask, upd, op.ones_like(upd)), axis=[0]))
     if reduction in ("max", "min"):
-        big = (np.inf if dtype.startswith("float") else np.iinfo(dtype).max)
+        big = (np.inf if dtype_of(dtype).is_float else np.iinfo(dtype).max)
         fill = const_like(-big if reduction == "max" else big, dtype)
         picked = op.where(mask, upd, op.add(zero, fill))
         best = op.max(picked, axis=[0]) if reduction == "max" else op.min(picked, axis=[0])

@@ -9,6 +9,7 @@ import numpy as np
 from kiln import op
 from kiln.frontend.onnx.context import NodeContext, cast, const_like
 from kiln.frontend.onnx.table import converter
+from kiln.ir.dtype import dtype_of
 from kiln.ir.expr import Expr
 
 # --- unary math -----------------------------------------------------------------------------
@@ -139,7 +140,7 @@ def pow_(ctx: NodeContext) -> Expr:
     bt, et = ctx.dtype(0), ctx.dtype(1)
     if bt == et:
         return op.power(base, exponent)
-    if bt.startswith("float"):
+    if dtype_of(bt).is_float:
         return op.power(base, cast(exponent, bt))
     # an integer base with a float exponent: numpy computes in floating point
     wide = op.power(cast(base, "float64"), cast(exponent, "float64"))
@@ -151,7 +152,7 @@ def mod(ctx: NodeContext) -> Expr:
     a, b = ctx.x(0), ctx.x(1)
     if ctx.attr("fmod", 0):
         return op.mod(a, b)  # C's fmod: the sign of the dividend
-    if not ctx.dtype(0).startswith("float"):
+    if not dtype_of(ctx.dtype(0)).is_float:
         return op.floor_mod(a, b)  # Python's %: the sign of the divisor
     # numpy's float mod, exactly: fmod, moved into the divisor's sign (inf divisors too)
     r = op.mod(a, b)

@@ -16,6 +16,7 @@ from kiln import op
 from kiln.frontend.onnx.context import NodeContext, const_like
 from kiln.frontend.onnx.ops_tensor import reshape
 from kiln.frontend.onnx.table import converter
+from kiln.ir.dtype import dtype_of
 from kiln.ir.expr import Expr
 
 # --- window geometry ------------------------------------------------------------------------
@@ -245,7 +246,7 @@ def _pool_converter(kind: str):  # noqa: ANN202
         ceil = bool(ctx.attr("ceil_mode", 0))
         include_pad = bool(ctx.attr("count_include_pad", 0))
         x = ctx.x(0)
-        if kind == "avg" and ctx.dtype(0).startswith("int"):
+        if kind == "avg" and dtype_of(ctx.dtype(0)).is_int:
             raise ctx.error("average pooling of integers is not defined by ONNX")
         return pool(ctx, kind, x, shape, kernel, strides, dilations, pads, ceil, include_pad)
 

@@ -18,6 +18,7 @@ from kiln import op
 from kiln.frontend.onnx.context import NodeContext, cast, const_like
 from kiln.frontend.onnx.ops_tensor import norm_axis
 from kiln.frontend.onnx.table import converter
+from kiln.ir.dtype import dtype_of
 from kiln.ir.expr import Constant, Expr
 
 # The value of each reduction over no elements, as a function of the dtype.
@@ -28,9 +29,9 @@ _EMPTY: dict[str, Callable[[str], float]] = {
     "ReduceL2": lambda dt: 0,
     "ReduceProd": lambda dt: 1,
     "ReduceMean": lambda dt: np.nan,
-    "ReduceMax": lambda dt: (-np.inf if dt.startswith("float") else False if dt == "bool"
+    "ReduceMax": lambda dt: (-np.inf if dtype_of(dt).is_float else False if dt == "bool"
                              else np.iinfo(dt).min),
-    "ReduceMin": lambda dt: (np.inf if dt.startswith("float") else True if dt == "bool"
+    "ReduceMin": lambda dt: (np.inf if dtype_of(dt).is_float else True if dt == "bool"
                              else np.iinfo(dt).max),
     "ReduceLogSum": lambda dt: -np.inf,
     "ReduceLogSumExp": lambda dt: -np.inf,
@@ -57,7 +58,7 @@ def _reduce(ctx: NodeContext, axes: list[int], keep: bool) -> Expr:
     if any(shape[a] == 0 for a in axes) and all(isinstance(d, int) for d in shape):
         out = [1 if k in axes else d for k, d in enumerate(shape) if keep or k not in axes]
         return Constant(np.full(out, _EMPTY[name](dtype), dtype=dtype))
-    floating = dtype.startswith("float")
+    floating = dtype_of(dtype).is_float
     match name:
         case "ReduceSum":
             return op.sum(x, axis=axes, keepdims=keep)
@@ -158,7 +159,7 @@ def _cumulative(ctx: NodeContext, product: bool) -> Expr:
     mask = _scan_mask(n, bool(ctx.attr("exclusive", 0)), bool(ctx.attr("reverse", 0)))
     dtype = ctx.dtype(0)
     x, back = _to_last(ctx, ctx.x(0), axis, len(shape))
-    if not product and dtype.startswith("float"):
+    if not product and dtype_of(dtype).is_float:
         return _from_last(op.nn.dense(x, Constant(mask.astype(dtype))), back)
     spread = op.expand_dims(x, axis=-2)  # (..., 1, n): element j for every position i
     fill = op.ones_like(spread) if product else op.zeros_like(spread)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from kiln.frontend.torch.registry import AtenCall, converter
 from kiln.ir import Expr
+from kiln.ir.dtype import dtype_of
 from kiln.op import (
     abs,
     add,
@@ -93,7 +94,7 @@ def div(n: AtenCall, a: object, b: object) -> Expr:
 @converter("aten.div.Tensor_mode", "aten.div.Scalar_mode")
 def div_mode(n: AtenCall, a: object, b: object, rounding_mode: str | None) -> Expr:
     x, y = _arith(n, a, b)
-    floating = n.out.dtype.startswith("float")
+    floating = dtype_of(n.out.dtype).is_float
     if rounding_mode is None:
         return divide(x, y)
     if rounding_mode == "floor":
@@ -106,7 +107,7 @@ def div_mode(n: AtenCall, a: object, b: object, rounding_mode: str | None) -> Ex
 @converter("aten.floor_divide.default", "aten.floor_divide.Scalar")
 def floor_divide_(n: AtenCall, a: object, b: object) -> Expr:
     x, y = _arith(n, a, b)
-    return floor(divide(x, y)) if n.out.dtype.startswith("float") else floor_divide(x, y)
+    return floor(divide(x, y)) if dtype_of(n.out.dtype).is_float else floor_divide(x, y)
 
 
 @converter("aten.remainder.Tensor", "aten.remainder.Scalar")
@@ -173,12 +174,12 @@ def _trunc(x: Expr) -> Expr:
 
 @converter("aten.trunc.default")
 def trunc(n: AtenCall, x: Expr) -> Expr:
-    return _trunc(x) if n.out.dtype.startswith("float") else x
+    return _trunc(x) if dtype_of(n.out.dtype).is_float else x
 
 
 @converter("aten.round.default")
 def round_(n: AtenCall, x: Expr) -> Expr:
-    if not n.out.dtype.startswith("float"):
+    if not dtype_of(n.out.dtype).is_float:
         return x
     # kiln's round takes halves away from zero; torch's goes to the even neighbour.
     dtype = n.out.dtype
@@ -227,7 +228,7 @@ def isnan(n: AtenCall, x: Expr) -> Expr:
 
 @converter("aten.isinf.default")
 def isinf(n: AtenCall, x: Expr) -> Expr:
-    if not n.dtype(x).startswith("float"):
+    if not dtype_of(n.dtype(x)).is_float:
         return not_equal(x, x)  # all false
     return equal(abs(x), n.tensor(math.inf, n.dtype(x)))
 
