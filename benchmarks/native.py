@@ -13,9 +13,10 @@ PyTorch.
    with every core, and single-threaded in a subprocess as above.
 
 Medians of ``--repeat`` runs, side by side in one run; ratios are kiln's time over the
-other's (below 1: kiln is faster).
+other's (below 1: kiln is faster). ``--target`` schedules and compiles kiln's kernels for a
+`kiln.Target` other than this machine (e.g. ``"llvm -mattr=-avx512f"``: AVX2 code here).
 
-    .venv/bin/python benchmarks/native.py [--repeat 15] [--quick]
+    .venv/bin/python benchmarks/native.py [--repeat 15] [--quick] [--target SPEC]
 """
 
 from __future__ import annotations
@@ -70,16 +71,25 @@ def dense_program(m: int, n: int, k: int):  # noqa: ANN201
     return kiln.IRModule.from_expr(kiln.Function([x, w], kiln.op.nn.dense(x, w)))
 
 
-def bench_dense(repeat: int, sizes: list[tuple[int, int, int]]) -> list[dict]:
+def build(mod, target: str, **kwargs):  # noqa: ANN001, ANN201
+    """``kiln.build`` with kernels scheduled and compiled for ``target``."""
+    import kiln
+    from kiln.loops.schedule import target_scope
+
+    with target_scope(target):
+        return kiln.build(mod, target=target, **kwargs)
+
+
+def bench_dense(repeat: int, sizes: list[tuple[int, int, int]], target: str = "llvm"
+                ) -> list[dict]:
     """GFLOP/s of kiln's dense and numpy's matmul for each size (this process's threads)."""
     rng = np.random.default_rng(0)
-    return [dense_row(m, n, k, repeat, rng) for m, n, k in sizes]
+    return [dense_row(m, n, k, repeat, rng, target) for m, n, k in sizes]
 
 
-def dense_row(m: int, n: int, k: int, repeat: int, rng: np.random.Generator) -> dict:
-    import kiln
-
-    exe = kiln.build(dense_program(m, n, k))
+def dense_row(m: int, n: int, k: int, repeat: int, rng: np.random.Generator,
+              target: str = "llvm") -> dict:
+    exe = build(dense_program(m, n, k), target)
     x = rng.standard_normal((m, k)).astype(np.float32)
     w = rng.standard_normal((n, k)).astype(np.float32)
     np.testing.assert_allclose(exe(x, w), x @ w.T, rtol=1e-3, atol=1e-3)
@@ -101,28 +111,27 @@ def conv_program(c: int, size: int, o: int, kernel: int, stride: int, pad: int, 
     return kiln.IRModule.from_expr(kiln.Function([x, w, b], body))
 
 
-def bench_convs(repeat: int) -> list[dict]:
+def bench_convs(repeat: int, target: str = "llvm") -> list[dict]:
     import torch
 
     from kiln.codegen import num_threads
 
     torch.set_num_threads(num_threads())
     rng = np.random.default_rng(1)
-    return [conv_row(*layer, repeat=repeat, rng=rng) for layer in CONVS]
+    return [conv_row(*layer, repeat=repeat, rng=rng, target=target) for layer in CONVS]
 
 
 def conv_row(name: str, c: int, size: int, o: int, kernel: int, stride: int, pad: int,
-             groups: int, *, repeat: int, rng: np.random.Generator) -> dict:
+             groups: int, *, repeat: int, rng: np.random.Generator, target: str = "llvm"
+             ) -> dict:
     import torch
-
-    import kiln
 
     x = rng.standard_normal((1, c, size, size)).astype(np.float32)
     w = (rng.standard_normal((o, c // groups, kernel, kernel)) * 0.1).astype(np.float32)
     b = rng.standard_normal(o).astype(np.float32)
     # weights bound as constants, as in a model (alter-layout packs them at compile time)
-    exe = kiln.build(conv_program(c, size, o, kernel, stride, pad, groups),
-                     params={"w": w, "b": b})
+    exe = build(conv_program(c, size, o, kernel, stride, pad, groups), target,
+                params={"w": w, "b": b})
     tx, tw, tb = torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(b)
 
     def torch_conv() -> object:
@@ -153,12 +162,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--quick", action="store_true", help="dense 1024³ only, no convs")
+    parser.add_argument("--target", default="llvm", help="kiln target spec (default: llvm)")
     args = parser.parse_args()
     from kiln.codegen import num_threads
+    from kiln.target import Target
 
+    print(f"kiln target: {Target.parse(args.target).describe()}")
     sizes = DENSE_SIZES[:1] if args.quick else DENSE_SIZES
-    many = bench_dense(args.repeat, sizes)
-    one = one_thread(f"bench_dense({args.repeat}, {sizes!r})")
+    many = bench_dense(args.repeat, sizes, args.target)
+    one = one_thread(f"bench_dense({args.repeat}, {sizes!r}, {args.target!r})")
     print(f"fp32 dense (M, N, K): GFLOP/s, median of {args.repeat}")
     print(f"{'size':>18s} {f'kiln {num_threads()}T':>9s} {'numpy':>9s} {'ratio':>6s}"
           f" {'kiln 1T':>9s} {'numpy 1T':>9s} {'ratio':>6s}")
@@ -172,7 +184,8 @@ def main() -> None:
           f"eager; GFLOP/s of kiln in brackets)")
     print(f"{'layer':>22s} {f'kiln {num_threads()}T':>16s} {'torch':>8s} {'ratio':>6s}"
           f" {'kiln 1T':>16s} {'torch 1T':>8s} {'ratio':>6s}")
-    for a, b in zip(bench_convs(args.repeat), one_thread(f"bench_convs({args.repeat})")):
+    for a, b in zip(bench_convs(args.repeat, args.target),
+                    one_thread(f"bench_convs({args.repeat}, {args.target!r})")):
         cells = " ".join(f"{r['kiln_ms']:7.3f} [{r['gflops']:5.1f}] {r['torch_ms']:8.3f} "
                          f"{r['kiln_ms'] / r['torch_ms']:6.2f}" for r in (a, b))
         print(f"{a['name']:>22s} {cells}")
