@@ -27,8 +27,9 @@ def level_text(mod: IRModule, params: dict[str, np.ndarray], level: str,
                opt_level: int) -> str:
     """The text of a module at ``level`` (``params`` bound from ``fused`` on)."""
     from kiln.infer import infer_types
-    from kiln.ssa import lower_kernels, lower_module, plan_memory
+    from kiln.runtime.backend import Lowered, backend_pipeline
     from kiln.text import astext
+    from kiln.transform.pass_manager import PassContext
     from kiln.transform.pipeline import optimize
 
     if level == "relay":
@@ -36,11 +37,15 @@ def level_text(mod: IRModule, params: dict[str, np.ndarray], level: str,
     fused = optimize(mod, opt_level=opt_level, params=params or None)
     if level == "fused":
         return astext(fused)
-    program = lower_module(fused)
-    plan = plan_memory(program)
+    upto = "plan-memory" if level == "ssa" else "lower-kernels"
+    backend = backend_pipeline(opt_level=opt_level)
+    names = [p.info.name for p in backend.passes]
+    backend.passes = backend.passes[:names.index(upto) + 1]
+    low = PassContext.current().run_pass(backend, fused)
+    assert isinstance(low, Lowered)
+    program = low.program
     if level == "ssa":
-        return f"{program}\n// {plan}\n"
-    lower_kernels(program)
+        return f"{program}\n// {low.plan}\n"
     return "\n\n".join(
         str(k.kernel) if k.kernel is not None else
         f"// kernel @{k.name} has symbolic shapes: it is lowered for the shapes "

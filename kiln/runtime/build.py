@@ -5,11 +5,11 @@
     print(exe.stats())         # kernels, arena bytes, compile time, cache hits
     exe.save("model.kiln")     # kiln.load("model.kiln") runs it again without compiling
 
-The steps, each timed: bind the weights and optimize (`kiln.optimize`: ends with fusion);
-lower to the SSA program (kiln/ssa/from_relay.py); plan memory; lower every static kernel to
-loop IR and compile it (kiln/runtime/compiler.py); choose an executor
-(kiln/runtime/executor.py). Kernels of symbolic shape are compiled on first use, for the
-shapes met.
+Two pipelines of named passes run under the current `PassContext`, each timed: bind the
+weights and optimize (`kiln.optimize`: Level 1, ends with fusion), then the back end
+(kiln/runtime/backend.py: lower-to-ssa, plan-memory, lower-kernels, compile). Then an
+executor is chosen (kiln/runtime/executor.py). Kernels of symbolic shape are compiled on
+first use, for the shapes met, by the same Level-3 passes.
 """
 
 from __future__ import annotations
@@ -23,16 +23,15 @@ from typing import Any
 from kiln.errors import Error
 from kiln.ir.expr import Expr
 from kiln.ir.module import IRModule
-from kiln.runtime.compiler import KernelSet, check_target, compile_kernels
+from kiln.runtime.backend import Lowered, backend_pipeline, specialize_kernel
+from kiln.runtime.compiler import KernelSet, check_target
 from kiln.runtime.executor import Executor, choose_executor
 from kiln.runtime.inputs import bind_arguments, fresh_outputs, quick_bind, static_signature
 from kiln.runtime.kernel import KernelFunction
 from kiln.runtime.vm import Specializer
-from kiln.ssa.from_relay import lower_module
 from kiln.ssa.ir import KernelDecl, Program
-from kiln.ssa.kernels import lower_kernels, specialize
-from kiln.ssa.memory import MemoryPlan, plan_memory
-from kiln.ssa.verify import verify
+from kiln.ssa.memory import MemoryPlan
+from kiln.transform.pass_manager import PassContext
 from kiln.transform.pipeline import optimize
 
 
@@ -78,11 +77,10 @@ class ExecutableStats:
 
 
 def make_specializer(target: str, opt_level: int) -> Specializer:
-    """Compiles a kernel of symbolic shape for concrete input shapes."""
+    """Compiles a kernel of symbolic shape for concrete input shapes (the Level-3 passes)."""
 
     def run(decl: KernelDecl, shapes: tuple[tuple[int, ...], ...]) -> KernelFunction:
-        kernel = specialize(decl, shapes)
-        return compile_kernels([kernel], target, opt_level).functions[kernel.name]
+        return specialize_kernel(decl, shapes, target, opt_level)
 
     return run
 
@@ -168,7 +166,8 @@ def build(mod: IRModule | Expr, target: str = "llvm", opt_level: int = 3,
     ``params`` binds weights (parameters of @main by name) as constants first. ``target`` is
     ``"llvm"`` (machine code for this CPU) or ``"evaluator"`` (the loop-IR interpreter: exact
     and slow, for tests). ``executor`` picks one by name (``"vm"``) instead of the first that
-    accepts the program.
+    accepts the program. The passes run in the current `PassContext`: its instruments,
+    disabled passes and debug checks apply to the back end's passes too.
     """
     if isinstance(mod, Expr):
         mod = IRModule.from_expr(mod)
@@ -182,11 +181,12 @@ def build(mod: IRModule | Expr, target: str = "llvm", opt_level: int = 3,
     optimized = optimize(mod, opt_level=opt_level, params=params)
     timings["optimize"] = time.perf_counter() - start
     start = time.perf_counter()
-    program = lower_module(optimized)
-    plan = plan_memory(program)
-    verify(program)
-    loops = lower_kernels(program)
-    timings["lower"] = time.perf_counter() - start
-    kernels = compile_kernels(loops, target, opt_level)
-    return Executable(program, kernels, plan, target=target, opt_level=opt_level,
+    low = PassContext.current().run_pass(backend_pipeline(target, opt_level), optimized)
+    if not isinstance(low, Lowered):
+        raise Error("kiln.build needs the lower-to-ssa pass, which the PassContext disables")
+    for what, missing in (("plan-memory", low.plan), ("compile", low.kernels)):
+        if missing is None:
+            raise Error(f"kiln.build needs the {what} pass, which the PassContext disables")
+    timings["lower"] = time.perf_counter() - start - low.kernels.compile_seconds
+    return Executable(low.program, low.kernels, low.plan, target=target, opt_level=opt_level,
                       timings=timings, executor=executor)
