@@ -59,11 +59,36 @@ def build_model(model: ModelFile, args: argparse.Namespace) -> Executable:
                  params=model.params or None)
 
 
+def list_build_passes() -> str:
+    """The whole pipeline of `kiln build`, one pass per line with the IR level it works on."""
+    from kiln.runtime.backend import pipeline_steps
+
+    steps = pipeline_steps()
+    width = max(len(name) for name, _, _ in steps)
+    return "\n".join(f"{name:<{width}}  level {level}  {doc}" for name, level, doc in steps)
+
+
 def cmd_build(args: argparse.Namespace) -> int:
+    from kiln.transform import DumpIR, PassContext, PassTimingInstrument
+
+    if args.list_passes:
+        print(list_build_passes())
+        return 0
+    if not args.model:
+        raise Error("kiln build needs a model file (or --list-passes)")
     progress = Progress(args.progress)
     model = read_model(args.model, args, "build", progress)
     progress.step("building")
-    exe = build_model(model, args)
+    timing = PassTimingInstrument()
+    instruments: list = [timing] if args.time else []
+    if args.dump_before or args.dump_after:
+        instruments.append(DumpIR(args.dump_before or [], args.dump_after or [], sys.stderr))
+    disabled = [n for n in (args.disable or "").split(",") if n]
+    with PassContext(opt_level=args.opt_level, disabled_pass=disabled, instruments=instruments,
+                     debug=getattr(args, "debug", False)):
+        exe = build_model(model, args)
+    if args.time:
+        print(timing.render(), file=sys.stderr)
     out = args.output or str(Path(args.model).with_suffix(".kiln"))
     try:
         exe.save(out)
@@ -80,8 +105,10 @@ def compile_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--params", help="an .npz of weights to bind to @main's parameters by name")
     p.add_argument("--opt-level", type=int, default=3, choices=range(5), metavar="N",
                    help="optimization level 0-4 (default 3)")
-    p.add_argument("--target", default="llvm", choices=("llvm", "evaluator"),
-                   help="llvm: machine code (default); evaluator: the loop-IR interpreter")
+    p.add_argument("--target", default="llvm",
+                   help="what to compile for: llvm (this machine, the default), "
+                   "'llvm -mattr=-avx512f', 'llvm -mcpu=znver3', aarch64-linux-gnu, ...; "
+                   "or evaluator (the loop-IR interpreter)")
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -109,10 +136,21 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                          description="Optimize, fuse, lower and compile a Relay program or an "
                          "ONNX model (its weights bound as constants); write one file that "
                          "`kiln run` (or kiln.load) runs without recompiling.")
-    bld.add_argument("model", help="a Relay text file (.rly) or an ONNX model (.onnx)")
+    bld.add_argument("model", nargs="?",
+                     help="a Relay text file (.rly) or an ONNX model (.onnx)")
     bld.add_argument("-o", "--output", help="the executable to write (default: MODEL.kiln)")
     compile_options(bld)
     bld.add_argument("--stats", action="store_true", help="print kernels, memory and times")
+    bld.add_argument("--list-passes", action="store_true",
+                     help="print every pass of the build pipeline, Level 1 and back end, in "
+                     "order, and exit")
+    bld.add_argument("--disable", help="comma-separated pass names to skip")
+    bld.add_argument("--time", action="store_true", help="report the time each pass takes")
+    bld.add_argument("--dump-before", action="append", metavar="PASS",
+                     help="print the IR before this pass ('*' for all)")
+    bld.add_argument("--dump-after", action="append", metavar="PASS",
+                     help="print the IR after this pass ('*' for all): Relay text for Level "
+                     "1, the SSA program and loop IR for the back end")
     add_progress(bld)
     add_debug(bld)
     bld.set_defaults(run=cmd_build)

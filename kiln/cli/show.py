@@ -27,20 +27,19 @@ def level_text(mod: IRModule, params: dict[str, np.ndarray], level: str,
                opt_level: int) -> str:
     """The text of a module at ``level`` (``params`` bound from ``fused`` on)."""
     from kiln.infer import infer_types
-    from kiln.ssa import lower_kernels, lower_module, plan_memory
+    from kiln.runtime.backend import lower
     from kiln.text import astext
     from kiln.transform.pipeline import optimize
 
     if level == "relay":
         return astext(infer_types(mod))
-    fused = optimize(mod, opt_level=opt_level, params=params or None)
     if level == "fused":
-        return astext(fused)
-    program = lower_module(fused)
-    plan = plan_memory(program)
+        return astext(optimize(mod, opt_level=opt_level, params=params or None))
+    low = lower(mod, opt_level=opt_level, params=params or None,
+                upto="plan-memory" if level == "ssa" else "decompose-math")
+    program = low.program
     if level == "ssa":
-        return f"{program}\n// {plan}\n"
-    lower_kernels(program)
+        return f"{program}\n// {low.plan}\n"
     return "\n\n".join(
         str(k.kernel) if k.kernel is not None else
         f"// kernel @{k.name} has symbolic shapes: it is lowered for the shapes "

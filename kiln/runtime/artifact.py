@@ -36,6 +36,7 @@ import os
 import struct
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -224,7 +225,7 @@ def load(path: str | Path) -> Executable:
             want = [(tuple(t.shape), t.dtype) for t in (*decl.inputs, *decl.outputs)]
             if sig != want:
                 raise bad(f"kernel {decl.name} does not match its declaration")
-            decl.kernel = k
+            program.kernels[decl.name] = replace(decl, func=None, kernel=k)
     if isinstance(target, Target):
         try:
             check_runnable(target, "it")

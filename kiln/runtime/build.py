@@ -5,11 +5,11 @@
     print(exe.stats())         # kernels, arena bytes, compile time, cache hits
     exe.save("model.kiln")     # kiln.load("model.kiln") runs it again without compiling
 
-The steps, each timed: bind the weights and optimize (`kiln.optimize`: ends with fusion);
-lower to the SSA program (kiln/ssa/from_relay.py); plan memory; lower every static kernel to
-loop IR and compile it (kiln/runtime/compiler.py); choose an executor
-(kiln/runtime/executor.py). Kernels of symbolic shape are compiled on first use, for the
-shapes met.
+Two pipelines of named passes run under the current `PassContext`, each timed: bind the
+weights and optimize (`kiln.optimize`: Level 1, ends with fusion), then the back end
+(kiln/runtime/backend.py: lower-to-ssa, plan-memory, lower-kernels, compile). Then an
+executor is chosen (kiln/runtime/executor.py). Kernels of symbolic shape are compiled on
+first use, for the shapes met, by the same Level-3 passes.
 """
 
 from __future__ import annotations
@@ -23,17 +23,16 @@ from typing import Any
 from kiln.errors import Error
 from kiln.ir.expr import Expr
 from kiln.ir.module import IRModule
-from kiln.runtime.compiler import KernelSet, check_target, compile_kernels
+from kiln.runtime.backend import lower, specialize_kernel
+from kiln.runtime.compiler import KernelSet, check_target, resolve_target
 from kiln.runtime.executor import Executor, choose_executor
 from kiln.runtime.inputs import bind_arguments, fresh_outputs, quick_bind, static_signature
 from kiln.runtime.kernel import KernelFunction
 from kiln.runtime.vm import Specializer
-from kiln.ssa.from_relay import lower_module
 from kiln.ssa.ir import KernelDecl, Program
-from kiln.ssa.kernels import lower_kernels, specialize
-from kiln.ssa.memory import MemoryPlan, plan_memory
-from kiln.ssa.verify import verify
-from kiln.transform.pipeline import optimize
+from kiln.ssa.memory import MemoryPlan
+from kiln.target import Target
+from kiln.transform.pass_manager import PassContext, PassInfo, PassInstrument
 
 
 @dataclass(frozen=True)
@@ -77,12 +76,11 @@ class ExecutableStats:
         return "\n".join(lines)
 
 
-def make_specializer(target: str, opt_level: int) -> Specializer:
-    """Compiles a kernel of symbolic shape for concrete input shapes."""
+def make_specializer(target: Target | str, opt_level: int) -> Specializer:
+    """Compiles a kernel of symbolic shape for concrete input shapes (the Level-3 passes)."""
 
     def run(decl: KernelDecl, shapes: tuple[tuple[int, ...], ...]) -> KernelFunction:
-        kernel = specialize(decl, shapes)
-        return compile_kernels([kernel], target, opt_level).functions[kernel.name]
+        return specialize_kernel(decl, shapes, target, opt_level)
 
     return run
 
@@ -91,8 +89,8 @@ class Executable:
     """A compiled program: call it like a function of @main's parameters."""
 
     def __init__(self, program: Program, kernels: KernelSet, plan: MemoryPlan, *,
-                 target: str = "llvm", opt_level: int = 3, timings: Mapping[str, float] = {},
-                 executor: str | None = None) -> None:
+                 target: Target | str = "llvm", opt_level: int = 3,
+                 timings: Mapping[str, float] = {}, executor: str | None = None) -> None:
         self.program = program
         self.kernels = kernels
         self.plan = plan
@@ -160,15 +158,19 @@ class Executable:
                 f"{self.kernels.backend}>")
 
 
-def build(mod: IRModule | Expr, target: str = "llvm", opt_level: int = 3,
+def build(mod: IRModule | Expr, target: Target | str = "llvm", opt_level: int = 3,
           params: Mapping[str, Any] | None = None, *, executor: str | None = None
           ) -> Executable:
     """Optimize, fuse, lower and compile ``mod`` (its ``@main``) into an `Executable`.
 
     ``params`` binds weights (parameters of @main by name) as constants first. ``target`` is
-    ``"llvm"`` (machine code for this CPU) or ``"evaluator"`` (the loop-IR interpreter: exact
-    and slow, for tests). ``executor`` picks one by name (``"vm"``) instead of the first that
-    accepts the program.
+    a `kiln.Target` or a spec for one — ``"llvm"`` (this machine), ``"llvm -mcpu=znver3"``,
+    ``"llvm -mattr=-avx512f"``, ``"aarch64-linux-gnu"`` (built here, run elsewhere: see
+    ``kiln export``) — or ``"evaluator"`` (the loop-IR interpreter: exact and slow, for
+    tests); schedules, micro-kernel tiles and vector widths follow the target. ``executor``
+    picks one by name (``"vm"``) instead of the first that accepts the program. The passes
+    run in the current `PassContext`: its instruments, disabled passes and debug checks apply
+    to the back end's passes too.
     """
     if isinstance(mod, Expr):
         mod = IRModule.from_expr(mod)
@@ -177,16 +179,33 @@ def build(mod: IRModule | Expr, target: str = "llvm", opt_level: int = 3,
     check_target(target)
     if isinstance(opt_level, bool) or not isinstance(opt_level, int) or not 0 <= opt_level <= 4:
         raise Error(f"opt_level must be an integer from 0 to 4, got {opt_level!r}")
-    timings: dict[str, float] = {}
-    start = time.perf_counter()
-    optimized = optimize(mod, opt_level=opt_level, params=params)
-    timings["optimize"] = time.perf_counter() - start
-    start = time.perf_counter()
-    program = lower_module(optimized)
-    plan = plan_memory(program)
-    verify(program)
-    loops = lower_kernels(program)
-    timings["lower"] = time.perf_counter() - start
-    kernels = compile_kernels(loops, target, opt_level)
-    return Executable(program, kernels, plan, target=target, opt_level=opt_level,
+    machine = resolve_target(target)
+    timing = _StepTiming()
+    outer = PassContext.current()
+    with PassContext(outer.opt_level, outer.required_pass, outer.disabled_pass, outer.config,
+                     [*outer.instruments, timing], outer.debug):
+        low = lower(mod, target if machine is None else machine, opt_level, params)
+    timings = {"optimize": timing.optimize, "lower": timing.backend}
+    for what, missing in (("plan-memory", low.plan), ("compile", low.kernels)):
+        if missing is None:
+            raise Error(f"kiln.build needs the {what} pass, which the PassContext disables")
+    timings["lower"] -= low.kernels.compile_seconds
+    return Executable(low.program, low.kernels, low.plan,
+                      target=target if machine is None else machine, opt_level=opt_level,
                       timings=timings, executor=executor)
+
+
+class _StepTiming(PassInstrument):
+    """Seconds spent in kiln.optimize and in the back end (the two outermost pipelines)."""
+
+    def __init__(self) -> None:
+        self.optimize = self.backend = 0.0
+        self._start: dict[str, float] = {}
+
+    def run_before_pass(self, mod: object, info: PassInfo) -> None:
+        if info.name in ("optimize", "backend"):
+            self._start[info.name] = time.perf_counter()
+
+    def run_after_pass(self, mod: object, info: PassInfo) -> None:
+        if info.name in self._start:
+            setattr(self, info.name, time.perf_counter() - self._start.pop(info.name))

@@ -71,7 +71,8 @@ class ExportedLibrary:
     compiled: int  # objects compiled (the others came from the disk cache)
 
 
-def _program_of(model: Any, params: Mapping[str, Any] | None, opt_level: int) -> Program:
+def _program_of(model: Any, params: Mapping[str, Any] | None, opt_level: int,
+                target: Target) -> Program:
     """The SSA program to export, each static kernel lowered to loop IR."""
     from kiln.runtime.build import Executable
 
@@ -85,17 +86,9 @@ def _program_of(model: Any, params: Mapping[str, Any] | None, opt_level: int) ->
     if not isinstance(model, IRModule):
         raise Error(f"export_library takes an IRModule, a function or a kiln.Executable, not "
                     f"{type(model).__name__}")
-    from kiln.ssa.from_relay import lower_module
-    from kiln.ssa.kernels import lower_kernels
-    from kiln.ssa.memory import plan_memory
-    from kiln.ssa.verify import verify
-    from kiln.transform.pipeline import optimize
+    from kiln.runtime.backend import lower
 
-    program = lower_module(optimize(model, opt_level=opt_level, params=params))
-    plan_memory(program)
-    verify(program)
-    lower_kernels(program)
-    return program
+    return lower(model, target, opt_level, params, upto="decompose-math").program
 
 
 def _leaf_names(types: Sequence[Type], names: Sequence[str]) -> list[str]:
@@ -242,7 +235,7 @@ def export_library(
     if name is not None and prefix != name:
         raise Error(f"the library name {name!r} is not a C identifier (e.g. {prefix!r})")
 
-    program = _program_of(model, params, opt_level)
+    program = _program_of(model, params, opt_level, tgt)
     pm = pic_machine(tgt, min(opt_level, 3))
     try:
         code = emit_program(program, tgt.triple, pm.data_layout)

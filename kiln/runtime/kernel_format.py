@@ -30,6 +30,7 @@ from kiln.loops.ir import (
     UNARY_OPS,
     Allocate,
     Binary,
+    Bitcast,
     Broadcast,
     Buffer,
     Cast,
@@ -67,7 +68,7 @@ def _kids(n: Any) -> list[Any]:
             return list(n.indices)
         case Binary():
             return [n.a, n.b]
-        case Unary() | Cast():
+        case Unary() | Cast() | Bitcast():
             return [n.a]
         case Select():
             return [n.cond, n.a, n.b]
@@ -183,6 +184,8 @@ def write_kernel(k: Kernel) -> dict[str, Any]:
                 entry = ["Unary", n.op, *ref]
             case Cast():
                 entry = ["Cast", n.dtype, *ref]
+            case Bitcast():
+                entry = ["Bitcast", n.dtype, *ref]
             case Select() | FMA():
                 entry = [type(n).__name__, *ref]
             case Broadcast():
@@ -217,7 +220,7 @@ def write_kernel(k: Kernel) -> dict[str, Any]:
 # --- reading -------------------------------------------------------------------------------
 
 
-_EXPR = (Const, Var, Load, Binary, Unary, Cast, Select, Broadcast, FMA)
+_EXPR = (Const, Var, Load, Binary, Unary, Cast, Bitcast, Select, Broadcast, FMA)
 _STMT = (For, Store, LetStmt, Allocate, Seq, IfThenElse, Check)
 
 
@@ -304,6 +307,9 @@ def _read_node(kind: str, f: list[Any], node: Any, buf: Any, var: Any) -> Any:
         case "Cast":
             dtype, a = f
             return Cast(dtype, node(a))
+        case "Bitcast":
+            dtype, a = f
+            return Bitcast(dtype, node(a))
         case "Select":
             return Select(*(node(i) for i in f))
         case "FMA":

@@ -8,7 +8,8 @@ value becomes a ``Closure=1`` stub), and type inference. Then each global functi
 an SSA function:
 
 - a call of a primitive function becomes an `alloc` of each (static) output and a `kernel`
-  instruction (or `kernel_dyn` when shapes are symbolic); weights become `const`s;
+  instruction (or `kernel_dyn` when shapes are symbolic); constants used as values become
+  `const`s (those inside kernels are taken out by the next pass, `lift-constants`);
 - tuples, projections, constructors, references and calls map to their instructions; a
   ``Closure=1`` stub becomes `make_closure` of the lifted global over the captured values,
   and a global or constructor used as a value a closure with nothing captured;
@@ -58,12 +59,11 @@ from kiln.ssa.builder import Builder
 from kiln.ssa.cleanup import simplify_cfg
 from kiln.ssa.ir import UNIT, Block, BlockArg, Program, Value
 from kiln.ssa.ir import Function as SSAFunction
-from kiln.ssa.kernels import KernelTable
+from kiln.ssa.kernels import KernelTable, lift_constants
 from kiln.ssa.match import MatchLowering
 from kiln.ssa.verify import verify
-from kiln.transform.eta_expand import EtaExpand
-from kiln.transform.lambda_lift import LambdaLift, is_closure_stub
-from kiln.transform.pass_manager import PassContext, is_primitive
+from kiln.transform.lambda_lift import is_closure_stub
+from kiln.transform.pass_manager import PassContext, get_pass, is_primitive
 
 
 class _Primitive:
@@ -82,32 +82,19 @@ def _type(e: Expr) -> Type:
     return e.checked_type_
 
 
-def _higher_order(mod: IRModule) -> bool:
-    """Whether some function holds a local function or uses a constructor as a value."""
+def is_first_order(mod: IRModule) -> bool:
+    """Whether no function holds a local function or uses a constructor as a value (most
+    models): such a module needs no eta-expansion or lambda lifting before lowering."""
     for fn in mod.functions.values():
         if is_primitive(fn):
             continue
         for n in post_order(fn.body):
             if isinstance(n, Function) and not is_primitive(n):
-                return True
+                return False
             kids = n.args if isinstance(n, Call) else children(n)
             if any(isinstance(k, Constructor) for k in kids):
-                return True
-    return False
-
-
-def prepare(mod: IRModule) -> IRModule:
-    """``mod`` made first order for SSA lowering: eta-expand, lambda-lift, infer types.
-
-    A module with no local functions and no constructor used as a value (most models) is
-    first order already, and only needs its types.
-    """
-    if not _higher_order(mod):
-        return mod if mod.is_typed else infer_types(mod)
-    ctx = PassContext.current()
-    mod = EtaExpand(expand_constructor=True, expand_global_var=False).transform(mod, ctx)
-    mod = LambdaLift().transform(mod, ctx)
-    return infer_types(mod)
+                return False
+    return True
 
 
 class _ModuleLowering:
@@ -375,7 +362,7 @@ class _FunctionLowering(MatchLowering):
         """Run the kernel of primitive function ``fn`` on the arguments of call ``e``."""
         if args is None:
             args = yield from self.args(e.args)
-        decl, consts = self.ctx.kernels.get(fn)
+        decl = self.ctx.kernels.get(fn)
         b = self.b
         flat: list[Value] = []
         for a in args:
@@ -383,12 +370,6 @@ class _FunctionLowering(MatchLowering):
                 flat += [b.get_field(a, i) for i in range(len(a.type.fields))]
             else:
                 flat.append(a)
-        for c in consts:
-            done = self.lookup(c)
-            if done is None:
-                done = b.emit("const", [], c.tensor_type, index=self.ctx.constant(c))
-                self.scopes[-1][id(c)] = done
-            flat.append(done)
         if not decl.is_static:
             return b.emit("kernel_dyn", flat, _type(e), kernel=decl.name)
         outs = [b.emit("alloc", [], t, offset=None) for t in decl.outputs]
@@ -459,13 +440,27 @@ def _rebuild(b: Builder, t: Type, outs: list[Value]) -> Value:
     return made[0]
 
 
-def lower_module(mod: IRModule, entry: str = "main") -> Program:
-    """The SSA program of a typed, fused module (what `kiln.optimize` returns); verified."""
+def lower_first_order(mod: IRModule, entry: str = "main") -> Program:
+    """The SSA program of a typed, fused, first-order module (the `lower-to-ssa` pass)."""
     if not isinstance(mod, IRModule):
         raise Error(f"lower_module takes an IRModule, not {type(mod).__name__}")
-    first_order = prepare(mod)
-    program = _ModuleLowering(first_order, entry).run()
-    return verify(program)
+    if not mod.is_typed:
+        mod = infer_types(mod)
+    return verify(_ModuleLowering(mod, entry).run())
+
+
+def lower_module(mod: IRModule, entry: str = "main") -> Program:
+    """The SSA program of a typed, fused module (what `kiln.optimize` returns), its kernels'
+    constants lifted into the constant table; verified.
+
+    A higher-order module is made first order first by the back end's `to-first-order`
+    passes, run in the current `PassContext`.
+    """
+    if not isinstance(mod, IRModule):
+        raise Error(f"lower_module takes an IRModule, not {type(mod).__name__}")
+    ctx = PassContext.current()
+    mod = ctx.run_pass(get_pass("to-first-order"), mod)
+    return verify(lift_constants(lower_first_order(mod, entry)))
 
 
 _ = RefType  # imported for readers: ref values are plain instructions

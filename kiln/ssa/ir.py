@@ -233,15 +233,17 @@ class Function:
         return f"Function(@{self.name}, {len(self.blocks)} blocks)"
 
 
-@dataclass(eq=False)
+@dataclass(frozen=True, eq=False)
 class KernelDecl:
     """A kernel the program calls: a fused primitive function and, once lowered, its loop IR.
 
     ``inputs`` and ``outputs`` are the flattened tensor types of the kernel's buffers (tuple
     parameters are passed field by field, and the constants the function held are passed
     after its parameters). ``func`` is the typed primitive function (Level 1) with those
-    constants made parameters; ``kernel`` is its loop IR, set by `lower_kernels` when every
-    shape is static (a dynamic kernel is lowered by the VM for each concrete shape).
+    constants made parameters. Once the `lower-kernels` pass has lowered it (every shape
+    static), a new declaration holds its loop IR as ``kernel`` and no longer the function; a
+    kernel of symbolic shape keeps its function, and is lowered by the same passes for each
+    concrete shape it meets at run time (kiln/runtime/backend.py, `specialize_kernel`).
     """
 
     name: str
@@ -279,6 +281,15 @@ class Program:
         self.constants.append(data)
         return len(self.constants) - 1
 
+    def copy(self) -> Program:
+        """A program with fresh functions, blocks and instructions (the same kernels and
+        constants), for a pass that annotates instructions: the input stays as it was."""
+        out = Program(dict(), dict(self.kernels), list(self.constants),
+                      dict(self.constructors), self.entry, dict(self.adt_params))
+        for fn in self.functions.values():
+            out.functions[fn.name] = _copy_function(fn)
+        return out
+
     def adt_constructors(self, adt: str) -> list[Constructor]:
         """The constructors of an ADT, in their declaration order (their tags)."""
         return [c for c in self.constructors.values() if c.belong_to.name == adt]
@@ -295,6 +306,35 @@ class Program:
         from kiln.ssa.printer import program_text
 
         return program_text(self)
+
+
+def _copy_function(fn: Function) -> Function:
+    new: dict[Value, Value] = {}
+    blocks: dict[Block, Block] = {}
+    params = [BlockArg(p.type, p.hint) for p in fn.params]
+    new.update(zip(fn.params, params))
+    out = Function(fn.name, params, fn.ret_type, fn.type_params)
+    out.arena_bytes = fn.arena_bytes
+    out.blocks[0].name = fn.entry.name
+    blocks[fn.entry] = out.blocks[0]
+    for b in fn.blocks[1:]:
+        nb = Block(b.name, [BlockArg(p.type, p.hint) for p in b.params])
+        new.update(zip(b.params, nb.params))
+        out.blocks.append(nb)
+        blocks[b] = nb
+    # Instructions first, operands after: a use may come before its definition in block order.
+    for b in fn.blocks:
+        for ins in b.instrs:
+            new[ins] = blocks[b].append(Instr(ins.op, (), ins.type, ins.attrs, ins.hint))
+    for b in fn.blocks:
+        for ins in b.instrs:
+            new[ins].operands = [new[v] for v in ins.operands]  # type: ignore[attr-defined]
+        t = b.terminator
+        if t is not None:
+            blocks[b].terminate(Terminator(
+                t.op, [new[v] for v in t.operands],
+                [Target(blocks[x.block], [new[v] for v in x.args]) for x in t.targets], t.attrs))
+    return out
 
 
 def unit_type(t: Type) -> bool:

@@ -9,13 +9,16 @@ stay in the kernel, where the code generator folds them.
 
 Functions equal up to renaming (`structural_equal`) share a kernel, named after the
 operators it runs (``fused_nn_conv2d_add_nn_relu``, TVM's convention). A kernel whose types
-are all static is lowered to loop IR by `lower_kernels`; one of symbolic shape is lowered by
-the VM for each concrete shape it meets (`specialize`).
+are all static is lowered to loop IR by `lower_kernels` (the `lower-kernels` pass); one of
+symbolic shape is made static for each concrete shape the VM meets (`specialize_decl`) and
+then lowered by the same pass.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import replace
 
 from kiln.errors import Error, InternalError
 from kiln.infer import infer_types
@@ -27,7 +30,8 @@ from kiln.ir.traverse import post_order, rewrite
 from kiln.ir.ty import TensorType, TupleType, Type
 from kiln.loops.ir import Kernel
 from kiln.loops.lower import lower_primitive
-from kiln.ssa.ir import KernelDecl, Program, flatten_tensor_types
+from kiln.ssa.ir import Instr, KernelDecl, Program, flatten_tensor_types
+from kiln.target import Target
 
 
 def _typed(fn: Function) -> Function:
@@ -50,41 +54,26 @@ def param_tensor_types(t: Type, what: str) -> list[TensorType]:
 
 
 class KernelTable:
-    """Kernel declarations of one program, made as primitive functions are met."""
+    """Kernel declarations of one program, made as primitive functions are met (their
+    constants still inside: the `lift-constants` pass takes them out)."""
 
     def __init__(self, program: Program) -> None:
         self.program = program
-        self.by_key: dict[object, list[tuple[Function, KernelDecl]]] = {}
-        self.by_id: dict[int, tuple[KernelDecl, list[Constant]]] = {}
+        self.by_key: dict[object, list[KernelDecl]] = {}
+        self.by_id: dict[int, KernelDecl] = {}
 
-    def get(self, fn: Function) -> tuple[KernelDecl, list[Constant]]:
-        """The kernel computing primitive function ``fn``, and the constants to pass it after
-        ``fn``'s own arguments."""
+    def get(self, fn: Function) -> KernelDecl:
+        """The kernel computing primitive function ``fn``."""
         done = self.by_id.get(id(fn))
         if done is not None:
             return done
-        lifted, consts, ops = _lift_constants(fn)
-        # A cheap key first; structural equality only among functions that share it.
-        key = (ops, tuple(p.checked_type for p in fn.params), tuple(c.tensor_type for c in consts))
-        same = (d for other, d in self.by_key.get(key, []) if structural_equal(other, lifted))
-        decl = next(same, None)
-        if decl is None:
-            decl = self._declare(lifted)
-            self.by_key.setdefault(key, []).append((lifted, decl))
-        self.by_id[id(fn)] = (decl, consts)
-        return decl, consts
+        decl = _share(self.by_key, fn, lambda: self._declare(fn))
+        self.by_id[id(fn)] = decl
+        return decl
 
-    def _declare(self, lifted: Function) -> KernelDecl:
-        typed = _typed(lifted) if lifted.checked_type_ is None else lifted
-        inputs: list[TensorType] = []
-        for p in typed.params:
-            inputs += param_tensor_types(p.checked_type, f"kernel parameter %{p.name_hint}")
-        ret = typed.checked_type.ret_type  # type: ignore[attr-defined]
-        outputs = flatten_tensor_types(ret)
-        if outputs is None:
-            raise Error(f"a fused function returns {ret}; kernels return tensors")
-        ops = _ops(typed)
-        decl = KernelDecl(self._name(ops), tuple(inputs), tuple(outputs), typed, None, ops)
+    def _declare(self, fn: Function) -> KernelDecl:
+        typed = _typed(fn) if fn.checked_type_ is None else fn
+        decl = declaration(self._name(_ops(typed)), typed)
         self.program.kernels[decl.name] = decl
         return decl
 
@@ -100,13 +89,36 @@ class KernelTable:
         return name
 
 
-def _lift_constants(fn: Function) -> tuple[Function, list[Constant], tuple[str, ...]]:
-    """``fn`` with its non-scalar constants made parameters; the constants; its operators."""
-    nodes = post_order(fn.body)
-    ops = tuple(n.op.name for n in nodes if isinstance(n, Call) and isinstance(n.op, Op))
-    consts = [n for n in nodes if isinstance(n, Constant) and n.data.ndim > 0]
+def _share(table: dict[object, list[KernelDecl]], fn: Function,
+           make: Callable[[], KernelDecl]) -> KernelDecl:
+    """The declaration in ``table`` of a function equal to ``fn`` up to renaming, or a new one
+    from ``make``. A cheap key first; structural equality only among functions sharing it."""
+    key = (_ops(fn), tuple(p.checked_type for p in fn.params))
+    for decl in table.get(key, []):
+        if decl.func is not None and structural_equal(decl.func, fn):
+            return decl
+    decl = make()
+    table.setdefault(key, []).append(decl)
+    return decl
+
+
+def declaration(name: str, typed: Function) -> KernelDecl:
+    """The declaration of kernel ``name`` computing typed primitive function ``typed``."""
+    inputs: list[TensorType] = []
+    for p in typed.params:
+        inputs += param_tensor_types(p.checked_type, f"kernel parameter %{p.name_hint}")
+    ret = typed.checked_type.ret_type  # type: ignore[attr-defined]
+    outputs = flatten_tensor_types(ret)
+    if outputs is None:
+        raise Error(f"a fused function returns {ret}; kernels return tensors")
+    return KernelDecl(name, tuple(inputs), tuple(outputs), typed, None, _ops(typed))
+
+
+def _lift_constants(fn: Function) -> tuple[Function, list[Constant]]:
+    """``fn`` with its non-scalar constants made parameters (after its own), and the constants."""
+    consts = [n for n in post_order(fn.body) if isinstance(n, Constant) and n.data.ndim > 0]
     if not consts:
-        return fn, [], ops
+        return fn, []
     fresh = {id(c): Var(f"c{i}", c.tensor_type) for i, c in enumerate(consts)}
     body = rewrite(fn.body, lambda e: fresh.get(id(e)) if isinstance(e, Constant) else None)
     params = tuple(Var(p.name_hint, p.checked_type) for p in fn.params)
@@ -114,26 +126,76 @@ def _lift_constants(fn: Function) -> tuple[Function, list[Constant], tuple[str, 
     body = rewrite(body, lambda e: renamed.get(e) if isinstance(e, Var) else None)
     lifted = Function((*params, *(fresh[id(c)] for c in consts)), body, None, (),
                       Attrs(Primitive=1), span=fn.span)
-    return lifted, consts, ops
+    return _typed(lifted), consts
 
 
-def lower_kernels(program: Program, only: set[str] | None = None) -> list[Kernel]:
-    """Lower every static kernel of ``program`` to loop IR (kept in its declaration)."""
-    out = []
-    for decl in program.kernels.values():
-        if only is not None and decl.name not in only:
-            continue
-        if decl.kernel is None and decl.is_static:
-            if decl.func is None:
-                raise InternalError(f"kernel @{decl.name} has neither a function nor loop IR")
-            decl.kernel = lower_primitive(decl.func, decl.name)
-        if decl.kernel is not None:
-            out.append(decl.kernel)
+def lift_constants(program: Program) -> Program:
+    """``program`` with every non-scalar constant of its kernels (a weight, after `params=`
+    binding) passed to the kernel from the constant table instead; kernels that then agree
+    up to renaming merge into one (ResNet's repeated blocks compile once).
+
+    Each kernel instruction gets the constants as inputs after its own, through `const`
+    instructions at the start of its function's entry block (which dominates every use).
+    """
+    out = program.copy()
+    table: dict[object, list[KernelDecl]] = {}
+    lifted: dict[str, tuple[KernelDecl, list[Constant]]] = {}
+    for name, decl in program.kernels.items():
+        if decl.func is None:
+            table_decl = decl
+            consts: list[Constant] = []
+        else:
+            fn, consts = _lift_constants(decl.func)
+            table_decl = _share(table, fn, lambda: declaration(name, fn))  # noqa: B023
+        lifted[name] = (table_decl, consts)
+    out.kernels = {d.name: d for d, _ in lifted.values()}
+    index = {id(data): i for i, data in enumerate(out.constants)}
+    for fn in out.functions.values():
+        entry = fn.entry
+        loaded: dict[int, Instr] = {}
+        for ins in list(fn.instructions()):
+            if ins.op not in ("kernel", "kernel_dyn"):
+                continue
+            decl, consts = lifted[ins.attrs["kernel"]]
+            values = []
+            for c in consts:
+                if id(c) not in loaded:
+                    if id(c.data) not in index:
+                        index[id(c.data)] = out.add_constant(c.data)
+                    load = Instr("const", (), c.tensor_type, {"index": index[id(c.data)]})
+                    load.block = entry
+                    entry.instrs.insert(len(loaded), load)
+                    loaded[id(c)] = load
+                values.append(loaded[id(c)])
+            n = ins.attrs.get("num_inputs", len(ins.operands))
+            ins.operands = [*ins.operands[:n], *values, *ins.operands[n:]]
+            ins.attrs["kernel"] = decl.name
+            if ins.op == "kernel":
+                ins.attrs["num_inputs"] = n + len(values)
     return out
 
 
-def specialize(decl: KernelDecl, shapes: tuple[tuple[int, ...], ...]) -> Kernel:
-    """Loop IR for a kernel of symbolic shape, at the concrete input shapes given."""
+def lower_kernels(program: Program, target: Target | None = None) -> Program:
+    """``program`` with each static kernel lowered to loop IR, scheduled for ``target`` (None:
+    the lowering's target scope, else this machine): a new declaration holding the loop IR
+    replaces the one holding the function."""
+    kernels = dict(program.kernels)
+    for name, decl in program.kernels.items():
+        if decl.kernel is None and decl.is_static:
+            if decl.func is None:
+                raise InternalError(f"kernel @{decl.name} has neither a function nor loop IR")
+            kernels[name] = replace(decl, func=None,
+                                    kernel=lower_primitive(decl.func, decl.name, target))
+    return replace(program, kernels=kernels)
+
+
+def loop_kernels(program: Program) -> list[Kernel]:
+    """The loop IR of every lowered kernel of ``program``."""
+    return [d.kernel for d in program.kernels.values() if d.kernel is not None]
+
+
+def specialize_decl(decl: KernelDecl, shapes: tuple[tuple[int, ...], ...]) -> KernelDecl:
+    """A kernel of symbolic shape made static: its function typed at the input ``shapes``."""
     if decl.func is None:
         raise InternalError(f"kernel @{decl.name} has no function to specialize")
     fn = decl.func
@@ -150,5 +212,12 @@ def specialize(decl: KernelDecl, shapes: tuple[tuple[int, ...], ...]) -> Kernel:
     mapping: dict[Expr, Expr] = dict(zip(fn.params, params))
     body = rewrite(fn.body, lambda e: mapping.get(e) if isinstance(e, Var) else None)
     concrete = _typed(Function(tuple(params), body, None, (), Attrs(Primitive=1)))
+    inputs: list[TensorType] = []
+    for p in concrete.params:
+        inputs += param_tensor_types(p.checked_type, f"kernel parameter %{p.name_hint}")
+    outputs = flatten_tensor_types(concrete.checked_type.ret_type)  # type: ignore[attr-defined]
+    if outputs is None:
+        raise InternalError(f"kernel @{decl.name} no longer returns tensors at {shapes}")
     dims = "_".join("x".join(str(d) for d in s) for s in shapes)
-    return lower_primitive(concrete, f"{decl.name}__{dims}")
+    return KernelDecl(f"{decl.name}__{dims}", tuple(inputs), tuple(outputs), concrete, None,
+                      decl.ops)

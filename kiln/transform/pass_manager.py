@@ -11,8 +11,13 @@ A pass is a named, pure transformation from module to module with an optimizatio
   ``required_pass``, ``disabled_pass``, ``config``, ``debug``) and the instruments that
   observe every pass: timing, IR dumps, anything with the `PassInstrument` hooks.
 
-In debug mode the type checker runs after every pass; an ill-typed result is reported as
-a compiler bug naming the pass. Every pass has a kebab-case name (``fold-constant``) by
+The same manager runs the back end (kiln/runtime/backend.py): its passes take and give a
+`LoweredIR` — the SSA program and its kernels on their way to machine code — instead of an
+`IRModule`, and each pass's `PassInfo.level` says which IR it works on (1: the functional
+IR; 2: the SSA program; 3: the loop IR of kernels). In debug mode the checker of the
+result's level runs after every pass — type inference for Level 1, the SSA verifier and the
+loop-IR bounds verifier for the back end — and a failure is reported as a compiler bug
+naming the pass. Every pass has a kebab-case name (``fold-constant``, ``plan-memory``) by
 which the command line and `get_pass` find it.
 """
 
@@ -33,12 +38,31 @@ from kiln.ir.module import IRModule
 
 @dataclass(frozen=True)
 class PassInfo:
-    """What the pass manager knows of a pass: its name, level, and passes it needs first."""
+    """What the pass manager knows of a pass: its name, opt level, the passes it needs first,
+    and the IR level it works on (1: functional IR, 2: SSA program, 3: loop IR)."""
 
     name: str
     opt_level: int = 0
     required: tuple[str, ...] = ()
     doc: str = ""
+    level: int = 1
+
+
+class LoweredIR:
+    """What a back-end pass takes and gives (kiln/runtime/backend.py's `Lowered`): the pass
+    manager asks it only to check itself and to print itself."""
+
+    def verify(self, pass_name: str) -> None:
+        """Raise `InternalError` naming ``pass_name`` if the IR is not valid."""
+        raise NotImplementedError
+
+    def text(self) -> str:
+        """The IR as text, for `DumpIR`."""
+        raise NotImplementedError
+
+
+# What a pass runs on: a module (Level 1) or the back end's lowered program (Levels 2 and 3).
+IR = IRModule | LoweredIR
 
 
 class Pass:
@@ -46,10 +70,10 @@ class Pass:
 
     info: PassInfo
 
-    def __call__(self, mod: IRModule) -> IRModule:
+    def __call__(self, mod: Any) -> Any:
         return PassContext.current().run_pass(self, mod)
 
-    def transform(self, mod: IRModule, ctx: PassContext) -> IRModule:
+    def transform(self, mod: Any, ctx: PassContext) -> Any:
         """The transformation itself; `PassContext.run_pass` wraps it with the instruments."""
         raise NotImplementedError
 
@@ -62,13 +86,13 @@ class Pass:
 
 
 class ModulePass(Pass):
-    """A pass given as ``fn(mod, ctx) -> mod``."""
+    """A pass given as ``fn(mod, ctx) -> mod`` (a back-end pass: ``fn(lowered, ctx)``)."""
 
-    def __init__(self, info: PassInfo, fn: Callable[[IRModule, PassContext], IRModule]) -> None:
+    def __init__(self, info: PassInfo, fn: Callable[[Any, PassContext], Any]) -> None:
         self.info = info
         self.fn = fn
 
-    def transform(self, mod: IRModule, ctx: PassContext) -> IRModule:
+    def transform(self, mod: Any, ctx: PassContext) -> Any:
         return self.fn(mod, ctx)
 
 
@@ -105,9 +129,10 @@ class Sequential(Pass):
 
     def __init__(self, passes: Sequence[Pass], name: str = "sequential", opt_level: int = 0):
         self.passes = list(passes)
-        self.info = PassInfo(name, opt_level, doc="; ".join(p.info.name for p in self.passes))
+        self.info = PassInfo(name, opt_level, doc="; ".join(p.info.name for p in self.passes),
+                             level=max((p.info.level for p in self.passes), default=1))
 
-    def transform(self, mod: IRModule, ctx: PassContext) -> IRModule:
+    def transform(self, mod: Any, ctx: PassContext) -> Any:
         done: set[str] = set()
         for p in self.passes:
             if not ctx.pass_enabled(p.info):
@@ -136,13 +161,13 @@ class PassInstrument:
     def exit_pass_ctx(self) -> None:
         pass
 
-    def should_run(self, mod: IRModule, info: PassInfo) -> bool:
+    def should_run(self, mod: IR, info: PassInfo) -> bool:
         return True
 
-    def run_before_pass(self, mod: IRModule, info: PassInfo) -> None:
+    def run_before_pass(self, mod: IR, info: PassInfo) -> None:
         pass
 
-    def run_after_pass(self, mod: IRModule, info: PassInfo) -> None:
+    def run_after_pass(self, mod: IR, info: PassInfo) -> None:
         pass
 
 
@@ -198,20 +223,26 @@ class PassContext:
             return False
         return info.name in self.required_pass or info.opt_level <= self.opt_level
 
-    def run_pass(self, p: Pass, mod: IRModule) -> IRModule:
-        """Run one pass with the instruments around it (and the type check in debug mode)."""
-        if not isinstance(mod, IRModule):
+    def run_pass(self, p: Pass, mod: Any) -> Any:
+        """Run one pass with the instruments around it (and its level's checks in debug mode)."""
+        if not isinstance(mod, IRModule | LoweredIR):
             raise Error(f"pass {p.info.name} needs an IRModule, not {type(mod).__name__}")
+        if p.info.level == 1 and not isinstance(p, Sequential) and not isinstance(mod, IRModule):
+            raise Error(f"pass {p.info.name} works on the functional IR (Level 1); it must run "
+                        f"before lower-to-ssa")
         for inst in self.instruments:
             if not inst.should_run(mod, p.info):
                 return mod
         for inst in self.instruments:
             inst.run_before_pass(mod, p.info)
         out = p.transform(mod, self)
-        if not isinstance(out, IRModule):
+        if not isinstance(out, IRModule | LoweredIR):
             raise InternalError(f"pass {p.info.name} returned a {type(out).__name__}")
         if self.debug and not isinstance(p, Sequential):
-            _check_types(out, p.info.name)
+            if isinstance(out, IRModule):
+                _check_types(out, p.info.name)
+            else:
+                out.verify(p.info.name)
         for inst in self.instruments:
             inst.run_after_pass(out, p.info)
         return out
@@ -236,10 +267,10 @@ class PassTimingInstrument(PassInstrument):
     times: list[tuple[str, float]] = field(default_factory=list)
     _starts: list[float] = field(default_factory=list, repr=False)
 
-    def run_before_pass(self, mod: IRModule, info: PassInfo) -> None:
+    def run_before_pass(self, mod: IR, info: PassInfo) -> None:
         self._starts.append(time.perf_counter())
 
-    def run_after_pass(self, mod: IRModule, info: PassInfo) -> None:
+    def run_after_pass(self, mod: IR, info: PassInfo) -> None:
         self.times.append((info.name, time.perf_counter() - self._starts.pop()))
 
     def render(self) -> str:
@@ -252,7 +283,8 @@ class PassTimingInstrument(PassInstrument):
 
 
 class DumpIR(PassInstrument):
-    """Prints the module as Relay text before and/or after the named passes ("*" for all)."""
+    """Prints the IR before and/or after the named passes ("*" for all): a module as Relay
+    text, the back end's program as SSA text with its kernels' loop IR."""
 
     def __init__(
         self, before: Iterable[str] = (), after: Iterable[str] = (), out: TextIO | None = None
@@ -261,18 +293,18 @@ class DumpIR(PassInstrument):
         self.after = set(after)
         self.out = out
 
-    def _dump(self, when: str, mod: IRModule, info: PassInfo) -> None:
+    def _dump(self, when: str, mod: IR, info: PassInfo) -> None:
         from kiln.text import astext
 
         stream = self.out if self.out is not None else sys.stdout
         print(f"// ---- IR {when} {info.name} ----", file=stream)
-        print(astext(mod), file=stream)
+        print(astext(mod) if isinstance(mod, IRModule) else mod.text(), file=stream)
 
-    def run_before_pass(self, mod: IRModule, info: PassInfo) -> None:
+    def run_before_pass(self, mod: IR, info: PassInfo) -> None:
         if info.name in self.before or "*" in self.before:
             self._dump("before", mod, info)
 
-    def run_after_pass(self, mod: IRModule, info: PassInfo) -> None:
+    def run_after_pass(self, mod: IR, info: PassInfo) -> None:
         if info.name in self.after or "*" in self.after:
             self._dump("after", mod, info)
 
@@ -311,16 +343,19 @@ def list_passes() -> list[PassInfo]:
 
 
 def _load_passes() -> None:
-    import kiln.transform  # noqa: F401  (importing the package registers every pass)
+    # Importing these registers every pass: Level 1's, then the back end's.
+    import kiln.runtime.backend  # noqa: F401
+    import kiln.transform  # noqa: F401
 
 
 def module_pass(
-    name: str, opt_level: int = 0, required: Sequence[str] = ()
-) -> Callable[[Callable[[IRModule, PassContext], IRModule]], Callable[[], Pass]]:
-    """Decorate ``fn(mod, ctx) -> mod`` into a registered pass factory named ``name``."""
+    name: str, opt_level: int = 0, required: Sequence[str] = (), level: int = 1
+) -> Callable[[Callable[[Any, PassContext], Any]], Callable[[], Pass]]:
+    """Decorate ``fn(mod, ctx) -> mod`` into a registered pass factory named ``name``
+    (``level`` 2 or 3: a back-end pass over `LoweredIR`)."""
 
-    def wrap(fn: Callable[[IRModule, PassContext], IRModule]) -> Callable[[], Pass]:
-        info = PassInfo(name, opt_level, tuple(required), (fn.__doc__ or "").strip())
+    def wrap(fn: Callable[[Any, PassContext], Any]) -> Callable[[], Pass]:
+        info = PassInfo(name, opt_level, tuple(required), (fn.__doc__ or "").strip(), level)
 
         def factory() -> Pass:
             return ModulePass(info, fn)

@@ -10,6 +10,7 @@ import pytest
 import kiln
 from kiln.runtime.kernel_format import read_kernel, write_kernel
 from kiln.ssa import lower_kernels, lower_module, plan_memory, problems
+from kiln.ssa.kernels import loop_kernels
 from kiln.ssa.printer import program_text
 from kiln.ssa.serialize import (
     parse_relay_function,
@@ -50,7 +51,7 @@ def test_adts_and_dynamic_kernels_read_back():
 
 def test_kernels_read_back_to_the_same_loop_ir():
     prog = lower_module(kiln.optimize(kiln.parse((PROGRAMS / "cnn.rly").read_text())))
-    for k in lower_kernels(prog):
+    for k in loop_kernels(lower_kernels(prog)):
         again = read_kernel(json.loads(json.dumps(write_kernel(k))))
         assert str(again) == str(k)
         assert [b.shape for b in again.params] == [b.shape for b in k.params]
@@ -59,7 +60,7 @@ def test_kernels_read_back_to_the_same_loop_ir():
 def test_kernel_fingerprints_survive_the_round_trip():
     cache = pytest.importorskip("kiln.codegen.cache")
     prog = lower_module(kiln.optimize(kiln.parse((PROGRAMS / "cnn.rly").read_text())))
-    for k in lower_kernels(prog):
+    for k in loop_kernels(lower_kernels(prog)):
         again = read_kernel(json.loads(json.dumps(write_kernel(k))))
         assert cache.fingerprint(again) == cache.fingerprint(k)
 
@@ -106,7 +107,7 @@ def test_damaged_program_documents_are_errors_never_crashes():
 
 def test_damaged_kernel_documents_are_errors_never_crashes():
     prog = lower_module(kiln.optimize(kiln.parse((PROGRAMS / "cnn.rly").read_text())))
-    kernels = lower_kernels(prog)
+    kernels = loop_kernels(lower_kernels(prog))
     rng = np.random.default_rng(1)
     doc = json.loads(json.dumps(write_kernel(kernels[0])))
     for bad in _mutations(doc, rng, 300):

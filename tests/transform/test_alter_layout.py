@@ -12,10 +12,11 @@ import pytest
 
 import kiln
 from kiln.ir.traverse import post_order
-from kiln.loops.gemm import k_blocking
+from kiln.loops.gemm import k_blocking, register_tile
 from kiln.op import nn
 from kiln.op.nn.packed import pack_dense_weight
 from kiln.runtime.compiler import native_available
+from kiln.target import Target
 from kiln.transform.alter_layout import AlterLayout
 from kiln.transform.pass_manager import PassContext
 
@@ -52,8 +53,15 @@ def test_constant_weights_are_packed() -> None:
     packed = [c for c in calls(out) if c.op.name == "nn.dense_packed"]
     assert len(packed) == 2 and not [c for c in calls(out) if c.op.name == "nn.dense"]
     by_units = {c.attrs.units: c.args[1].data for c in packed}
-    np.testing.assert_array_equal(by_units[40], pack_dense_weight(w1, 16, k_blocking(30)[0]))
-    np.testing.assert_array_equal(by_units[9], pack_dense_weight(w2, 16, 40))
+    # Panels as wide as the micro-kernel on this machine (one vector for a narrow matrix).
+    lanes = Target.host().lanes("float32")
+    for units, w in ((40, w1), (9, w2)):
+        nr = by_units[units].shape[2]
+        assert nr in (lanes, register_tile(Target.host())[1])
+        assert by_units[units].shape[1] >= w.shape[1]
+        np.testing.assert_array_equal(by_units[units], pack_dense_weight(w, nr,
+                                                                         by_units[units].shape[1]))
+    np.testing.assert_array_equal(by_units[40].shape[1], k_blocking(30)[0])
     x = RNG.standard_normal((8, 30)).astype("float32")
     np.testing.assert_allclose(kiln.interpret(out, x), numpy_mlp(x, w1, b1, w2), rtol=1e-5,
                                atol=1e-5)
