@@ -6,7 +6,9 @@ llvm, opt level 3) and run on a random input; its twin in kiln/testing/torch_mod
 checked against the same oracle, so that a disagreement says whether the model or the compiler
 is wrong.
 
-Also: one executable gives the same bits on 1, 2 and 4 threads; it is correct when called
+Each model is built for this machine and for a narrower CPU of its architecture (on an
+AVX-512 host, ``"llvm -mattr=-avx512f"``: AVX2 vectors and GEMM tiles). Also: one executable
+gives the same bits on 1, 2 and 4 threads; it is correct when called
 from 4 Python threads at once; the VM agrees too; a saved model runs after loading.
 
 Tolerance: float32 with ``rtol = 1e-4`` and ``atol = 1e-4 · max|expected|``. The two sides sum
@@ -30,6 +32,7 @@ import pytest
 import kiln
 from kiln.codegen import has_libgomp, threads
 from kiln.runtime.compiler import native_available
+from kiln.target import Target
 from kiln.testing import models
 from kiln.testing.torch_models import (
     run_torch,
@@ -59,12 +62,20 @@ def assert_close(got, want, where: str = "result") -> None:
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=atol, err_msg=where)
 
 
+# This machine, and a narrower machine of its architecture: on an AVX-512 host the same code
+# at AVX2 width (256-bit vectors, 16 registers, other GEMM tiles), else one without AVX2.
+NARROWER = ("llvm -mattr=-avx512f" if Target.host().has("avx512f") else "llvm -mattr=-avx2"
+            if Target.host().has("avx2") else None)
+TARGETS = ["llvm", *([NARROWER] if NARROWER else [])]
+
+
 def check(mod, params, twin, x: np.ndarray, interpret: bool = True) -> None:
     want = run_torch(twin, x)
     if interpret:
         assert_close(kiln.interpret(mod, x, params=params), want, "interpreter")
-    exe = kiln.build(mod, target="llvm", opt_level=3, params=params)
-    assert_close(exe(x), want, f"kiln.build ({exe.stats().executor} executor)")
+    for target in TARGETS:
+        exe = kiln.build(mod, target=target, opt_level=3, params=params)
+        assert_close(exe(x), want, f"kiln.build for {target} ({exe.stats().executor} executor)")
 
 
 def random_input(shape: tuple[int, ...], seed: int = 1) -> np.ndarray:
