@@ -23,7 +23,8 @@ demo: $(VENV)/.installed
 # them (no root, no network), those tests skip and the build goes on.
 cross-tools:
 	@command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null || \
-	  apt-get install -y -q gcc-aarch64-linux-gnu qemu-user >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null 2>&1; \
+	    apt-get install -y -q gcc-aarch64-linux-gnu qemu-user >/dev/null 2>&1; } || \
 	  echo "cross-tools: no aarch64-linux-gnu-gcc/qemu-aarch64; the aarch64 tests will skip"
 
 test: $(VENV)/.installed-test cross-tools
