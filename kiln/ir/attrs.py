@@ -1,8 +1,22 @@
-"""Attributes of operator calls and functions: an immutable, hashable mapping."""
+"""Attributes of operator calls and functions: an immutable, hashable mapping.
+
+An operator with attributes declares a typed subclass next to its rules (xDSL's ``prop_def``)::
+
+    class ConcatenateAttrs(Attrs):
+        __slots__ = ()
+        axis: int
+
+The annotations only tell the type checker what ``attrs.axis`` holds; the values live in the
+same mapping as for any `Attrs`, so equality, hashing and printing do not depend on the class.
+`OpDef.normalize_attrs` (and so every builder) makes calls with the operator's class, checks each
+value against the schema, and `register` checks that the annotations name the schema's attributes.
+"""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator, Mapping
+from typing import Self
 
 import numpy as np
 
@@ -32,6 +46,8 @@ class Attrs(Mapping[str, AttrValue]):
     """Named attribute values; read as ``attrs["axis"]`` or ``attrs.axis``."""
 
     __slots__ = ("_items", "_hash")
+    _items: dict[str, AttrValue]
+    _hash: int | None
 
     def __init__(self, items: Mapping[str, object] | None = None, **kwargs: object) -> None:
         merged = dict(items or {})
@@ -65,15 +81,37 @@ class Attrs(Mapping[str, AttrValue]):
     def __hash__(self) -> int:
         if self._hash is None:
             object.__setattr__(self, "_hash", hash(tuple(sorted(self._items.items()))))
-        return self._hash  # type: ignore[return-value]
+        assert self._hash is not None
+        return self._hash
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{k}={v!r}" for k, v in self._items.items())
         return f"Attrs({inner})"
 
-    def with_(self, **changes: object) -> Attrs:
-        """A copy with some values replaced."""
-        return Attrs(self._items, **changes)
+    def with_(self, **changes: object) -> Self:
+        """A copy with some values replaced (of the same typed class)."""
+        return type(self)(self._items, **changes)
+
+    @classmethod
+    def view(cls, attrs: Attrs) -> Self:
+        """``attrs`` read through this typed class.
+
+        Calls made by an operator's builder already carry its class; a call put together by hand
+        from a plain mapping gets the same values re-wrapped (the values are not re-checked).
+        """
+        if isinstance(attrs, cls):
+            return attrs
+        return cls(attrs._items)
+
+    @classmethod
+    def declared(cls) -> tuple[str, ...]:
+        """The attribute names this class annotates (its own and its bases' below Attrs)."""
+        names: list[str] = []
+        for klass in reversed(cls.__mro__):
+            if issubclass(klass, Attrs) and klass is not Attrs:
+                names.extend(n for n in inspect.get_annotations(klass)
+                             if not n.startswith("_") and n not in names)
+        return tuple(names)
 
 
 EMPTY_ATTRS = Attrs()

@@ -105,11 +105,11 @@ class _Equal:
                 continue
             if type(x) is not type(y):
                 return False
-            match x:
-                case TensorType():
+            match x, y:
+                case TensorType(), TensorType():
                     if x != y:
                         return False
-                case TypeVar():
+                case TypeVar(), TypeVar():
                     if id(x) in self.tvars:
                         if self.tvars[id(x)] is not y:
                             return False
@@ -117,23 +117,23 @@ class _Equal:
                         return False
                     else:
                         self.bind_tvars((x,), (y,))
-                case GlobalTypeVar():
+                case GlobalTypeVar(), GlobalTypeVar():
                     if x != y:
                         return False
-                case IncompleteType():
+                case IncompleteType(), IncompleteType():
                     pass
-                case FuncType():
+                case FuncType(), FuncType():
                     if not self.bind_tvars(x.type_params, y.type_params):
                         return False
                     if len(x.arg_types) != len(y.arg_types):
                         return False
-                case TupleType():
+                case TupleType(), TupleType():
                     if len(x.fields) != len(y.fields):
                         return False
-                case TypeCall():
+                case TypeCall(), TypeCall():
                     if x.func != y.func or len(x.args) != len(y.args):
                         return False
-                case RefType():
+                case RefType(), RefType():
                     pass
                 case _:
                     return False
@@ -148,17 +148,17 @@ class _Equal:
             x, y = stack.pop()
             if type(x) is not type(y):
                 return False
-            match x:
-                case PatternWildcard():
+            match x, y:
+                case PatternWildcard(), PatternWildcard():
                     pass
-                case PatternVar():
+                case PatternVar(), PatternVar():
                     if not self.bind(x.var, y.var):
                         return False
-                case PatternConstructor():
+                case PatternConstructor(), PatternConstructor():
                     if x.constructor != y.constructor or len(x.patterns) != len(y.patterns):
                         return False
                     stack.extend(zip(x.patterns, y.patterns))
-                case PatternTuple():
+                case PatternTuple(), PatternTuple():
                     if len(x.patterns) != len(y.patterns):
                         return False
                     stack.extend(zip(x.patterns, y.patterns))

@@ -24,12 +24,20 @@ class IRModule:
     """
 
     __slots__ = ("functions", "type_definitions", "_constructors", "_typed")
+    functions: Mapping[GlobalVar, Function]
+    type_definitions: Mapping[GlobalTypeVar, TypeData]
+    _constructors: dict[str, Constructor]
+    _typed: bool
 
     def __init__(
         self,
-        functions: Mapping[GlobalVar | str, Function] | None = None,
+        functions: (
+            Mapping[GlobalVar, Function] | Mapping[str, Function]
+            | Mapping[GlobalVar | str, Function] | None
+        ) = None,
         type_definitions: (
-            Mapping[GlobalTypeVar | str, TypeData] | Iterable[TypeData] | None
+            Mapping[GlobalTypeVar, TypeData] | Mapping[str, TypeData]
+            | Mapping[GlobalTypeVar | str, TypeData] | Iterable[TypeData] | None
         ) = None,
     ) -> None:
         funcs: dict[GlobalVar, Function] = {}
@@ -39,6 +47,7 @@ class IRModule:
                 raise Error(f"global @{gv.name} must be a kiln.Function, got {type(fn).__name__}")
             funcs[gv] = fn
         tdefs: dict[GlobalTypeVar, TypeData] = {}
+        items: Iterable[TypeData]
         if isinstance(type_definitions, Mapping):
             items = type_definitions.values()
         else:

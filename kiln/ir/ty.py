@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from kiln.errors import Error, Span
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
 
 DTYPES = (
     "bool",
@@ -39,7 +43,8 @@ def as_dtype(dtype: object) -> str:
         name = dtype
     else:
         try:
-            name = np.dtype(dtype).name  # type: ignore[arg-type]
+            # Anything numpy cannot read as a dtype raises TypeError, answered below.
+            name = np.dtype(cast("DTypeLike", dtype)).name
         except TypeError:
             raise Error(f"unsupported dtype {dtype!r}; kiln supports {', '.join(DTYPES)}") from None
     if name not in DTYPES:

@@ -3,7 +3,9 @@
 Each family file (`elementwise.py`, `reduce.py`, `shape.py`, `nn.py`, ...) registers its
 operators with `register`, giving for each one, side by side:
 
-- ``inputs``: the names of its arguments (for messages), and ``attrs``: its attribute schema;
+- ``inputs``: the names of its arguments (for messages), ``attrs``: its attribute schema, and
+  ``attrs_type``: the typed `Attrs` subclass its calls carry (see `kiln/ir/attrs.py`), which its
+  relation, compute, gradient and lowering read as ``attrs.axis`` with a known type;
 - ``relation``: a type relation ``(arg_types, attrs) -> result type``, or ``None`` while the
   argument types are not yet known (TVM's `TypeRelation`; see `kiln/op/common.py`);
 - ``compute``: its numpy reference ``(arrays, attrs) -> array or tuple of arrays``;
@@ -19,7 +21,7 @@ import difflib
 import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from kiln.errors import Error, Span
 from kiln.ir.attrs import Attrs, freeze_attr
@@ -61,7 +63,7 @@ class Attr:
     default: Any = REQUIRED
     kind: str = "any"
     optional: bool = False
-    convert: Callable[[Any], Any] | None = None
+    convert: Callable[[Any, str], Any] | None = None
     doc: str = ""
 
     def check(self, value: Any, op: str) -> Any:
@@ -153,7 +155,7 @@ _KIND_CHECKS: dict[str, Callable[[Any, str], Any]] = {
 }
 
 Relation = Callable[..., Type | None]
-Compute = Callable[[list[Any], Attrs], Any]
+A = TypeVar("A", bound=Attrs)
 
 
 @dataclass(frozen=True, eq=False)
@@ -164,8 +166,10 @@ class OpDef:
     inputs: tuple[str, ...]
     attrs: tuple[Attr, ...]
     relation: Relation
-    compute: Compute
+    # (arrays, attrs) -> array or tuple of arrays; attrs is an `attrs_type`.
+    compute: Callable[[list[Any], Any], Any]
     pattern: OpPattern
+    attrs_type: type[Attrs] = Attrs
     doc: str = ""
     # The relation also receives the argument values that are constants (arange's bounds).
     needs_values: bool = False
@@ -177,6 +181,13 @@ class OpDef:
     _default_attrs: Attrs | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        declared = self.attrs_type.declared()
+        if self.attrs_type is not Attrs and set(declared) != {a.name for a in self.attrs}:
+            raise Error(
+                f"compiler bug: {self.name}'s {self.attrs_type.__name__} declares "
+                f"{', '.join(declared) or 'nothing'} but its schema has "
+                f"{', '.join(a.name for a in self.attrs) or 'nothing'}"
+            )
         object.__setattr__(self, "_attr_index", {a.name: a for a in self.attrs})
         # Defaults in normalized form, so normalizing twice changes nothing.
         defaults = {a.name: a.check(a.default, self.name) for a in self.attrs
@@ -184,7 +195,8 @@ class OpDef:
         object.__setattr__(self, "_defaults", defaults)
         # Most calls give no attributes: share one normalized Attrs for them.
         complete = len(defaults) == len(self.attrs)
-        object.__setattr__(self, "_default_attrs", Attrs(defaults) if complete else None)
+        object.__setattr__(self, "_default_attrs",
+                           self.attrs_type(defaults) if complete else None)
 
     @property
     def op(self) -> Op:
@@ -222,7 +234,7 @@ class OpDef:
                 raise Error(f"{self.name} needs attribute {a.name!r}", span)
             else:
                 values[a.name] = self._defaults[a.name]
-        return Attrs(values)
+        return self.attrs_type(values)
 
     def non_default_attrs(self, attrs: Attrs) -> dict[str, Any]:
         """The attributes that differ from their defaults, in schema order (for printing)."""
@@ -250,12 +262,31 @@ class OpDef:
 _REGISTRY: dict[str, OpDef] = {}
 
 
+@overload
 def register(
     name: str,
     *,
     inputs: tuple[str, ...],
     relation: Relation,
-    compute: Compute,
+    compute: Callable[[list[Any], A], Any],
+    pattern: OpPattern,
+    attrs_type: type[A],
+    attrs: tuple[Attr, ...] | list[Attr] = (),
+    doc: str = "",
+    needs_values: bool = False,
+    differentiable: bool = True,
+    gradient: Callable[..., Any] | None = None,
+    lower: Callable[..., Any] | None = None,
+) -> OpDef: ...
+
+
+@overload
+def register(
+    name: str,
+    *,
+    inputs: tuple[str, ...],
+    relation: Relation,
+    compute: Callable[[list[Any], Attrs], Any],
     pattern: OpPattern,
     attrs: tuple[Attr, ...] | list[Attr] = (),
     doc: str = "",
@@ -263,8 +294,29 @@ def register(
     differentiable: bool = True,
     gradient: Callable[..., Any] | None = None,
     lower: Callable[..., Any] | None = None,
+) -> OpDef: ...
+
+
+def register(
+    name: str,
+    *,
+    inputs: tuple[str, ...],
+    relation: Relation,
+    compute: Callable[[list[Any], Any], Any],
+    pattern: OpPattern,
+    attrs_type: type[Attrs] = Attrs,
+    attrs: tuple[Attr, ...] | list[Attr] = (),
+    doc: str = "",
+    needs_values: bool = False,
+    differentiable: bool = True,
+    gradient: Callable[..., Any] | None = None,
+    lower: Callable[..., Any] | None = None,
 ) -> OpDef:
-    """Add an operator to the registry and return its definition (which is its builder)."""
+    """Add an operator to the registry and return its definition (which is its builder).
+
+    ``attrs_type`` is the typed `Attrs` subclass of its calls; it must annotate exactly the
+    attributes of the schema ``attrs``.
+    """
     if name in _REGISTRY:
         raise Error(f"operator {name} is registered twice")
     opdef = OpDef(
@@ -274,6 +326,7 @@ def register(
         relation=relation,
         compute=compute,
         pattern=pattern,
+        attrs_type=attrs_type,
         doc=doc,
         needs_values=needs_values,
         differentiable=differentiable,
