@@ -1,7 +1,7 @@
 """Code generation: loop-IR kernels to machine code through LLVM (llvmlite).
 
-Three stages, one file each: emit (emit.py, with emit_expr.py, arith.py and math.py: the
-loop IR as an LLVM module), verify and compile (compile.py, target.py: LLVM's verifier, the
+Three stages, one file each: emit (emit.py, with emit_expr.py and arith.py: the loop IR
+as an LLVM module), verify and compile (compile.py, target.py: LLVM's verifier, the
 O3 pipeline for a `kiln.Target` — this CPU by default —, an object file), and load
 (library.py: machine code linked into the process, kernels callable from Python or from
 other native code; never for a target this host cannot run). cache.py keeps

@@ -11,20 +11,20 @@ result undefined, warns, or raises:
 - ``min``/``max`` on floats propagate NaN, like numpy's ``minimum``/``maximum``;
 - ``pow`` on integers with a negative exponent gives 0 (numpy raises);
 - float arithmetic is strict IEEE (no fast-math flags): results equal the evaluator's bit
-  for bit, except transcendentals (polynomials, see math.py), ``FMA`` (one rounding) and
-  ``round`` (``llvm.round``: exactly half away from zero; the evaluator's
-  ``sign(x)·floor(|x| + 0.5)`` can round 0.49999997 up);
-- float16 transcendentals compute in float32; float64 ones call libm (``exp``, ``log``,
-  ``sin``, ``cos`` through LLVM's intrinsics; ``tanh`` and ``erf`` directly).
+  for bit, except ``FMA`` (one rounding) and ``round`` (``llvm.round``: exactly half away
+  from zero; the evaluator's ``sign(x)·floor(|x| + 0.5)`` can round 0.49999997 up).
+
+Transcendental functions never get here: decompose-math (kiln/loops/decompose_math.py)
+rewrites them into the core operations below, and `ExprEmitter` expands any it still meets.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeAlias
 
 from llvmlite import ir
 
-from kiln.codegen import math as cmath
 from kiln.codegen.llvmtypes import (
     I1,
     ModuleContext,
@@ -38,8 +38,9 @@ from kiln.codegen.llvmtypes import (
 from kiln.errors import InternalError
 from kiln.loops.ir import Broadcast, Const, Expr
 
-B = ir.IRBuilder
-V = ir.Value
+# Short names for the two llvmlite types every rule takes.
+B: TypeAlias = ir.IRBuilder
+V: TypeAlias = ir.Value
 
 
 def _const_value(e: Expr | None) -> object:
@@ -243,9 +244,6 @@ _BOOL: dict[str, Callable[..., V]] = {  # numpy's bool arithmetic is logical
 
 # --- unary -------------------------------------------------------------------------------------
 
-_TRANSCENDENTAL = frozenset(["exp", "log", "tanh", "sigmoid", "erf", "sin", "cos"])
-_LIBM = {"tanh": "tanh", "erf": "erf"}
-
 
 def unary(mc: ModuleContext, b: B, op: str, dtype: str, x: V) -> V:
     """``op(x)`` for an operand of ``dtype``."""
@@ -277,13 +275,6 @@ def unary(mc: ModuleContext, b: B, op: str, dtype: str, x: V) -> V:
 
 
 def _float_unary(mc: ModuleContext, b: B, op: str, dtype: str, x: V) -> V:
-    if op in _TRANSCENDENTAL:
-        if dtype == "float32":
-            return cmath.emit_float32(mc, b, op, x)
-        if dtype == "float16":
-            f32 = with_element(x.type, value_type("float32"))
-            return b.fptrunc(cmath.emit_float32(mc, b, op, b.fpext(x, f32)), x.type)
-        return _float64_transcendental(mc, b, op, x)
     match op:
         case "neg":
             return b.fneg(x)
@@ -301,23 +292,6 @@ def _float_unary(mc: ModuleContext, b: B, op: str, dtype: str, x: V) -> V:
             y = b.select(b.fcmp_ordered(">", x, zero), like(x.type, 1.0), y)
             return b.select(b.fcmp_unordered("uno", x, x), x, y)
     raise InternalError(f"codegen: {op} is not defined on {dtype}")
-
-
-def _float64_transcendental(mc: ModuleContext, b: B, op: str, x: V) -> V:
-    if op in ("exp", "log", "sin", "cos"):
-        return mc.call(b, op, x)
-    if op == "sigmoid":
-        one = like(x.type, 1.0)
-        return b.fdiv(one, b.fadd(one, mc.call(b, "exp", b.fneg(x))))
-    scalar_t = x.type.element if isinstance(x.type, ir.VectorType) else x.type
-    fn = mc.declare(_LIBM[op], scalar_t, [scalar_t])
-    if not isinstance(x.type, ir.VectorType):
-        return b.call(fn, [x])
-    out: V = ir.Constant(x.type, ir.Undefined)
-    for lane in range(x.type.count):
-        i = ir.Constant(ir.IntType(32), lane)
-        out = b.insert_element(out, b.call(fn, [b.extract_element(x, i)]), i)
-    return out
 
 
 # --- fused multiply-add and casts --------------------------------------------------------------

@@ -22,7 +22,7 @@ emitted by `ExprEmitter`, once per statement.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
 from itertools import count
 
 from llvmlite import ir
@@ -143,10 +143,6 @@ class _KernelEmitter:
         self.heap_status = {id(b): n_checks + k + 1
                             for k, b in enumerate(heap_allocations(kernel))}
         self.parallel_count = count()
-        self.rules: dict[type, Callable[[FunctionState, Stmt, Work], None]] = {
-            For: self._for, Store: self._store, LetStmt: self._let, Allocate: self._allocate,
-            Seq: self._seq, IfThenElse: self._if, Check: self._check,
-        }
 
     def emit(self) -> ir.Module:
         params = list(self.kernel.params)
@@ -176,13 +172,25 @@ class _KernelEmitter:
         work: Work = [root]
         while work:
             item = work.pop()
-            if isinstance(item, Stmt):
-                rule = self.rules.get(type(item))
-                if rule is None:
+            match item:
+                case For():
+                    self._for(f, item, work)
+                case Store():
+                    self._store(f, item, work)
+                case LetStmt():
+                    self._let(f, item, work)
+                case Allocate():
+                    self._allocate(f, item, work)
+                case Seq():
+                    self._seq(f, item, work)
+                case IfThenElse():
+                    self._if(f, item, work)
+                case Check():
+                    self._check(f, item, work)
+                case Stmt():
                     raise InternalError(f"codegen: unknown statement {type(item).__name__}")
-                rule(f, item, work)
-            else:
-                item()
+                case _:
+                    item()  # a continuation: unbind a variable, close a loop or a branch
 
     def _seq(self, f: FunctionState, s: Seq, work: Work) -> None:
         work.extend(reversed(s.stmts))
@@ -241,20 +249,21 @@ class _KernelEmitter:
 
     def _if(self, f: FunctionState, s: IfThenElse, work: Work) -> None:
         cond = f.expr(s.cond, {})
+        else_case = s.else_case
         then_bb = f.block("then")
-        else_bb = f.block("else") if s.else_case is not None else None
+        else_bb = f.block("else") if else_case is not None else None
         merge = f.block("endif")
         f.b.cbranch(cond, then_bb, else_bb or merge)
         f.b.position_at_end(then_bb)
 
         def after_then() -> None:
             f.b.branch(merge)
-            if else_bb is None:
+            if else_case is None:
                 f.b.position_at_end(merge)
                 return
             f.b.position_at_end(else_bb)
             work.append(after_else)
-            work.append(s.else_case)  # type: ignore[arg-type]
+            work.append(else_case)
 
         def after_else() -> None:
             f.b.branch(merge)
@@ -341,12 +350,14 @@ class _KernelEmitter:
         start = f.index(s.start, {})
         vt = value_type(s.var.dtype)
         start = int_as(f.b, start, vt)
-        extent = s.extent.value  # the verifier requires a small constant
+        if not isinstance(s.extent, Const):
+            raise InternalError(f"codegen: unrolled loop {s.var.name} has extent {s.extent}, "
+                                "not a constant (the verifier requires one)")
         items: Work = []
-        for k in range(int(extent)):  # type: ignore[arg-type]
+        for k in range(int(s.extent.value)):
             value = (ir.Constant(vt, start.constant + k) if isinstance(start, ir.Constant)
                      else f.b.add(start, ir.Constant(vt, k), flags=["nsw"]))
-            items.append(lambda v=value: f.env.__setitem__(id(s.var), v))
+            items.append(functools.partial(f.env.__setitem__, id(s.var), value))
             items.append(s.body)
         items.append(lambda: f.env.pop(id(s.var), None))
         work.extend(reversed(items))

@@ -12,8 +12,6 @@ transcendental call met here is expanded by the same rewrite, node by node.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from llvmlite import ir
 
 from kiln.codegen import arith
@@ -58,11 +56,6 @@ class ExprEmitter:
         self.buffers = buffers
         # Transcendental calls met in expressions, by identity: the call and its expansion.
         self.expanded: dict[int, tuple[Unary, Expr]] = {}
-        self.rules: dict[type, Callable[[Expr, Memo], ir.Value]] = {
-            Const: self._const, Var: self._var, Load: self._load, Binary: self._binary,
-            Unary: self._unary, Cast: self._cast, Bitcast: self._bitcast, Select: self._select,
-            Broadcast: self._broadcast, FMA: self._fma,
-        }
 
     def emit(self, root: Expr, memo: Memo) -> ir.Value:
         """The value of ``root``; ``memo`` maps emitted nodes (by identity) to values."""
@@ -72,10 +65,7 @@ class ExprEmitter:
             if id(e) in memo:
                 continue
             if ready:
-                rule = self.rules.get(type(e))
-                if rule is None:
-                    raise InternalError(f"codegen: unknown expression {type(e).__name__}")
-                memo[id(e)] = rule(e, memo)
+                memo[id(e)] = self._node(e, memo)
                 continue
             stack.append((e, True))
             stack.extend((c, False) for c in self._children(e) if id(c) not in memo)
@@ -114,6 +104,31 @@ class ExprEmitter:
         return self.b.zext(v, I64) if kind(dtype) in ("uint", "bool") else self.b.sext(v, I64)
 
     # --- rules -------------------------------------------------------------------------------
+
+    def _node(self, e: Expr, memo: Memo) -> ir.Value:
+        """``e``'s value, its operands already in ``memo``."""
+        match e:
+            case Const():
+                return self._const(e, memo)
+            case Var():
+                return self._var(e, memo)
+            case Load():
+                return self._load(e, memo)
+            case Binary():
+                return self._binary(e, memo)
+            case Unary():
+                return self._unary(e, memo)
+            case Cast():
+                return self._cast(e, memo)
+            case Bitcast():
+                return self._bitcast(e, memo)
+            case Select():
+                return self._select(e, memo)
+            case Broadcast():
+                return self._broadcast(e, memo)
+            case FMA():
+                return self._fma(e, memo)
+        raise InternalError(f"codegen: unknown expression {type(e).__name__}")
 
     def _const(self, e: Const, memo: Memo) -> ir.Value:
         return constant(e.dtype, e.value, e.lanes)

@@ -37,6 +37,7 @@ from kiln.codegen.emit import status_messages
 from kiln.codegen.target import check_runnable, llvm_version, machine
 from kiln.codegen.threads import ensure_runtime
 from kiln.errors import Error, EvalError, InternalError
+from kiln.ir.dtype import dtype_of
 from kiln.loops.ir import Buffer, Kernel
 from kiln.runtime.kernel import check_arrays
 from kiln.target import Target
@@ -97,7 +98,7 @@ def _byte_strides(b: Buffer) -> tuple[int, ...]:
     """The strides of a C-contiguous numpy array of the buffer's shape and dtype."""
     if b.size == 0:  # numpy's own rule for empty arrays (allocating nothing)
         return np.empty(b.shape, b.dtype).strides
-    return tuple(s * np.dtype(b.dtype).itemsize for s in b.strides)
+    return tuple(s * dtype_of(b.dtype).itemsize for s in b.strides)
 
 
 class CompiledKernel:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
+from kiln.ir.dtype import dtype_of
+
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
 VOID = ir.VoidType()
@@ -23,11 +25,12 @@ _SCALAR: dict[str, ir.Type] = {
 
 def kind(dtype: str) -> str:
     """``bool``, ``sint``, ``uint`` or ``float``: how operations treat the dtype."""
-    if dtype == "bool":
+    d = dtype_of(dtype)
+    if d.is_bool:
         return "bool"
-    if dtype.startswith("float"):
+    if d.is_float:
         return "float"
-    return "uint" if dtype.startswith("uint") else "sint"
+    return "uint" if d.is_uint else "sint"
 
 
 def value_type(dtype: str, lanes: int = 1) -> ir.Type:
@@ -43,12 +46,13 @@ def memory_type(dtype: str, lanes: int = 1) -> ir.Type:
 
 
 def itemsize(dtype: str) -> int:
-    """Bytes per element in memory."""
-    return 1 if dtype == "bool" else np.dtype(dtype).itemsize
+    """Bytes per element in memory (bool is one byte)."""
+    return dtype_of(dtype).itemsize
 
 
 def bits(dtype: str) -> int:
-    return 8 * itemsize(dtype)
+    """Bits per element in memory (bool is eight)."""
+    return dtype_of(dtype).bits
 
 
 def lanes_of(t: ir.Type) -> int:
@@ -64,26 +68,28 @@ def mangle(t: ir.Type) -> str:
     return {"half": "f16", "float": "f32", "double": "f64"}[str(t)]
 
 
-def constant(dtype: str, value: object, lanes: int = 1) -> ir.Constant:
+def constant(dtype: str, value: int | float | bool, lanes: int = 1) -> ir.Constant:
     """An LLVM constant of ``dtype`` (splat over ``lanes``)."""
     t = _SCALAR[dtype]
-    if dtype == "bool":
-        v: object = int(bool(value))
-    elif dtype.startswith("float"):
+    d = dtype_of(dtype)
+    v: int | float
+    if d.is_bool:
+        v = int(bool(value))
+    elif d.is_float:
         v = float(np.asarray(value, dtype=dtype))  # rounded to the dtype, as LLVM requires
     else:
-        v = int(value) & ((1 << bits(dtype)) - 1)  # type: ignore[call-overload]
+        v = int(value) & ((1 << d.bits) - 1)
     c = ir.Constant(t, v)
     return c if lanes == 1 else ir.Constant(ir.VectorType(t, lanes), [c] * lanes)
 
 
-def like(t: ir.Type, value: object) -> ir.Constant:
+def like(t: ir.Type, value: float) -> ir.Constant:
     """A constant of LLVM type ``t`` (a scalar, or a vector splat)."""
     if isinstance(t, ir.VectorType):
         return ir.Constant(t, [like(t.element, value)] * t.count)
     if isinstance(t, ir.IntType):
-        return ir.Constant(t, int(value) & ((1 << t.width) - 1))  # type: ignore[call-overload]
-    return ir.Constant(t, float(value))  # type: ignore[arg-type]
+        return ir.Constant(t, int(value) & ((1 << t.width) - 1))
+    return ir.Constant(t, float(value))
 
 
 def with_element(t: ir.Type, element: ir.Type) -> ir.Type:

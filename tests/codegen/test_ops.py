@@ -6,7 +6,7 @@ lowered to one kernel holding the whole function, compiled, run, and compared wi
 evaluator on the same kernel and with `kiln.interpret` on the program; then the program is
 optimized and fused, and run with every fused primitive function compiled. Tolerances are
 the cases' own (rtol 1e-5 for float32 by default): the transcendental approximations are
-within a few ulp (kiln/codegen/math.py), far inside them.
+within a few ulp (kiln/loops/decompose_math.py), far inside them.
 """
 
 from __future__ import annotations
