@@ -6,6 +6,9 @@ punctuation itself (``"("``, ``"=>"``, ``"->"``, ...), a keyword (``"let"``, ``"
 one of ``local`` (``%x``), ``graph`` (``%0``), ``global`` (``@f``), ``ident`` (``nn.conv2d``,
 ``Cons``, ``float32``), ``num`` (a numeric literal, with its leading minus signs), ``bool``,
 ``str``, ``proj`` (``.0``), ``meta`` (``meta[relay.Constant][0]``), ``version``, ``eof``.
+A token's value is always a str: a word or name without its sigil (``x`` for ``%x``, ``True``),
+the number of ``%0`` or ``.0`` in decimal, a literal as written, a string's unescaped body, the
+version of a version header, or ``""`` for punctuation, ``match?`` and ``eof``.
 Comments and whitespace are skipped; block comments nest. The metadata section
 (``#[metadata]`` to the end of the text) is cut off and handed over as text.
 
@@ -77,7 +80,7 @@ class Tokens:
 
     source: SourceFile
     kinds: list[str]
-    values: list[object]
+    values: list[str]
     starts: list[int]
     ends: list[int]
     line_starts: list[int]
@@ -154,7 +157,7 @@ def tokenize(source: SourceFile) -> Tokens:
     line_starts = [0]
     line_starts.extend(m.end() for m in re.finditer("\n", text))
     kinds: list[str] = []
-    values: list[object] = []
+    values: list[str] = []
     starts: list[int] = []
     ends: list[int] = []
     metadata: str | None = None
@@ -165,10 +168,11 @@ def tokenize(source: SourceFile) -> Tokens:
     while not done:
         for m in _TOKEN.finditer(text, pos):
             group = m.lastgroup
+            assert group is not None  # every alternative of _TOKEN is a named group
             start, end = m.span(group)
             if group == "p":
                 kinds.append(text[start:end])
-                values.append(None)
+                values.append("")
             elif group == "local":
                 kinds.append("local")
                 values.append(text[start + 1 : end])
@@ -176,12 +180,12 @@ def tokenize(source: SourceFile) -> Tokens:
                 if end - start > 19:
                     raise _error(source, line_starts, start, end, "graph name is too large")
                 kinds.append("graph")
-                values.append(int(text[start + 1 : end]))
+                values.append(str(int(text[start + 1 : end])))
             elif group == "ident":
                 word = text[start:end]
                 kind = keywords.get(word, "ident")
                 kinds.append(kind)
-                values.append(word == "True" if kind == "bool" else word)
+                values.append(word)
             elif group == "num" or group == "special":
                 kinds.append("num")
                 values.append(text[start:end])
@@ -190,7 +194,7 @@ def tokenize(source: SourceFile) -> Tokens:
                 if len(digits) > 9:
                     raise _error(source, line_starts, start, end, "tuple index is too large")
                 kinds.append("proj")
-                values.append(int(digits))
+                values.append(str(int(digits)))
             elif group == "global":
                 kinds.append("global")
                 values.append(text[start + 1 : end])
@@ -214,7 +218,7 @@ def tokenize(source: SourceFile) -> Tokens:
                 values.append(text[start:end])
             elif group == "pmatch":
                 kinds.append("match?")
-                values.append(None)
+                values.append("")
             elif group == "attr":
                 raw = text[start:end]
                 v = _VERSION.fullmatch(raw)
@@ -225,7 +229,7 @@ def tokenize(source: SourceFile) -> Tokens:
                     metadata = text[end:]
                     metadata_start = end
                     kinds.append("eof")
-                    values.append(None)
+                    values.append("")
                     starts.append(start)
                     ends.append(start)
                     done = True
@@ -240,7 +244,7 @@ def tokenize(source: SourceFile) -> Tokens:
                     )
             elif group == "eof":
                 kinds.append("eof")
-                values.append(None)
+                values.append("")
                 starts.append(start)
                 ends.append(start)
                 done = True

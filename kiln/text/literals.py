@@ -119,12 +119,12 @@ _written: dict[tuple[str, bytes], str | None] = {}
 def write_scalar(array: np.ndarray) -> str | None:
     """The literal of a 0-d array, or None when it has none (uint dtypes, nan, inf, ...)."""
     key = (array.dtype.char, array.tobytes())
-    text = _written.get(key, False)
-    if text is False:
-        text = _write_scalar(array)
-        if len(_written) < 4096:
-            _written[key] = text
-    return text  # type: ignore[return-value]
+    if key in _written:
+        return _written[key]
+    text = _write_scalar(array)
+    if len(_written) < 4096:
+        _written[key] = text
+    return text
 
 
 def _write_scalar(array: np.ndarray) -> str | None:
@@ -137,6 +137,7 @@ def _write_scalar(array: np.ndarray) -> str | None:
     if dtype in _INT_RANGE:
         return f"{value}{_SUFFIX_OF[dtype]}"
     scalar = array[()]
+    assert isinstance(scalar, np.floating)  # the dtypes left are float16, float32 and float64
     if not np.isfinite(scalar):
         return None
     text = _shortest(scalar) + _SUFFIX_OF[dtype]

@@ -68,6 +68,7 @@ from kiln.ir.traverse import trampoline
 from kiln.ir.ty import (
     ANY,
     DTYPES,
+    Dim,
     FuncType,
     GlobalTypeVar,
     IncompleteType,
@@ -202,7 +203,7 @@ class _Parser:
             if k == "def":
                 name = values[i + 1]
                 self.pos = i + 2
-                functions[name] = trampoline(self._function(i))  # type: ignore[index]
+                functions[name] = trampoline(self._function(i))
             elif k == "type" or k == "extern":
                 self.pos = type_ends[i]
             elif k == "eof":
@@ -420,7 +421,7 @@ class _Parser:
                 self.pos = i + 2
                 value = yield from self._binop()
                 self._expect(";", f" after the value of `%{values[i]}`")
-                self._bind(self.graph, values[i], value)
+                self._bind(self.graph, int(values[i]), value)
             elif k == "free_var":
                 self.pos = i + 1
                 var = yield from self._binder("free_var")
@@ -512,6 +513,7 @@ class _Parser:
         kinds, values = self.kinds, self.values
         start = i = self.pos
         k = kinds[i]
+        e: Expr
         if k == "local":
             e = self._local(i)
             self.pos = i + 1
@@ -527,7 +529,7 @@ class _Parser:
             e = self._global(i)
             self.pos = i + 1
         elif k == "bool":
-            e = Constant(np.array(values[i]), span=self.toks.span(i))
+            e = Constant(np.array(values[i] == "True"), span=self.toks.span(i))
             self.pos = i + 1
         else:
             e = yield from self._nested_atom()
@@ -537,7 +539,7 @@ class _Parser:
             if k == "(":
                 e = yield from self._call(e, start)
             elif k == "proj":
-                e = TupleGetItem(e, values[i], span=self.toks.span(start, i))
+                e = TupleGetItem(e, int(values[i]), span=self.toks.span(start, i))
                 self.pos = i + 1
             else:
                 return e
@@ -558,7 +560,7 @@ class _Parser:
             return self._number(i)
         if k == "global":
             return self._global(i)
-        return Constant(np.array(self.values[i]), span=self.toks.span(i))
+        return Constant(np.array(self.values[i] == "True"), span=self.toks.span(i))
 
     def _call(self, callee: Expr, start: int) -> Gen:
         kinds = self.kinds
@@ -715,8 +717,10 @@ class _Parser:
                 return read_attr_number(v)
             except LiteralError as e:
                 raise self._fail(str(e), i) from None
-        if k in ("str", "bool"):
+        if k == "str":
             return v
+        if k == "bool":
+            return v == "True"
         if k == "ident" and v in ("None", "nullptr"):
             return None
         raise self._fail(
@@ -743,7 +747,7 @@ class _Parser:
         )
 
     def _graph_ref(self, i: int) -> Expr:
-        stack = self.graph.get(self.values[i])
+        stack = self.graph.get(int(self.values[i]))
         if stack:
             return stack[-1]
         raise self._fail(
@@ -1171,10 +1175,10 @@ class _Parser:
                 raise self._fail(e.message, i) from None
         raise self._fail(f"expected a dtype such as float32, but found `{name}`", i)
 
-    def _shape(self) -> list[Any]:
+    def _shape(self) -> tuple[Dim, ...]:
         kinds, values = self.kinds, self.values
         self._expect("(", " to open the shape of a tensor type")
-        dims: list[Any] = []
+        dims: list[Dim] = []
         while kinds[self.pos] != ")":
             i = self.pos
             k = kinds[i]
@@ -1197,7 +1201,7 @@ class _Parser:
                     f"expected `,` or `)` in a shape, but found {self._describe(self.pos)}"
                 )
         self.pos += 1
-        return dims
+        return tuple(dims)
 
     def _type_params(self) -> list[TypeVar]:
         kinds, values = self.kinds, self.values

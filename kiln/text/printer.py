@@ -344,29 +344,33 @@ class _Scope:
 
     def __init__(self, parent: _Scope | None, tail: Expr) -> None:
         self.parent = parent
-        self.depth = 0 if parent is None else parent.depth + 1
+        self.depth: int = 0 if parent is None else parent.depth + 1
         self.tail = tail
         self.events: list[Any] = []  # statements (nodes) and let lines (("let", node))
+
+    def up(self) -> _Scope:
+        """The enclosing scope; asked only of a scope deeper than another, so never the root."""
+        assert self.parent is not None
+        return self.parent
 
 
 def _lca(a: _Scope, b: _Scope) -> _Scope:
     while a.depth > b.depth:
-        a = a.parent  # type: ignore[assignment]
+        a = a.up()
     while b.depth > a.depth:
-        b = b.parent  # type: ignore[assignment]
+        b = b.up()
     while a is not b:
-        a, b = a.parent, b.parent  # type: ignore[assignment]
+        a, b = a.up(), b.up()
     return a
 
 
 def _is_atom(e: Expr) -> bool:
-    t = type(e)
-    if t is Var or t is GlobalVar or t is Op or t is Constant or t is Constructor:
+    if isinstance(e, (Var, GlobalVar, Op, Constant, Constructor)):
         return True
-    if t is Call:
-        op = e.op  # type: ignore[attr-defined]
-        return type(op) is Constructor and not op.inputs and not e.args  # type: ignore[attr-defined]
-    return t is Tuple and not e.fields  # type: ignore[attr-defined]
+    if isinstance(e, Call):
+        op = e.op
+        return isinstance(op, Constructor) and not op.inputs and not e.args
+    return isinstance(e, Tuple) and not e.fields
 
 
 class _Body:
@@ -458,15 +462,14 @@ class _Body:
                     if other is not scope:
                         scope = _lca(scope, other)
             scope_of[nid] = scope
-            t = type(node)
-            if t is Call or t is Tuple or t is TupleGetItem:
+            if isinstance(node, (Call, Tuple, TupleGetItem)):
                 for child in kids_of[nid]:
                     entry = uses.get(id(child))
                     if entry is None:
                         uses[id(child)] = [(scope, _ARG)]
                     else:
                         entry.append((scope, _ARG))
-            elif t is Let:
+            elif isinstance(node, Let):
                 bound_ids.add(id(node.var))
                 if nid in inline and use[0][1] == _TAIL:
                     spine.add(nid)
@@ -477,18 +480,18 @@ class _Body:
                 self.let_scope[nid] = inner
                 _use(uses, node.value, inner, _LETVAL)
                 _use(uses, node.body, inner, _TAIL)
-            elif t is Function:
+            elif isinstance(node, Function):
                 bound_ids.update(id(p) for p in node.params)
                 inner = _Scope(scope, node.body)
                 blocks[nid] = [inner]
                 _use(uses, node.body, inner, _TAIL)
-            elif t is If:
+            elif isinstance(node, If):
                 _use(uses, node.cond, scope, _ARG)
                 then, other = _Scope(scope, node.true_branch), _Scope(scope, node.false_branch)
                 blocks[nid] = [then, other]
                 _use(uses, node.true_branch, then, _TAIL)
                 _use(uses, node.false_branch, other, _TAIL)
-            elif t is Match:
+            elif isinstance(node, Match):
                 _use(uses, node.data, scope, _ARG)
                 clauses = []
                 for clause in node.clauses:
@@ -527,7 +530,7 @@ class _Body:
             if id(node) not in kids_of:
                 if type(node) is Var:
                     used_ids.add(id(node))
-                    used.append(node)  # type: ignore[arg-type]
+                    used.append(node)
                 continue
             order.append(node)
         return order, kids_of, used
@@ -558,8 +561,9 @@ class _Body:
                 if nid not in inline:
                     scope_of[nid].events.append(node)
             else:
+                assert isinstance(node, Let)  # state 2 is pushed for let nodes only
                 let_scope[nid].events.append(("let", node))
-                stack.append((node.body, 0))  # type: ignore[attr-defined]
+                stack.append((node.body, 0))
 
     # --- blocks -----------------------------------------------------------------------------
 
@@ -583,7 +587,7 @@ class _Body:
             lines[-1] = (d, text + self.type_comment(event) + ";")
         result = scope.tail
         while type(result) is Let and id(result) in self.spine:
-            result = result.body  # type: ignore[attr-defined]
+            result = result.body
         if _is_atom(result):
             lines.append((depth, self.atom(result)))
         elif id(result) in self.inline:
@@ -623,27 +627,26 @@ class _Body:
     def emit(self, node: Expr, depth: int) -> Gen:
         """Write ``node``'s text as lines (its first line without any binding prefix)."""
         lines = self.lines
-        t = type(node)
-        if t is Function:
-            lines.append((depth, self.function_head(node, "fn ") + " {"))  # type: ignore[arg-type]
+        if isinstance(node, Function):
+            lines.append((depth, self.function_head(node, "fn ") + " {"))
             yield self.block(self.blocks[id(node)][0], depth + 1)
             lines.append((depth, "}"))
-        elif t is If:
+        elif isinstance(node, If):
             then, other = self.blocks[id(node)]
-            lines.append((depth, f"if ({self.ref(node.cond)}) {{"))  # type: ignore[attr-defined]
+            lines.append((depth, f"if ({self.ref(node.cond)}) {{"))
             yield self.block(then, depth + 1)
             lines.append((depth, "} else {"))
             yield self.block(other, depth + 1)
             lines.append((depth, "}"))
-        elif t is Match:
-            mark = "" if node.complete else "?"  # type: ignore[attr-defined]
-            lines.append((depth, f"match{mark} ({self.ref(node.data)}) {{"))  # type: ignore[attr-defined]
-            for clause, scope in zip(node.clauses, self.blocks[id(node)]):  # type: ignore[attr-defined]
+        elif isinstance(node, Match):
+            mark = "" if node.complete else "?"
+            lines.append((depth, f"match{mark} ({self.ref(node.data)}) {{"))
+            for clause, scope in zip(node.clauses, self.blocks[id(node)]):
                 lines.append((depth + 1, self.pattern(clause.lhs) + " => {"))
                 yield self.block(scope, depth + 2)
                 lines.append((depth + 1, "},"))
             lines.append((depth, "}"))
-        elif t is Let:
+        elif isinstance(node, Let):
             lines.append((depth, "("))
             yield self.block(self.blocks[id(node)][0], depth + 1)
             lines.append((depth, ")"))
@@ -653,24 +656,24 @@ class _Body:
     # --- single-line forms ------------------------------------------------------------------
 
     def text(self, node: Expr) -> str:
-        t = type(node)
-        if t is Call:
-            return self.call_text(node)  # type: ignore[arg-type]
-        if t is Tuple:
-            fields = [self.ref(f) for f in node.fields]  # type: ignore[attr-defined]
-            return "(" + ", ".join(fields) + ("," if len(fields) == 1 else "") + ")"
-        if t is TupleGetItem:
-            base = self.ref(node.tuple_value)  # type: ignore[attr-defined]
-            if base[0].isdigit() or base[0] == "-":
-                base = f"({base})"  # `1.0` would read as a float
-            return f"{base}.{node.index}"  # type: ignore[attr-defined]
-        if t is RefCreate:
-            return f"ref({self.ref(node.value)})"  # type: ignore[attr-defined]
-        if t is RefRead:
-            return f"ref_read({self.ref(node.ref)})"  # type: ignore[attr-defined]
-        if t is RefWrite:
-            return f"ref_write({self.ref(node.ref)}, {self.ref(node.value)})"  # type: ignore[attr-defined]
-        raise InternalError(f"the printer does not know the expression {t.__name__}")
+        match node:
+            case Call():
+                return self.call_text(node)
+            case Tuple():
+                fields = [self.ref(f) for f in node.fields]
+                return "(" + ", ".join(fields) + ("," if len(fields) == 1 else "") + ")"
+            case TupleGetItem():
+                base = self.ref(node.tuple_value)
+                if base[0].isdigit() or base[0] == "-":
+                    base = f"({base})"  # `1.0` would read as a float
+                return f"{base}.{node.index}"
+            case RefCreate():
+                return f"ref({self.ref(node.value)})"
+            case RefRead():
+                return f"ref_read({self.ref(node.ref)})"
+            case RefWrite():
+                return f"ref_write({self.ref(node.ref)}, {self.ref(node.value)})"
+        raise InternalError(f"the printer does not know the expression {type(node).__name__}")
 
     def call_text(self, call: Call) -> str:
         op = call.op
@@ -694,22 +697,22 @@ class _Body:
         return name
 
     def atom(self, e: Expr) -> str:
-        t = type(e)
-        if t is Var:
-            return self.var(e)  # type: ignore[arg-type]
-        if t is Constant:
-            data = e.data  # type: ignore[attr-defined]
-            if data.ndim == 0:
-                literal = write_scalar(data)
-                if literal is not None:
-                    return literal
-            return self.p.meta_ref(e)  # type: ignore[arg-type]
-        if t is GlobalVar:
-            return "@" + e.name  # type: ignore[attr-defined]
-        if t is Op or t is Constructor:
-            return e.name  # type: ignore[attr-defined]
-        if t is Call:
-            return e.op.name  # type: ignore[attr-defined]
+        match e:
+            case Var():
+                return self.var(e)
+            case Constant():
+                data = e.data
+                if data.ndim == 0:
+                    literal = write_scalar(data)
+                    if literal is not None:
+                        return literal
+                return self.p.meta_ref(e)
+            case GlobalVar():
+                return "@" + e.name
+            case Op() | Constructor():
+                return e.name
+            case Call(op=Constructor() as ctor):  # a constructor without fields, applied
+                return ctor.name
         return "()"
 
     def function_head(self, fn: Function, prefix: str) -> str:
@@ -764,13 +767,13 @@ def _use(uses: dict[int, list[tuple[_Scope, int]]], child: Expr, scope: _Scope, 
 
 
 def _children(e: Expr) -> tuple[Expr, ...]:
-    t = type(e)
-    if t is Call:
-        return (e.op, *e.args)  # type: ignore[attr-defined]
-    if t is Let:
-        return (e.value, e.body)  # type: ignore[attr-defined]
-    if t is Tuple:
-        return e.fields  # type: ignore[attr-defined]
-    if t is TupleGetItem:
-        return (e.tuple_value,)  # type: ignore[attr-defined]
+    match e:
+        case Call():
+            return (e.op, *e.args)
+        case Let():
+            return (e.value, e.body)
+        case Tuple():
+            return e.fields
+        case TupleGetItem():
+            return (e.tuple_value,)
     return children(e)
