@@ -8,12 +8,13 @@ bound type variables is `kiln.structural_equal`.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from kiln.errors import Error, Span
+from kiln.errors import Error, InternalError, Span
 
 if TYPE_CHECKING:
     from numpy.typing import DTypeLike
@@ -107,6 +108,16 @@ class Type:
         return type_text(self)
 
 
+def static_dims(shape: Sequence[Dim], what: str = "the shape") -> tuple[int, ...]:
+    """A shape known to be static (all integers); an InternalError names ``what`` otherwise."""
+    dims = []
+    for d in shape:
+        if not isinstance(d, int):
+            raise InternalError(f"a static shape was expected, but {what} has dimension {d}")
+        dims.append(d)
+    return tuple(dims)
+
+
 @dataclass(frozen=True, slots=True)
 class TensorType(Type):
     """A tensor of a dtype; each dimension an int, a `SymDim` or `ANY`. Shape () is a scalar."""
@@ -130,6 +141,11 @@ class TensorType(Type):
     def is_static(self) -> bool:
         """True when every dimension is a known integer."""
         return all(type(d) is int for d in self.shape)
+
+    @property
+    def static_shape(self) -> tuple[int, ...]:
+        """The shape as integers, for code that runs after shapes are known (lowering)."""
+        return static_dims(self.shape, str(self))
 
 
 

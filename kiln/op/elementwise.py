@@ -181,7 +181,7 @@ def _division(name: str) -> LowerFn:
         if dtype_of(out.dtype).is_float:
             return float_rule(inputs, attrs, out_type)
         a, b = inputs
-        shape = tuple(out.shape)
+        shape = out.static_shape
 
         def element(idx: Indices, write: WriteFn) -> Stmt:
             x, y = LVar("x", out.dtype), LVar("y", out.dtype)
@@ -212,7 +212,7 @@ def _power_lower(inputs: list[Tensor], attrs: Attrs, out_type: Type) -> Tensor:
     if dtype_of(out.dtype).is_float:
         return oplib.binary("pow")(inputs, attrs, out_type)
     a, b = inputs
-    shape, dt = tuple(out.shape), out.dtype
+    shape, dt = out.static_shape, out.dtype
     bits = dtype_of(dt).bits - (1 if dtype_of(dt).is_int else 0)
 
     def element(idx: Indices, write: WriteFn) -> Stmt:
@@ -311,14 +311,14 @@ sin = _unary(
     gradient=lambda c, g: [g * cos(_x(c))],
     lower=oplib.unary("sin"),
 )
-cos = _unary(
+cos: OpDef = _unary(
     "cos",
     np.cos,
     "Cosine of each element (radians).",
     gradient=lambda c, g: [negative(g * sin(_x(c)))],
     lower=oplib.unary("cos"),
 )
-negative = _unary(
+negative: OpDef = _unary(
     "negative",
     np.negative,
     "Negation of each element.",
@@ -582,10 +582,10 @@ def _compare(
 
 equal = _compare("equal", np.equal, "lhs == rhs elementwise, as bool.", "eq")
 not_equal = _compare("not_equal", np.not_equal, "lhs != rhs elementwise, as bool.", "ne")
-less = _compare("less", np.less, "lhs < rhs elementwise, as bool.", "lt")
-less_equal = _compare("less_equal", np.less_equal, "lhs <= rhs elementwise, as bool.", "le")
+less: OpDef = _compare("less", np.less, "lhs < rhs elementwise, as bool.", "lt")
+less_equal: OpDef = _compare("less_equal", np.less_equal, "lhs <= rhs elementwise, as bool.", "le")
 greater = _compare("greater", np.greater, "lhs > rhs elementwise, as bool.", "gt")
-greater_equal = _compare(
+greater_equal: OpDef = _compare(
     "greater_equal", np.greater_equal, "lhs >= rhs elementwise, as bool.", "ge"
 )
 logical_and = _binary(
@@ -635,7 +635,7 @@ def _where_grad(c: Call, g: Expr) -> list[Expr | None]:
 def _where_lower(inputs: list[Tensor], attrs: Attrs, out_type: Type) -> Tensor:
     out = oplib.out_tensor_type(out_type)
     cond, x, y = inputs
-    shape = tuple(out.shape)
+    shape = out.static_shape
 
     def element(*i: LExpr) -> LExpr:
         return Select(cond(*broadcast_indices(cond.shape, shape, i)),
@@ -645,7 +645,7 @@ def _where_lower(inputs: list[Tensor], attrs: Attrs, out_type: Type) -> Tensor:
     return compute(shape, out.dtype, element)
 
 
-where = register(
+where: OpDef = register(
     "where",
     inputs=("condition", "x", "y"),
     attrs=(),
@@ -660,21 +660,27 @@ where = register(
 )
 
 
-def _clip_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+class ClipAttrs(Attrs):
+    __slots__ = ()
+    a_min: float
+    a_max: float
+
+
+def _clip_relation(arg_types: Sequence[Type], attrs: ClipAttrs) -> Type | None:
     data = tensor_arg(arg_types[0], "a")
     if data is None:
         return None
     require_dtype(data, "a", "numeric")
-    if attrs.a_min > attrs.a_max:  # type: ignore[operator]
+    if attrs.a_min > attrs.a_max:
         raise TypeCheckError(
             f"clip needs a_min <= a_max, got a_min={attrs.a_min}, a_max={attrs.a_max}"
         )
     return data
 
 
-def _clip(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+def _clip(arrays: list[np.ndarray], attrs: ClipAttrs) -> np.ndarray:
     x = np.asarray(arrays[0])
-    lo, hi = float(attrs.a_min), float(attrs.a_max)  # type: ignore[arg-type]
+    lo, hi = float(attrs.a_min), float(attrs.a_max)
     if dtype_of(x.dtype.name).is_integer:
         # TVM converts the bounds to the element type; keep infinite bounds inside its range.
         info = np.iinfo(x.dtype)
@@ -686,9 +692,10 @@ def _clip(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
 def _clip_grad(c: Call, g: Expr) -> list[Expr | None]:
     x = c.args[0]
     dt = gh.dtype(x)
+    attrs = ClipAttrs.view(c.attrs)
     inside = logical_and(
-        greater_equal(x, scalar(c.attrs.a_min, dt)),  # type: ignore[arg-type]
-        less_equal(x, scalar(c.attrs.a_max, dt)),  # type: ignore[arg-type]
+        greater_equal(x, scalar(attrs.a_min, dt)),
+        less_equal(x, scalar(attrs.a_max, dt)),
     )
     return [where(inside, g, zeros_like(g))]
 
@@ -701,10 +708,10 @@ def _clip_bound(value: float, dtype: str) -> float | int:
     return min(max(int(np.clip(value, info.min, info.max)), int(info.min)), int(info.max))
 
 
-def _clip_lower(inputs: list[Tensor], attrs: Attrs, out_type: Type) -> Tensor:
+def _clip_lower(inputs: list[Tensor], attrs: ClipAttrs, out_type: Type) -> Tensor:
     (x,) = inputs
-    lo = oplib.dtype_const(_clip_bound(attrs.a_min, x.dtype), x.dtype)  # type: ignore[arg-type]
-    hi = oplib.dtype_const(_clip_bound(attrs.a_max, x.dtype), x.dtype)  # type: ignore[arg-type]
+    lo = oplib.dtype_const(_clip_bound(attrs.a_min, x.dtype), x.dtype)
+    hi = oplib.dtype_const(_clip_bound(attrs.a_max, x.dtype), x.dtype)
     return compute(x.shape, x.dtype, lambda *i: Binary("min", Binary("max", x(*i), lo), hi))
 
 
@@ -715,6 +722,7 @@ clip = register(
         Attr("a_min", kind="float", doc="the smallest value kept"),
         Attr("a_max", kind="float", doc="the largest value kept"),
     ),
+    attrs_type=ClipAttrs,
     relation=_clip_relation,
     compute=_clip,
     pattern=OpPattern.ELEMWISE,
@@ -730,16 +738,21 @@ def _cast_dtype(value: str, where: str) -> str:
     return value
 
 
-def _cast_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+class CastAttrs(Attrs):
+    __slots__ = ()
+    dtype: str
+
+
+def _cast_relation(arg_types: Sequence[Type], attrs: CastAttrs) -> Type | None:
     data = tensor_arg(arg_types[0], "data")
     if data is None:
         return None
-    return TensorType(data.shape, attrs.dtype)  # type: ignore[arg-type]
+    return TensorType(data.shape, attrs.dtype)
 
 
-def _cast(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+def _cast(arrays: list[np.ndarray], attrs: CastAttrs) -> np.ndarray:
     with np.errstate(invalid="ignore"):  # nan or out-of-range floats to integers
-        return np.asarray(arrays[0]).astype(attrs.dtype)  # type: ignore[arg-type]
+        return np.asarray(arrays[0]).astype(attrs.dtype)
 
 
 def _cast_grad(c: Call, g: Expr) -> list[Expr | None]:
@@ -754,13 +767,14 @@ cast = register(
     "cast",
     inputs=("data",),
     attrs=(Attr("dtype", kind="dtype", convert=_cast_dtype, doc="the target dtype"),),
+    attrs_type=CastAttrs,
     relation=_cast_relation,
     compute=_cast,
     pattern=OpPattern.ELEMWISE,
     doc="Each element converted to another dtype (floats to integers truncate).",
     gradient=_cast_grad,
     lower=lambda inputs, attrs, out: compute(
-        out.shape, out.dtype, lambda *i: oplib.convert(inputs[0](*i), out.dtype)),
+        out.static_shape, out.dtype, lambda *i: oplib.convert(inputs[0](*i), out.dtype)),
 )
 
 # fmt: off

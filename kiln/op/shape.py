@@ -17,7 +17,17 @@ import numpy as np
 from kiln.errors import EvalError, TypeCheckError
 from kiln.ir.attrs import Attrs
 from kiln.ir.expr import Call, Expr, Tuple, TupleGetItem
-from kiln.ir.ty import ANY, AnyDim, Dim, IncompleteType, SymDim, TensorType, TupleType, Type
+from kiln.ir.ty import (
+    ANY,
+    AnyDim,
+    Dim,
+    IncompleteType,
+    SymDim,
+    TensorType,
+    TupleType,
+    Type,
+    static_dims,
+)
 from kiln.loops import oplib
 from kiln.loops.compute import (
     Indices,
@@ -159,31 +169,43 @@ def infer_reshape(ishape: Sequence[Dim], newshape: Sequence[int], allowzero: int
         others = out[:infer_at] + out[infer_at + 1 :]
         context = f"cannot reshape a tensor of shape {shape_str(ishape)} to {list(newshape)}"
         out[infer_at] = _quotient(ishape, others, context)
-    elif all(isinstance(d, int) for d in (*ishape, *out)):
-        if math.prod(ishape) != math.prod(out):  # type: ignore[arg-type]
+    else:
+        known_in = [d for d in ishape if isinstance(d, int)]
+        known_out = [d for d in out if isinstance(d, int)]
+        if (len(known_in) == len(ishape) and len(known_out) == len(out)
+                and math.prod(known_in) != math.prod(known_out)):
             raise TypeCheckError(
                 f"cannot reshape a tensor of shape {shape_str(ishape)} "
-                f"({math.prod(ishape)} elements) to {shape_str(out)} "  # type: ignore[arg-type]
-                f"({math.prod(out)} elements)"  # type: ignore[arg-type]
+                f"({math.prod(known_in)} elements) to {shape_str(out)} "
+                f"({math.prod(known_out)} elements)"
             )
     return out
 
 
-def _reshape_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+class ReshapeAttrs(Attrs):
+    __slots__ = ()
+    newshape: tuple[int, ...]
+    allowzero: int
+
+
+def _reshape_relation(arg_types: Sequence[Type], attrs: ReshapeAttrs) -> Type | None:
     data = tensor_arg(arg_types[0], "data")
     if data is None:
         return None
-    return TensorType(infer_reshape(data.shape, attrs.newshape, attrs.allowzero), data.dtype)
+    return TensorType(tuple(infer_reshape(data.shape, attrs.newshape, attrs.allowzero)),
+                      data.dtype)
 
 
-def _reshape(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+def _reshape(arrays: list[np.ndarray], attrs: ReshapeAttrs) -> np.ndarray:
     x = np.asarray(arrays[0])
-    return x.reshape(infer_reshape(x.shape, attrs.newshape, attrs.allowzero))  # type: ignore
+    # The array's shape is static, and so is the shape inferred from it.
+    return x.reshape(static_dims(infer_reshape(x.shape, attrs.newshape, attrs.allowzero)))
 
 
 reshape = register(
     "reshape",
     inputs=("data",),
+    attrs_type=ReshapeAttrs,
     attrs=(
         Attr("newshape", kind="ints", doc="the new shape, with the codes 0, -1, -2, -3, -4"),
         Attr("allowzero", 0, kind="int", doc="1: a 0 in newshape is a size, not a copy"),
@@ -213,22 +235,28 @@ def _permutation(ndim: int, axes: Sequence[int] | None) -> list[int]:
     return perm
 
 
-def _transpose_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+class TransposeAttrs(Attrs):
+    __slots__ = ()
+    axes: tuple[int, ...] | None
+
+
+def _transpose_relation(arg_types: Sequence[Type], attrs: TransposeAttrs) -> Type | None:
     data = tensor_arg(arg_types[0], "data")
     if data is None:
         return None
-    perm = _permutation(data.ndim, attrs.axes)  # type: ignore[arg-type]
+    perm = _permutation(data.ndim, attrs.axes)
     return TensorType(tuple(data.shape[p] for p in perm), data.dtype)
 
 
 def _transpose_grad(c: Call, g: Expr) -> list[Expr | None]:
-    perm = _permutation(gh.tensor_type(c.args[0]).ndim, c.attrs.axes)  # type: ignore[arg-type]
+    perm = _permutation(gh.tensor_type(c.args[0]).ndim, TransposeAttrs.view(c.attrs).axes)
     return [call("transpose", g, axes=[int(i) for i in np.argsort(perm)])]
 
 
-def _transpose_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+def _transpose_lower(inputs: list[Tensor], attrs: TransposeAttrs, out_type: Type) -> Tensor:
+    out = oplib.out_tensor_type(out_type)
     (x,) = inputs
-    perm = _permutation(x.ndim, attrs.axes)  # type: ignore[arg-type]
+    perm = _permutation(x.ndim, attrs.axes)
 
     def element(*i: LExpr) -> LExpr:
         idx: list[LExpr] = [Const(0)] * x.ndim
@@ -236,12 +264,13 @@ def _transpose_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
             idx[p] = i[k]
         return x(*idx)
 
-    return compute(out.shape, out.dtype, element)  # type: ignore[attr-defined]
+    return compute(out.static_shape, out.dtype, element)
 
 
 transpose = register(
     "transpose",
     inputs=("data",),
+    attrs_type=TransposeAttrs,
     attrs=(Attr("axes", None, kind="ints", optional=True, doc="the new order; None reverses"),),
     relation=_transpose_relation,
     compute=lambda arrays, attrs: np.transpose(
@@ -264,30 +293,38 @@ def _expanded(shape: Sequence[Dim], axis: int, count: int) -> tuple[Dim, ...]:
     return (*shape[:at], *([1] * count), *shape[at:])
 
 
-def _expand_dims_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+class ExpandDimsAttrs(Attrs):
+    __slots__ = ()
+    axis: int
+    num_newaxis: int
+
+
+def _expand_dims_relation(arg_types: Sequence[Type], attrs: ExpandDimsAttrs) -> Type | None:
     data = tensor_arg(arg_types[0], "data")
     if data is None:
         return None
     return TensorType(_expanded(data.shape, attrs.axis, attrs.num_newaxis), data.dtype)
 
 
-def _lower_as_reshape(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+def _lower_as_reshape(inputs: list[Tensor], attrs: Attrs, out_type: Type) -> Tensor:
     """Operators that only change the shape: the same elements in row-major order."""
+    out = oplib.out_tensor_type(out_type)
     x = inputs[0]
-    return compute(out.shape, out.dtype,  # type: ignore[attr-defined]
-                   lambda *i: x(*oplib.reshape_indices(x.shape, out.shape, i)))  # type: ignore
+    return compute(out.static_shape, out.dtype,
+                   lambda *i: x(*oplib.reshape_indices(x.shape, out.static_shape, i)))
 
 
 expand_dims = register(
     "expand_dims",
     inputs=("data",),
+    attrs_type=ExpandDimsAttrs,
     attrs=(
         Attr("axis", kind="int", doc="where the new axes go, in [-ndim-1, ndim]"),
         Attr("num_newaxis", 1, kind="int", doc="how many size-1 axes to insert"),
     ),
     relation=_expand_dims_relation,
     compute=lambda arrays, attrs: np.reshape(
-        arrays[0], _expanded(np.shape(arrays[0]), attrs.axis, attrs.num_newaxis)
+        arrays[0], static_dims(_expanded(np.shape(arrays[0]), attrs.axis, attrs.num_newaxis))
     ),
     pattern=OpPattern.INJECTIVE,
     doc="Size-1 axes inserted at a position.",
@@ -309,17 +346,23 @@ def _squeezed_axes(shape: Sequence[Dim], axis: Sequence[int] | None) -> set[int]
     return axes
 
 
-def _squeeze_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+class SqueezeAttrs(Attrs):
+    __slots__ = ()
+    axis: tuple[int, ...] | None
+
+
+def _squeeze_relation(arg_types: Sequence[Type], attrs: SqueezeAttrs) -> Type | None:
     data = tensor_arg(arg_types[0], "data")
     if data is None:
         return None
-    drop = _squeezed_axes(data.shape, attrs.axis)  # type: ignore[arg-type]
+    drop = _squeezed_axes(data.shape, attrs.axis)
     return TensorType(tuple(d for i, d in enumerate(data.shape) if i not in drop), data.dtype)
 
 
 squeeze = register(
     "squeeze",
     inputs=("data",),
+    attrs_type=SqueezeAttrs,
     attrs=(Attr("axis", None, kind="ints", optional=True, doc="axes to drop; None: all 1s"),),
     relation=_squeeze_relation,
     compute=lambda arrays, attrs: np.squeeze(
@@ -357,7 +400,12 @@ def _same_rank_and_dtype(fields: list[TensorType]) -> str:
     return same_dtype(fields, names)
 
 
-def _concatenate_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+class ConcatenateAttrs(Attrs):
+    __slots__ = ()
+    axis: int
+
+
+def _concatenate_relation(arg_types: Sequence[Type], attrs: ConcatenateAttrs) -> Type | None:
     fields = _tuple_fields(arg_types[0], "data")
     if fields is None:
         return None
@@ -365,7 +413,7 @@ def _concatenate_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | Non
     ndim = fields[0].ndim
     if ndim == 0:
         raise TypeCheckError("cannot concatenate scalars (tensors of rank 0)")
-    axis = normalize_axis(attrs.axis, ndim)  # type: ignore[arg-type]
+    axis = normalize_axis(attrs.axis, ndim)
     shape = list(fields[0].shape)
     for i, f in enumerate(fields[1:], 1):
         for d in range(ndim):
@@ -378,14 +426,16 @@ def _concatenate_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | Non
                 )
                 shape[d] = unify_dim(shape[d], f.shape[d])
     sizes = [f.shape[axis] for f in fields]
-    shape[axis] = sum(sizes) if all(isinstance(s, int) for s in sizes) else ANY  # type: ignore
+    known = [s for s in sizes if isinstance(s, int)]
+    shape[axis] = sum(known) if len(known) == len(sizes) else ANY
     return TensorType(tuple(shape), dtype)
 
 
 def _concatenate_grad(c: Call, g: Expr) -> list[Expr | None]:
     # One slice of the adjoint for each field, along the joined axis.
-    fields = c.args[0].checked_type.fields  # type: ignore[attr-defined]
-    axis = normalize_axis(c.attrs.axis, len(fields[0].shape))  # type: ignore[arg-type]
+    fields = _tuple_fields(c.args[0].checked_type, "data")
+    assert fields is not None  # a call is type-checked before it is differentiated
+    axis = normalize_axis(ConcatenateAttrs.view(c.attrs).axis, len(fields[0].shape))
     slices: list[Expr] = []
     start = 0
     for i, f in enumerate(fields):
@@ -401,11 +451,14 @@ def _concatenate_grad(c: Call, g: Expr) -> list[Expr | None]:
 
 
 @oplib.zeros_if_empty
-def _concatenate_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+def _concatenate_lower(
+    inputs: list[tuple[Tensor, ...]], attrs: ConcatenateAttrs, out_type: Type
+) -> Tensor:
+    out = oplib.out_tensor_type(out_type)
     # A chain of selects on the joined axis; each field is read at a clamped index, so every
     # arm is a safe access.
-    fields = [f for f in inputs[0] if f.shape[attrs.axis % f.ndim] > 0]  # type: ignore
-    axis = attrs.axis % out.ndim  # type: ignore
+    fields = [f for f in inputs[0] if f.shape[attrs.axis % f.ndim] > 0]
+    axis = attrs.axis % out.ndim
 
     def element(*i: LExpr) -> LExpr:
         value: LExpr | None = None
@@ -417,7 +470,7 @@ def _concatenate_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
             at[axis] = i[axis] - start
             if start > 0:
                 at[axis] = Binary("max", at[axis], Const(0))
-            if start + size < out.shape[axis]:  # type: ignore[attr-defined]
+            if start + size < out.static_shape[axis]:
                 at[axis] = Binary("min", at[axis], Const(size - 1))
             here = f(*at)
             value = here if value is None else Select(Binary("lt", i[axis], Const(start + size)),
@@ -426,14 +479,15 @@ def _concatenate_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
         return value
 
     if not fields:  # nothing to read: an empty result
-        return compute(out.shape, out.dtype,  # type: ignore[attr-defined]
-                       lambda *i: oplib.dtype_const(0, out.dtype))  # type: ignore
-    return compute(out.shape, out.dtype, element)  # type: ignore[attr-defined]
+        return compute(out.static_shape, out.dtype,
+                       lambda *i: oplib.dtype_const(0, out.dtype))
+    return compute(out.static_shape, out.dtype, element)
 
 
 concatenate = register(
     "concatenate",
     inputs=("data",),
+    attrs_type=ConcatenateAttrs,
     attrs=(Attr("axis", 0, kind="int", doc="the axis to join along"),),
     relation=_concatenate_relation,
     compute=lambda arrays, attrs: np.concatenate(list(arrays[0]), axis=attrs.axis),
@@ -444,7 +498,12 @@ concatenate = register(
 )
 
 
-def _stack_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+class StackAttrs(Attrs):
+    __slots__ = ()
+    axis: int
+
+
+def _stack_relation(arg_types: Sequence[Type], attrs: StackAttrs) -> Type | None:
     fields = _tuple_fields(arg_types[0], "data")
     if fields is None:
         return None
@@ -459,21 +518,22 @@ def _stack_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
                 f"{shape_str(f.shape)}; stack needs equal shapes",
             )
             shape[d] = unify_dim(shape[d], f.shape[d])
-    axis = normalize_axis(attrs.axis, len(shape) + 1)  # type: ignore[arg-type]
+    axis = normalize_axis(attrs.axis, len(shape) + 1)
     shape.insert(axis, len(fields))
     return TensorType(tuple(shape), dtype)
 
 
 def _stack_grad(c: Call, g: Expr) -> list[Expr | None]:
     n = gh.tuple_size(c.args[0])
-    axis = normalize_axis(c.attrs.axis, gh.tensor_type(c).ndim)  # type: ignore[arg-type]
+    axis = normalize_axis(StackAttrs.view(c.attrs).axis, gh.tensor_type(c).ndim)
     parts = call("split", g, indices_or_sections=n, axis=axis)
     return [Tuple(tuple(call("squeeze", TupleGetItem(parts, i), axis=[axis]) for i in range(n)))]
 
 
-def _stack_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+def _stack_lower(inputs: list[tuple[Tensor, ...]], attrs: StackAttrs, out_type: Type) -> Tensor:
+    out = oplib.out_tensor_type(out_type)
     fields = list(inputs[0])
-    axis = attrs.axis % out.ndim  # type: ignore
+    axis = attrs.axis % out.ndim
 
     def element(*i: LExpr) -> LExpr:
         rest = i[:axis] + i[axis + 1:]
@@ -482,12 +542,13 @@ def _stack_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
             value = Select(Binary("eq", i[axis], Const(k)), fields[k](*rest), value)
         return value
 
-    return compute(out.shape, out.dtype, element)  # type: ignore[attr-defined]
+    return compute(out.static_shape, out.dtype, element)
 
 
 stack = register(
     "stack",
     inputs=("data",),
+    attrs_type=StackAttrs,
     attrs=(Attr("axis", 0, kind="int", doc="the position of the new axis in the result"),),
     relation=_stack_relation,
     compute=lambda arrays, attrs: np.stack(list(arrays[0]), axis=attrs.axis),
@@ -522,12 +583,18 @@ def _split_sizes(dim: Dim, sections: int | Sequence[int], axis: int) -> list[Dim
     return [b - a for a, b in itertools.pairwise(bounds)] + [last]
 
 
-def _split_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+class SplitAttrs(Attrs):
+    __slots__ = ()
+    indices_or_sections: int | tuple[int, ...]
+    axis: int
+
+
+def _split_relation(arg_types: Sequence[Type], attrs: SplitAttrs) -> Type | None:
     data = tensor_arg(arg_types[0], "data")
     if data is None:
         return None
-    axis = normalize_axis(attrs.axis, data.ndim)  # type: ignore[arg-type]
-    sizes = _split_sizes(data.shape[axis], attrs.indices_or_sections, axis)  # type: ignore
+    axis = normalize_axis(attrs.axis, data.ndim)
+    sizes = _split_sizes(data.shape[axis], attrs.indices_or_sections, axis)
     return TupleType(
         tuple(
             TensorType((*data.shape[:axis], s, *data.shape[axis + 1 :]), data.dtype) for s in sizes
@@ -537,26 +604,30 @@ def _split_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
 
 def _split_grad(c: Call, g: Expr) -> list[Expr | None]:
     parts = gh.fields(g, gh.tuple_size(c))
-    return [call("concatenate", Tuple(tuple(parts)), axis=c.attrs.axis)]
+    return [call("concatenate", Tuple(tuple(parts)), axis=SplitAttrs.view(c.attrs).axis)]
 
 
-def _split_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> tuple[Tensor, ...]:
+def _split_lower(inputs: list[Tensor], attrs: SplitAttrs, out: Type) -> tuple[Tensor, ...]:
     (x,) = inputs
-    axis = attrs.axis % x.ndim  # type: ignore
+    assert isinstance(out, TupleType)  # split's relation makes a tuple of tensors
+    axis = attrs.axis % x.ndim
     parts = []
     start = 0
-    for field in out.fields:  # type: ignore[attr-defined]
+    for field_type in out.fields:
+        field = oplib.out_tensor_type(field_type)
+
         def element(*i: LExpr, start: int = start) -> LExpr:
             return x(*i[:axis], i[axis] + start, *i[axis + 1:])
 
-        parts.append(compute(field.shape, field.dtype, element))
-        start += field.shape[axis]
+        parts.append(compute(field.static_shape, field.dtype, element))
+        start += field.static_shape[axis]
     return tuple(parts)
 
 
 split = register(
     "split",
     inputs=("data",),
+    attrs_type=SplitAttrs,
     attrs=(
         Attr(
             "indices_or_sections",
@@ -581,7 +652,14 @@ split = register(
 TAKE_MODES = ("clip", "wrap", "fast")
 
 
-def _take_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+class TakeAttrs(Attrs):
+    __slots__ = ()
+    batch_dims: int
+    axis: int | None
+    mode: str
+
+
+def _take_relation(arg_types: Sequence[Type], attrs: TakeAttrs) -> Type | None:
     args = tensor_args(arg_types, ("data", "indices"))
     if args is None:
         return None
@@ -593,14 +671,14 @@ def _take_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
         )
     if attrs.axis is None:  # take from the flattened data
         return TensorType(indices.shape, data.dtype)
-    axis = normalize_axis(attrs.axis, data.ndim)  # type: ignore[arg-type]
+    axis = normalize_axis(attrs.axis, data.ndim)
     batch = attrs.batch_dims + indices.ndim if attrs.batch_dims < 0 else attrs.batch_dims
-    if not 0 <= batch <= min(axis, indices.ndim):  # type: ignore[operator]
+    if not 0 <= batch <= min(axis, indices.ndim):
         raise TypeCheckError(
             f"batch_dims {attrs.batch_dims} must lie in [0, {min(axis, indices.ndim)}] for axis "
             f"{axis} and indices of rank {indices.ndim}"
         )
-    for d in range(batch):  # type: ignore[arg-type]
+    for d in range(batch):
         check_dims_equal(
             data.shape[d],
             indices.shape[d],
@@ -612,8 +690,8 @@ def _take_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
 
 
 def _take_index(
-    shape: tuple[int, ...], idx: np.ndarray, attrs: Attrs
-) -> tuple[tuple[int, ...], tuple[object, ...]]:
+    shape: tuple[int, ...], idx: np.ndarray, attrs: TakeAttrs
+) -> tuple[tuple[int, ...], tuple[slice | np.ndarray, ...]]:
     """The shape take reads from (flattened when axis is None) and its numpy index."""
     axis, batch = attrs.axis, attrs.batch_dims
     if axis is None:
@@ -633,7 +711,7 @@ def _take_index(
         return shape, (*(slice(None),) * axis, idx)
     # Index the leading axis+1 dimensions with arrays broadcasting to (batch, between, idx).
     grid_ndim = axis + idx.ndim - batch
-    index: list[object] = []
+    index: list[slice | np.ndarray] = []
     for d in range(axis):
         grid = [1] * grid_ndim
         grid[d] = shape[d]
@@ -642,7 +720,7 @@ def _take_index(
     return shape, tuple(index)
 
 
-def _take(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+def _take(arrays: list[np.ndarray], attrs: TakeAttrs) -> np.ndarray:
     x, idx = np.asarray(arrays[0]), np.asarray(arrays[1]).astype(np.int64)
     shape, index = _take_index(x.shape, idx, attrs)
     return x.reshape(shape)[index]
@@ -654,15 +732,15 @@ def _take_grad_rule(c: Call, g: Expr) -> list[Expr | None]:
 
 
 def _take_geometry(
-    data_shape: tuple[int, ...], indices_ndim: int, attrs: Attrs
+    data_shape: tuple[int, ...], indices_ndim: int, attrs: TakeAttrs
 ) -> tuple[tuple[int, ...], int, int]:
     """The shape take reads from (flattened when axis is None), its axis and batch_dims."""
     axis, batch = attrs.axis, attrs.batch_dims
     if axis is None:
         return (math.prod(data_shape),), 0, 0
-    axis = axis + len(data_shape) if axis < 0 else axis  # type: ignore[operator]
-    batch = batch + indices_ndim if batch < 0 else batch  # type: ignore[operator]
-    return data_shape, axis, batch  # type: ignore[return-value]
+    axis = axis + len(data_shape) if axis < 0 else axis
+    batch = batch + indices_ndim if batch < 0 else batch
+    return data_shape, axis, batch
 
 
 def _take_source(x: Tensor, shape: tuple[int, ...]) -> Callable[..., LExpr]:
@@ -687,15 +765,16 @@ def _in_range(k: LExpr, n: int) -> LExpr:
     return Binary("and", Binary("ge", k, Const(0)), Binary("lt", k, Const(n)))
 
 
-def _take_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+def _take_lower(inputs: list[Tensor], attrs: TakeAttrs, out_type: Type) -> Tensor:
+    out = oplib.out_tensor_type(out_type)
     x, idx = inputs
     shape, axis, batch = _take_geometry(x.shape, idx.ndim, attrs)
     n = shape[axis]
-    if n == 0 and math.prod(idx.shape):
-        return oplib.fail(out.shape, out.dtype, f"take from axis {axis} of size 0")  # type: ignore
-    if 0 in out.shape:  # type: ignore[attr-defined]
-        return compute(out.shape, out.dtype,  # type: ignore[attr-defined]
-                       lambda *i: oplib.dtype_const(0, out.dtype))  # type: ignore[attr-defined]
+    if n == 0 and math.prod(idx.shape) > 0:
+        return oplib.fail(out.static_shape, out.dtype, f"take from axis {axis} of size 0")
+    if 0 in out.static_shape:
+        return compute(out.static_shape, out.dtype,
+                       lambda *i: oplib.dtype_const(0, out.dtype))
     src = _take_source(x, shape)
     after = axis + idx.ndim - batch
 
@@ -703,9 +782,9 @@ def _take_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
         return src(*o[:axis], k, *o[after:])
 
     if attrs.mode != "fast":
-        return compute(out.shape, out.dtype,  # type: ignore[attr-defined]
+        return compute(out.static_shape, out.dtype,
                        lambda *o: read(o, _take_fix(_take_position(o, idx, axis, batch), n,
-                                                    attrs.mode)))  # type: ignore[arg-type]
+                                                    attrs.mode)))
 
     def element(o: Indices, write: WriteFn) -> Stmt:
         k = LVar("k")
@@ -714,17 +793,18 @@ def _take_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
                        Seq((Check(_in_range(k, n), message),
                             write(o, read(o, oplib.clamp(k, 0, n - 1))))))
 
-    return oplib.elementwise_extern(out.shape, out.dtype, element)  # type: ignore[attr-defined]
+    return oplib.elementwise_extern(out.static_shape, out.dtype, element)
 
 
-def _take_grad_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+def _take_grad_lower(inputs: list[Tensor], attrs: TakeAttrs, out_type: Type) -> Tensor:
+    out = oplib.out_tensor_type(out_type)
     # A scatter: out_grad added, in row-major order as numpy's add.at, into a zeroed local
     # buffer shaped as take reads the data; then written out.
     g, x, idx = inputs
     shape, axis, batch = _take_geometry(x.shape, idx.ndim, attrs)
     n = shape[axis]
-    if n == 0 and math.prod(idx.shape):
-        return oplib.fail(out.shape, out.dtype, f"take from axis {axis} of size 0")  # type: ignore
+    if n == 0 and math.prod(idx.shape) > 0:
+        return oplib.fail(out.static_shape, out.dtype, f"take from axis {axis} of size 0")
     after = axis + idx.ndim - batch
     zero = oplib.dtype_const(0, g.dtype)
 
@@ -733,8 +813,8 @@ def _take_grad_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
 
         def scatter(o: Indices) -> Stmt:
             k = LVar("k")
-            at = (*o[:axis], _take_fix(k, n, attrs.mode), *o[after:])  # type: ignore[arg-type]
-            add = Store(acc, at, Binary("add", Load(acc, at), g(*o)))
+            at = (*o[:axis], _take_fix(k, n, attrs.mode), *o[after:])
+            add: Stmt = Store(acc, at, Binary("add", Load(acc, at), g(*o)))
             if attrs.mode == "fast":
                 message = f"take with mode fast: an index is outside [0, {n}) on axis {axis}"
                 add = Seq((Check(_in_range(k, n), message), add))
@@ -750,12 +830,13 @@ def _take_grad_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
         stmts.append(loop_nest(x.shape, result))
         return Allocate(acc, Seq(tuple(stmts)))
 
-    return extern(out.shape, out.dtype, emit)  # type: ignore[attr-defined]
+    return extern(out.static_shape, out.dtype, emit)
 
 
 take = register(
     "take",
     inputs=("data", "indices"),
+    attrs_type=TakeAttrs,
     attrs=(
         Attr("batch_dims", 0, kind="int", doc="leading dimensions shared by data and indices"),
         Attr("axis", None, kind="int", optional=True, doc="the axis to index; None flattens"),
@@ -769,7 +850,7 @@ take = register(
     lower=_take_lower,
 )
 
-def _take_grad_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+def _take_grad_relation(arg_types: Sequence[Type], attrs: TakeAttrs) -> Type | None:
     args = tensor_args(arg_types, ("out_grad", "data", "indices"))
     if args is None:
         return None
@@ -781,17 +862,20 @@ def _take_grad_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
     return TensorType(data.shape, out_grad.dtype)
 
 
-def _take_grad(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+def _take_grad(arrays: list[np.ndarray], attrs: TakeAttrs) -> np.ndarray:
     g, x, idx = np.asarray(arrays[0]), np.asarray(arrays[1]), np.asarray(arrays[2])
     shape, index = _take_index(x.shape, idx.astype(np.int64), attrs)
     out = np.zeros(shape, g.dtype)
-    np.add.at(out, index, g)  # indices may repeat: their adjoints add up
+    # Indices may repeat: their adjoints add up. (numpy's stub for ufunc.at leaves out the
+    # slices in the index, which it accepts.)
+    np.add.at(out, index, g)  # type: ignore[arg-type]
     return out.reshape(x.shape)
 
 
 take_grad = register(
     "take_grad",
     inputs=("out_grad", "data", "indices"),
+    attrs_type=TakeAttrs,
     attrs=(
         Attr("batch_dims", 0, kind="int", doc="as in take"),
         Attr("axis", None, kind="int", optional=True, doc="as in take"),
@@ -823,10 +907,19 @@ def _same_shape(a: TensorType, b: TensorType, a_name: str, b_name: str) -> None:
 _BIG = 2**31 - 1
 
 
-def _slice_plan(attrs: Attrs, ndim: int) -> list[tuple[int, int, int, int]]:
+class StridedSliceAttrs(Attrs):
+    __slots__ = ()
+    begin: tuple[int, ...]
+    end: tuple[int, ...]
+    strides: tuple[int, ...] | None
+    slice_mode: str
+    axes: tuple[int, ...] | None
+
+
+def _slice_plan(attrs: StridedSliceAttrs, ndim: int) -> list[tuple[int, int, int, int]]:
     """(axis, begin, end, stride) for each sliced axis, end in Relay's "end" form."""
-    begin, end = list(attrs.begin), list(attrs.end)  # type: ignore[arg-type]
-    strides = list(attrs.strides or ())  # type: ignore[arg-type]
+    begin, end = list(attrs.begin), list(attrs.end)
+    strides = list(attrs.strides or ())
     axes = list(attrs.axes) if attrs.axes is not None else list(range(len(begin)))
     if attrs.slice_mode not in ("end", "size"):
         raise TypeCheckError(f"slice_mode must be 'end' or 'size', got {attrs.slice_mode!r}")
@@ -863,7 +956,7 @@ def _sliced_dim(dim: Dim, b: int, e: int, s: int) -> Dim:
     return ANY
 
 
-def _strided_slice_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+def _strided_slice_relation(arg_types: Sequence[Type], attrs: StridedSliceAttrs) -> Type | None:
     data = tensor_arg(arg_types[0], "data")
     if data is None:
         return None
@@ -873,14 +966,14 @@ def _strided_slice_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | N
     return TensorType(tuple(shape), data.dtype)
 
 
-def _slice_index(attrs: Attrs, ndim: int) -> tuple[slice, ...]:
+def _slice_index(attrs: StridedSliceAttrs, ndim: int) -> tuple[slice, ...]:
     index = [slice(None)] * ndim
     for axis, b, e, s in _slice_plan(attrs, ndim):
         index[axis] = slice(b, e, s)
     return tuple(index)
 
 
-def _strided_slice(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+def _strided_slice(arrays: list[np.ndarray], attrs: StridedSliceAttrs) -> np.ndarray:
     x = np.asarray(arrays[0])
     return x[_slice_index(attrs, x.ndim)]
 
@@ -889,7 +982,9 @@ def _strided_slice_grad_rule(c: Call, g: Expr) -> list[Expr | None]:
     return [call("strided_slice_grad", g, c.args[0], **dict(c.attrs))]
 
 
-def _slice_ranges(attrs: Attrs, shape: tuple[int, ...]) -> dict[int, tuple[int, int, int]]:
+def _slice_ranges(
+    attrs: StridedSliceAttrs, shape: tuple[int, ...]
+) -> dict[int, tuple[int, int, int]]:
     """(start, step, length) of each sliced axis, as Python's slicing resolves them."""
     out = {}
     for axis, b, e, s in _slice_plan(attrs, len(shape)):
@@ -899,7 +994,8 @@ def _slice_ranges(attrs: Attrs, shape: tuple[int, ...]) -> dict[int, tuple[int, 
 
 
 @oplib.zeros_if_empty
-def _strided_slice_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+def _strided_slice_lower(inputs: list[Tensor], attrs: StridedSliceAttrs, out_type: Type) -> Tensor:
+    out = oplib.out_tensor_type(out_type)
     (x,) = inputs
     ranges = _slice_ranges(attrs, x.shape)
 
@@ -909,11 +1005,11 @@ def _strided_slice_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tenso
             idx[axis] = i[axis] * step + start
         return x(*idx)
 
-    return compute(out.shape, out.dtype, element)  # type: ignore[attr-defined]
+    return compute(out.static_shape, out.dtype, element)
 
 
 @oplib.zeros_if_empty
-def _strided_slice_grad_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+def _strided_slice_grad_lower(inputs: list[Tensor], attrs: StridedSliceAttrs, out: Type) -> Tensor:
     # Each element of the result is out_grad's element that the slice took from there, or 0.
     g, x = inputs
     ranges = _slice_ranges(attrs, x.shape)
@@ -944,6 +1040,7 @@ def _strided_slice_grad_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> 
 strided_slice = register(
     "strided_slice",
     inputs=("data",),
+    attrs_type=StridedSliceAttrs,
     attrs=(
         Attr("begin", kind="ints", doc="first index of each sliced axis"),
         Attr("end", kind="ints", doc="end (exclusive) of each sliced axis, or its size"),
@@ -961,7 +1058,9 @@ strided_slice = register(
 
 
 
-def _strided_slice_grad_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+def _strided_slice_grad_relation(
+    arg_types: Sequence[Type], attrs: StridedSliceAttrs
+) -> Type | None:
     args = tensor_args(arg_types, ("out_grad", "data"))
     if args is None:
         return None
@@ -973,7 +1072,7 @@ def _strided_slice_grad_relation(arg_types: Sequence[Type], attrs: Attrs) -> Typ
     return TensorType(data.shape, out_grad.dtype)
 
 
-def _strided_slice_grad(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+def _strided_slice_grad(arrays: list[np.ndarray], attrs: StridedSliceAttrs) -> np.ndarray:
     g, x = np.asarray(arrays[0]), np.asarray(arrays[1])
     out = np.zeros(x.shape, g.dtype)
     out[_slice_index(attrs, x.ndim)] = g  # a slice never reads an element twice
@@ -983,6 +1082,7 @@ def _strided_slice_grad(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
 strided_slice_grad = register(
     "strided_slice_grad",
     inputs=("out_grad", "data"),
+    attrs_type=StridedSliceAttrs,
     attrs=strided_slice.attrs,
     relation=_strided_slice_grad_relation,
     compute=_strided_slice_grad,
@@ -995,11 +1095,16 @@ strided_slice_grad = register(
 # --- broadcast_to, tile -------------------------------------------------------------------
 
 
-def _broadcast_to_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+class BroadcastToAttrs(Attrs):
+    __slots__ = ()
+    shape: tuple[int, ...]
+
+
+def _broadcast_to_relation(arg_types: Sequence[Type], attrs: BroadcastToAttrs) -> Type | None:
     data = tensor_arg(arg_types[0], "data")
     if data is None:
         return None
-    target = tuple(attrs.shape)  # type: ignore[arg-type]
+    target = tuple(attrs.shape)
     offset = len(target) - data.ndim
     if offset < 0:
         raise TypeCheckError(
@@ -1014,15 +1119,17 @@ def _broadcast_to_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | No
     return TensorType(target, data.dtype)
 
 
-def _broadcast_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+def _broadcast_lower(inputs: list[Tensor], attrs: BroadcastToAttrs, out_type: Type) -> Tensor:
+    out = oplib.out_tensor_type(out_type)
     x = inputs[0]
-    shape = tuple(out.shape)  # type: ignore[attr-defined]
+    shape = tuple(out.static_shape)
     return compute(shape, x.dtype, lambda *i: x(*broadcast_indices(x.shape, shape, i)))
 
 
 broadcast_to = register(
     "broadcast_to",
     inputs=("data",),
+    attrs_type=BroadcastToAttrs,
     attrs=(Attr("shape", kind="ints", doc="the target shape"),),
     relation=_broadcast_to_relation,
     compute=lambda arrays, attrs: np.array(np.broadcast_to(arrays[0], attrs.shape)),
@@ -1033,11 +1140,16 @@ broadcast_to = register(
 )
 
 
-def _tile_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+class TileAttrs(Attrs):
+    __slots__ = ()
+    reps: tuple[int, ...]
+
+
+def _tile_relation(arg_types: Sequence[Type], attrs: TileAttrs) -> Type | None:
     data = tensor_arg(arg_types[0], "data")
     if data is None:
         return None
-    reps = tuple(attrs.reps)  # type: ignore[arg-type]
+    reps = tuple(attrs.reps)
     if any(r < 0 for r in reps):
         raise TypeCheckError(f"tile reps {list(reps)} must not be negative")
     ndim = max(data.ndim, len(reps))
@@ -1053,7 +1165,7 @@ def _tile_grad(c: Call, g: Expr) -> list[Expr | None]:
     # Split each axis of the adjoint into (repetition, original size) and sum the repetitions.
     x = c.args[0]
     shape = gh.static_shape(x, "tile")
-    reps = tuple(c.attrs.reps)  # type: ignore[arg-type]
+    reps = tuple(TileAttrs.view(c.attrs).reps)
     ndim = max(len(shape), len(reps))
     padded = (1,) * (ndim - len(shape)) + shape
     reps = (1,) * (ndim - len(reps)) + reps
@@ -1064,20 +1176,22 @@ def _tile_grad(c: Call, g: Expr) -> list[Expr | None]:
 
 
 @oplib.zeros_if_empty
-def _tile_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+def _tile_lower(inputs: list[Tensor], attrs: TileAttrs, out_type: Type) -> Tensor:
+    out = oplib.out_tensor_type(out_type)
     (x,) = inputs
-    offset = out.ndim - x.ndim  # type: ignore[attr-defined]
+    offset = out.ndim - x.ndim
 
     def element(*i: LExpr) -> LExpr:
         # size 0 never happens in a loop that runs: the result is empty then
         return x(*(i[offset + k] % d if d > 0 else Const(0) for k, d in enumerate(x.shape)))
 
-    return compute(out.shape, out.dtype, element)  # type: ignore[attr-defined]
+    return compute(out.static_shape, out.dtype, element)
 
 
 tile = register(
     "tile",
     inputs=("data",),
+    attrs_type=TileAttrs,
     attrs=(Attr("reps", kind="ints", doc="repetitions along each (right-aligned) axis"),),
     relation=_tile_relation,
     compute=lambda arrays, attrs: np.tile(arrays[0], attrs.reps),
@@ -1126,7 +1240,8 @@ def _collapse_sum(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     return np.sum(x, axis=axes, keepdims=True, dtype=x.dtype).reshape(shape)
 
 
-def _collapse_sum_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+def _collapse_sum_lower(inputs: list[Tensor], attrs: Attrs, out_type: Type) -> Tensor:
+    out = oplib.out_tensor_type(out_type)
     x, like = inputs
     lead = x.ndim - like.ndim
     axes = list(range(lead)) + [lead + k for k, d in enumerate(like.shape)
@@ -1140,7 +1255,7 @@ def _collapse_sum_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor
             idx[a] = v
         return x(*idx)
 
-    return reduce(out.shape, out.dtype, [x.shape[a] for a in axes], "add",  # type: ignore
+    return reduce(out.static_shape, out.dtype, [x.shape[a] for a in axes], "add",
                   body, oplib.dtype_const(0, x.dtype))
 
 
@@ -1182,7 +1297,8 @@ def _reshape_like_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | No
     if args is None:
         return None
     data, like = args
-    if data.is_static and like.is_static and math.prod(data.shape) != math.prod(like.shape):  # type: ignore[arg-type]
+    if (data.is_static and like.is_static
+            and math.prod(data.static_shape) != math.prod(like.static_shape)):
         raise TypeCheckError(
             f"cannot reshape data of shape {shape_str(data.shape)} to the shape "
             f"{shape_str(like.shape)} of shape_like: the numbers of elements differ"
