@@ -67,6 +67,18 @@ def reduced_shape(shape: Sequence[Dim], axes: Sequence[int], keepdims: bool) -> 
     return tuple(d for i, d in enumerate(shape) if i not in axes)
 
 
+class ReduceAttrs(Attrs):
+    __slots__ = ()
+    axis: tuple[int, ...] | None
+    keepdims: bool
+    exclude: bool
+
+
+class ArgReduceAttrs(ReduceAttrs):
+    __slots__ = ()
+    select_last_index: bool
+
+
 REDUCE_ATTRS = (
     Attr("axis", None, kind="ints", optional=True, doc="the axes to reduce; None means all"),
     Attr("keepdims", False, kind="bool", doc="keep reduced axes as size-1 dimensions"),
@@ -82,14 +94,14 @@ ARG_REDUCE_ATTRS = (
 
 def _reduce_relation(
     kind: str, result_dtype: str | None = None
-) -> Callable[[Sequence[Type], Attrs], Type | None]:
-    def relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+) -> Callable[[Sequence[Type], ReduceAttrs], Type | None]:
+    def relation(arg_types: Sequence[Type], attrs: ReduceAttrs) -> Type | None:
         data = tensor_arg(arg_types[0], "data")
         if data is None:
             return None
         require_dtype(data, "data", kind)
-        axes = reduce_axes(data.ndim, attrs.axis, attrs.exclude)  # type: ignore[arg-type]
-        shape = reduced_shape(data.shape, axes, attrs.keepdims)  # type: ignore[arg-type]
+        axes = reduce_axes(data.ndim, attrs.axis, attrs.exclude)
+        shape = reduced_shape(data.shape, axes, attrs.keepdims)
         return TensorType(shape, result_dtype or data.dtype)
 
     return relation
@@ -108,9 +120,9 @@ def _reduction(
 ) -> OpDef:
     """Register a reduction computing ``fn(x, axis=axes, keepdims=keepdims)``."""
 
-    def compute(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    def compute(arrays: list[np.ndarray], attrs: ReduceAttrs) -> np.ndarray:
         x = np.asarray(arrays[0])
-        axes = reduce_axes(x.ndim, attrs.axis, attrs.exclude)  # type: ignore[arg-type]
+        axes = reduce_axes(x.ndim, attrs.axis, attrs.exclude)
         try:
             with np.errstate(all="ignore"):
                 out = fn(x, axis=axes, keepdims=attrs.keepdims)
@@ -121,6 +133,7 @@ def _reduction(
     return register(
         name,
         inputs=("data",),
+        attrs_type=ReduceAttrs,
         attrs=REDUCE_ATTRS,
         relation=_reduce_relation(kind, result_dtype),
         compute=compute,
@@ -155,13 +168,15 @@ def _mean(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
 
 def _axes(c: Call) -> tuple[int, ...]:
     data = gh.tensor_type(c.args[0])
-    return reduce_axes(data.ndim, c.attrs.axis, c.attrs.exclude)  # type: ignore[arg-type]
+    attrs = ReduceAttrs.view(c.attrs)
+    return reduce_axes(data.ndim, attrs.axis, attrs.exclude)
 
 
 def _spread(c: Call, g: Expr) -> Expr:
     """``g`` (shaped like the result) broadcast back to the input's shape."""
     x = c.args[0]
-    return call("broadcast_to_like", keepdims_shape(g, x, _axes(c), c.attrs.keepdims), x)
+    keepdims = ReduceAttrs.view(c.attrs).keepdims
+    return call("broadcast_to_like", keepdims_shape(g, x, _axes(c), keepdims), x)
 
 
 def _sum_grad(c: Call, g: Expr) -> list[Expr | None]:
@@ -262,13 +277,13 @@ def _arg_lower(name: str, order: str) -> LowerFn:
     flat index in two local accumulators. Like numpy, the first NaN wins (the last with
     select_last_index)."""
 
-    def lower(inputs: list[Tensor], attrs: Attrs, out_type: Type) -> Tensor:
+    def lower(inputs: list[Tensor], attrs: ArgReduceAttrs, out_type: Type) -> Tensor:
         (x,) = inputs
         out = oplib.out_tensor_type(out_type)
-        axes = oplib.reduced_axes(x.ndim, attrs.axis, attrs.exclude)  # type: ignore[arg-type]
+        axes = oplib.reduced_axes(x.ndim, attrs.axis, attrs.exclude)
         extents = [x.shape[a] for a in axes]
         if math.prod(extents) == 0:
-            return oplib.fail(out.shape, out.dtype, f"{name} over an empty axis of a tensor "
+            return oplib.fail(out.static_shape, out.dtype, f"{name} over an empty axis of a tensor "
                               f"of shape {x.shape}")
         last = bool(attrs.select_last_index)
         strides = [math.prod(extents[k + 1:]) for k in range(len(extents))]
@@ -290,17 +305,17 @@ def _arg_lower(name: str, order: str) -> LowerFn:
                     nan = Binary("and", nan, Binary("eq", have, have))
                 cond = Binary("or", cond, nan)
             scan: Stmt = LetStmt(
-                v, x(*oplib.reduce_index(x.ndim, axes, attrs.keepdims, o, rs)),  # type: ignore
+                v, x(*oplib.reduce_index(x.ndim, axes, attrs.keepdims, o, rs)),
                 IfThenElse(cond, Seq((Store(best, zero, v), Store(at, zero, flat)))))
             for r, n in reversed(list(zip(rs, extents))):
                 scan = For(r, Const(0), Const(n), scan)
-            first = x(*oplib.reduce_index(x.ndim, axes, attrs.keepdims, o,  # type: ignore
+            first = x(*oplib.reduce_index(x.ndim, axes, attrs.keepdims, o,
                                           [Const(0)] * len(axes)))
             body = Seq((Store(best, zero, first), Store(at, zero, Const(0)), scan,
                         write(o, oplib.convert(Load(at, zero), out.dtype))))
             return Allocate(best, Allocate(at, body))
 
-        return oplib.elementwise_extern(out.shape, out.dtype, element,
+        return oplib.elementwise_extern(out.static_shape, out.dtype, element,
                                         work_per_element=math.prod(extents))
 
     return lower
@@ -309,9 +324,9 @@ def _arg_lower(name: str, order: str) -> LowerFn:
 def _arg_reduction(name: str, fn: Callable[..., np.ndarray], doc: str) -> OpDef:
     """Register argmax or argmin: the index, flattened over the reduced axes, as int32."""
 
-    def compute(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    def compute(arrays: list[np.ndarray], attrs: ArgReduceAttrs) -> np.ndarray:
         x = np.asarray(arrays[0])
-        axes = reduce_axes(x.ndim, attrs.axis, attrs.exclude)  # type: ignore[arg-type]
+        axes = reduce_axes(x.ndim, attrs.axis, attrs.exclude)
         kept = [i for i in range(x.ndim) if i not in axes]
         n = math.prod(x.shape[a] for a in axes)
         if n == 0:
@@ -329,6 +344,7 @@ def _arg_reduction(name: str, fn: Callable[..., np.ndarray], doc: str) -> OpDef:
     return register(
         name,
         inputs=("data",),
+        attrs_type=ArgReduceAttrs,
         attrs=ARG_REDUCE_ATTRS,
         relation=_reduce_relation("numeric", "int32"),
         compute=compute,

@@ -8,7 +8,7 @@ import numpy as np
 
 from kiln.ir.attrs import Attrs
 from kiln.ir.expr import Call, Expr
-from kiln.ir.ty import Type
+from kiln.ir.ty import TensorType, Type
 from kiln.loops import oplib
 from kiln.loops.compute import Tensor, WriteFn, extern
 from kiln.loops.ir import (
@@ -64,24 +64,34 @@ relu = register(
 )
 
 
-def _float_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+def _float_relation(arg_types: Sequence[Type], attrs: Attrs) -> TensorType | None:
     data = tensor_arg(arg_types[0], "data")
     if data is None:
         return None
     require_dtype(data, "data", "float")
-    if "axis" in attrs:
-        normalize_axis(attrs.axis, data.ndim)  # type: ignore[arg-type]
     return data
 
 
-def _leaky_relu(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+def _softmax_relation(arg_types: Sequence[Type], attrs: SoftmaxAttrs) -> Type | None:
+    data = _float_relation(arg_types, attrs)
+    if data is not None:
+        normalize_axis(attrs.axis, data.ndim)
+    return data
+
+
+class LeakyReluAttrs(Attrs):
+    __slots__ = ()
+    alpha: float
+
+
+def _leaky_relu(arrays: list[np.ndarray], attrs: LeakyReluAttrs) -> np.ndarray:
     x = np.asarray(arrays[0])
     return as_array(np.where(x > 0, x, x * attrs.alpha), x.dtype.name)
 
 
-def _leaky_relu_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+def _leaky_relu_lower(inputs: list[Tensor], attrs: LeakyReluAttrs, out: Type) -> Tensor:
     def scalar(x: LExpr) -> LExpr:
-        alpha = oplib.dtype_const(attrs.alpha, x.dtype)  # type: ignore[arg-type]
+        alpha = oplib.dtype_const(attrs.alpha, x.dtype)
         return Select(Binary("gt", x, oplib.dtype_const(0, x.dtype)), x, Binary("mul", x, alpha))
 
     return oplib.unary(scalar)(inputs, attrs, out)
@@ -90,26 +100,32 @@ def _leaky_relu_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
 leaky_relu = register(
     "nn.leaky_relu",
     inputs=("data",),
+    attrs_type=LeakyReluAttrs,
     attrs=(Attr("alpha", 0.25, kind="float", doc="the slope for negative inputs"),),
     relation=_float_relation,
     compute=_leaky_relu,
     pattern=OpPattern.ELEMWISE,
     doc="x where x > 0, else alpha * x.",
     gradient=lambda c, g: [
-        _positive_or(c, g, g * scalar(c.attrs.alpha, gh.dtype(c)))  # type: ignore[arg-type]
+        _positive_or(c, g, g * scalar(LeakyReluAttrs.view(c.attrs).alpha, gh.dtype(c)))
     ],
     lower=_leaky_relu_lower,
 )
 
 
-def _softmax(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+class SoftmaxAttrs(Attrs):
+    __slots__ = ()
+    axis: int
+
+
+def _softmax(arrays: list[np.ndarray], attrs: SoftmaxAttrs) -> np.ndarray:
     x = np.asarray(arrays[0])
     with np.errstate(all="ignore"):
         e = np.exp(x - np.max(x, axis=attrs.axis, keepdims=True))
         return as_array(e / np.sum(e, axis=attrs.axis, keepdims=True), x.dtype.name)
 
 
-def _log_softmax(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+def _log_softmax(arrays: list[np.ndarray], attrs: SoftmaxAttrs) -> np.ndarray:
     x = np.asarray(arrays[0])
     with np.errstate(all="ignore"):
         shifted = x - np.max(x, axis=attrs.axis, keepdims=True)
@@ -119,13 +135,13 @@ def _log_softmax(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
 
 def _softmax_grad(c: Call, g: Expr) -> list[Expr | None]:
     # y (g - sum(g y)) along the axis, with y the shared forward result
-    inner = call("sum", g * c, axis=[c.attrs.axis], keepdims=True)
+    inner = call("sum", g * c, axis=[SoftmaxAttrs.view(c.attrs).axis], keepdims=True)
     return [c * (g - inner)]
 
 
 def _log_softmax_grad(c: Call, g: Expr) -> list[Expr | None]:
     # g - softmax(x) sum(g) along the axis, with softmax(x) = exp(y)
-    total = call("sum", g, axis=[c.attrs.axis], keepdims=True)
+    total = call("sum", g, axis=[SoftmaxAttrs.view(c.attrs).axis], keepdims=True)
     return [g - call("exp", c) * total]
 
 
@@ -136,10 +152,10 @@ def _softmax_lower(log: bool) -> oplib.LowerFn:
     """softmax / log_softmax: for each row along the axis, a pass for the maximum, a pass for
     the sum of exponentials, and a pass writing the results (through the epilogue)."""
 
-    def lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+    def lower(inputs: list[Tensor], attrs: SoftmaxAttrs, out: Type) -> Tensor:
         (x,) = inputs
         dt = x.dtype
-        axis = attrs.axis % x.ndim  # type: ignore[operator]
+        axis = attrs.axis % x.ndim
         n = x.shape[axis]
         rows = x.shape[:axis] + x.shape[axis + 1:]
 
@@ -181,8 +197,9 @@ def _softmax_lower(log: bool) -> oplib.LowerFn:
 softmax = register(
     "nn.softmax",
     inputs=("data",),
+    attrs_type=SoftmaxAttrs,
     attrs=(Attr("axis", -1, kind="int", doc="the axis that sums to one"),),
-    relation=_float_relation,
+    relation=_softmax_relation,
     compute=_softmax,
     pattern=OpPattern.OPAQUE,
     doc="exp(x) / sum(exp(x)) along an axis, computed stably.",
@@ -192,8 +209,9 @@ softmax = register(
 log_softmax = register(
     "nn.log_softmax",
     inputs=("data",),
+    attrs_type=SoftmaxAttrs,
     attrs=(Attr("axis", -1, kind="int", doc="the axis normalized over"),),
-    relation=_float_relation,
+    relation=_softmax_relation,
     compute=_log_softmax,
     pattern=OpPattern.OPAQUE,
     doc="log(softmax(x)) along an axis, computed stably.",

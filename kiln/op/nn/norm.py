@@ -75,21 +75,31 @@ def _along(vector: np.ndarray, ndim: int, axis: int) -> np.ndarray:
 BATCH_NORM_INPUTS = ("data", "gamma", "beta", "moving_mean", "moving_var")
 
 
-def _batch_norm_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+class NormAttrs(Attrs):
+    """batch_norm's and layer_norm's attributes."""
+
+    __slots__ = ()
+    axis: int
+    epsilon: float
+    center: bool
+    scale: bool
+
+
+def _batch_norm_relation(arg_types: Sequence[Type], attrs: NormAttrs) -> Type | None:
     args = tensor_args(arg_types, BATCH_NORM_INPUTS)
     if args is None:
         return None
     data = args[0]
     require_dtype(data, "data", "float")
     same_dtype(args, BATCH_NORM_INPUTS)
-    axis = normalize_axis(attrs.axis, data.ndim)  # type: ignore[arg-type]
+    axis = normalize_axis(attrs.axis, data.ndim)
     vector = _channel_vectors(data, axis, args[1:], BATCH_NORM_INPUTS[1:])
     return TupleType((data, vector, vector))
 
 
-def _batch_norm(arrays: list[np.ndarray], attrs: Attrs) -> tuple[np.ndarray, ...]:
+def _batch_norm(arrays: list[np.ndarray], attrs: NormAttrs) -> tuple[np.ndarray, ...]:
     x, gamma, beta, mean, var = (np.asarray(a) for a in arrays)
-    axis = normalize_axis(attrs.axis, x.ndim)  # type: ignore[arg-type]
+    axis = normalize_axis(attrs.axis, x.ndim)
     scale = 1 / np.sqrt(var + attrs.epsilon)
     if attrs.scale:
         scale = scale * gamma
@@ -105,20 +115,21 @@ def _batch_norm_grad(c: Call, g: Expr) -> list[Expr | None]:
     x, gamma, _, mean, var = c.args
     g_out, g_mean, g_var = gh.fields(g, 3)
     xt = gh.tensor_type(x)
-    axis = normalize_axis(c.attrs.axis, xt.ndim)  # type: ignore[arg-type]
+    attrs = NormAttrs.view(c.attrs)
+    axis = normalize_axis(attrs.axis, xt.ndim)
     dt = xt.dtype
 
     def per_channel(e: Expr) -> Expr:
         return call("sum", e, axis=[axis], exclude=True)
 
-    inv = call("rsqrt", var + scalar(c.attrs.epsilon, dt))  # type: ignore[arg-type]
-    scale = inv * gamma if c.attrs.scale else inv
+    inv = call("rsqrt", var + scalar(attrs.epsilon, dt))
+    scale = inv * gamma if attrs.scale else inv
     centred = x - along(mean, xt.ndim, axis)
     g_centred = per_channel(g_out * centred)
     g_total = per_channel(g_out)
     dx = g_out * along(scale, xt.ndim, axis)
-    dgamma = g_centred * inv if c.attrs.scale else None
-    dbeta = g_total if c.attrs.center else None
+    dgamma = g_centred * inv if attrs.scale else None
+    dbeta = g_total if attrs.center else None
     dmean = g_mean - g_total * scale
     # d/dvar (var + eps)^-1/2 = -1/2 inv^3
     dvar = g_var + g_centred * scale * scalar(-0.5, dt) * inv * inv
@@ -129,10 +140,10 @@ def _copy(t: Tensor) -> Tensor:
     return compute(t.shape, t.dtype, lambda *i: t(*i))
 
 
-def _batch_norm_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> tuple[Tensor, ...]:
+def _batch_norm_lower(inputs: list[Tensor], attrs: NormAttrs, out: Type) -> tuple[Tensor, ...]:
     # As the reference: scale = 1 / sqrt(var + eps) (* gamma); (x - mean) * scale (+ beta).
     x, gamma, beta, mean, var = inputs
-    axis = attrs.axis % x.ndim  # type: ignore[operator]
+    axis = attrs.axis % x.ndim
     dt = x.dtype
 
     def element(*i: LExpr) -> LExpr:
@@ -150,6 +161,7 @@ def _batch_norm_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> tuple[Te
 batch_norm = register(
     "nn.batch_norm",
     inputs=BATCH_NORM_INPUTS,
+    attrs_type=NormAttrs,
     attrs=(
         Attr("axis", 1, kind="int", doc="the channel axis"),
         Attr("epsilon", 1e-5, kind="float", doc="added to the variance"),
@@ -169,21 +181,21 @@ batch_norm = register(
 LAYER_NORM_INPUTS = ("data", "gamma", "beta")
 
 
-def _layer_norm_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+def _layer_norm_relation(arg_types: Sequence[Type], attrs: NormAttrs) -> Type | None:
     args = tensor_args(arg_types, LAYER_NORM_INPUTS)
     if args is None:
         return None
     data = args[0]
     require_dtype(data, "data", "float")
     same_dtype(args, LAYER_NORM_INPUTS)
-    axis = normalize_axis(attrs.axis, data.ndim)  # type: ignore[arg-type]
+    axis = normalize_axis(attrs.axis, data.ndim)
     _channel_vectors(data, axis, args[1:], LAYER_NORM_INPUTS[1:])
     return data
 
 
-def _layer_norm(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+def _layer_norm(arrays: list[np.ndarray], attrs: NormAttrs) -> np.ndarray:
     x, gamma, beta = (np.asarray(a) for a in arrays)
-    axis = normalize_axis(attrs.axis, x.ndim)  # type: ignore[arg-type]
+    axis = normalize_axis(attrs.axis, x.ndim)
     mean = x.mean(axis=axis, keepdims=True)
     var = ((x - mean) ** 2).mean(axis=axis, keepdims=True)
     out = (x - mean) / np.sqrt(var + attrs.epsilon)
@@ -199,8 +211,9 @@ def _layer_norm_grad(c: Call, g: Expr) -> list[Expr | None]:
     # dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
     x, gamma, _ = c.args
     xt = gh.tensor_type(x)
-    axis = normalize_axis(c.attrs.axis, xt.ndim)  # type: ignore[arg-type]
-    eps = scalar(c.attrs.epsilon, xt.dtype)  # type: ignore[arg-type]
+    attrs = NormAttrs.view(c.attrs)
+    axis = normalize_axis(attrs.axis, xt.ndim)
+    eps = scalar(attrs.epsilon, xt.dtype)
 
     def mean(e: Expr) -> Expr:
         return call("mean", e, axis=[axis], keepdims=True)
@@ -208,22 +221,22 @@ def _layer_norm_grad(c: Call, g: Expr) -> list[Expr | None]:
     centred = x - mean(x)
     rstd = call("rsqrt", mean(centred * centred) + eps)
     xhat = centred * rstd
-    dxhat = g * along(gamma, xt.ndim, axis) if c.attrs.scale else g
+    dxhat = g * along(gamma, xt.ndim, axis) if attrs.scale else g
     dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
-    dgamma = call("sum", g * xhat, axis=[axis], exclude=True) if c.attrs.scale else None
-    dbeta = call("sum", g, axis=[axis], exclude=True) if c.attrs.center else None
+    dgamma = call("sum", g * xhat, axis=[axis], exclude=True) if attrs.scale else None
+    dbeta = call("sum", g, axis=[axis], exclude=True) if attrs.center else None
     return [dx, dgamma, dbeta]
 
 
-def _layer_norm_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+def _layer_norm_lower(inputs: list[Tensor], attrs: NormAttrs, out: Type) -> Tensor:
     """Per row along the axis: the mean, then the variance about it (two passes, as the
     reference), then the normalized values written through the epilogue."""
     x, gamma, beta = inputs
     dt = x.dtype
-    axis = attrs.axis % x.ndim  # type: ignore[operator]
+    axis = attrs.axis % x.ndim
     n = x.shape[axis]
     rows = x.shape[:axis] + x.shape[axis + 1:]
-    count, eps = oplib.dtype_const(n, dt), oplib.dtype_const(attrs.epsilon, dt)  # type: ignore
+    count, eps = oplib.dtype_const(n, dt), oplib.dtype_const(attrs.epsilon, dt)
 
     def row(o: tuple[LExpr, ...], write: WriteFn) -> Stmt:
         def scan(body: Callable[[tuple[LExpr, ...], LExpr], Stmt]) -> Stmt:
@@ -265,6 +278,7 @@ def _layer_norm_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
 layer_norm = register(
     "nn.layer_norm",
     inputs=LAYER_NORM_INPUTS,
+    attrs_type=NormAttrs,
     attrs=(
         Attr("axis", -1, kind="int", doc="the axis normalized over"),
         Attr("epsilon", 1e-5, kind="float", doc="added to the variance"),
@@ -280,17 +294,22 @@ layer_norm = register(
 )
 
 
-def _dropout_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+class DropoutAttrs(Attrs):
+    __slots__ = ()
+    rate: float
+
+
+def _dropout_relation(arg_types: Sequence[Type], attrs: DropoutAttrs) -> Type | None:
     data = tensor_arg(arg_types[0], "data")
     if data is None:
         return None
     require_dtype(data, "data", "float")
-    if not 0.0 <= attrs.rate < 1.0:  # type: ignore[operator]
+    if not 0.0 <= attrs.rate < 1.0:
         raise TypeCheckError(f"dropout rate must lie in [0, 1), got {attrs.rate}")
     return TupleType((data, data))
 
 
-def _dropout(arrays: list[np.ndarray], attrs: Attrs) -> tuple[np.ndarray, np.ndarray]:
+def _dropout(arrays: list[np.ndarray], attrs: DropoutAttrs) -> tuple[np.ndarray, np.ndarray]:
     # Inference semantics: nothing is dropped, so the output is the input and the mask is all
     # ones. (Training-time dropout needs randomness, which the reference interpreter lacks.)
     x = np.asarray(arrays[0])
@@ -300,6 +319,7 @@ def _dropout(arrays: list[np.ndarray], attrs: Attrs) -> tuple[np.ndarray, np.nda
 dropout = register(
     "nn.dropout",
     inputs=("data",),
+    attrs_type=DropoutAttrs,
     attrs=(Attr("rate", 0.5, kind="float", doc="the fraction dropped in training"),),
     relation=_dropout_relation,
     compute=_dropout,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal, cast
 
 import numpy as np
 
@@ -41,7 +42,13 @@ def _pad_width(value: object, where: str) -> tuple[tuple[int, int], ...]:
     return tuple(pairs)
 
 
-def _pad_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+class PadAttrs(Attrs):
+    __slots__ = ()
+    pad_width: tuple[tuple[int, int], ...]
+    pad_mode: str
+
+
+def _pad_relation(arg_types: Sequence[Type], attrs: PadAttrs) -> Type | None:
     data = tensor_arg(arg_types[0], "data")
     value = tensor_arg(arg_types[1], "pad_value")
     if data is None or value is None:
@@ -49,9 +56,9 @@ def _pad_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
     if value.ndim != 0:
         raise TypeCheckError(f"pad_value must be a scalar, but has shape {shape_str(value.shape)}")
     widths = attrs.pad_width
-    if len(widths) != data.ndim:  # type: ignore[arg-type]
+    if len(widths) != data.ndim:
         raise TypeCheckError(
-            f"pad_width gives {len(widths)} (before, after) pairs but data of shape "  # type: ignore
+            f"pad_width gives {len(widths)} (before, after) pairs but data of shape "
             f"{shape_str(data.shape)} has {data.ndim} dimensions"
         )
     if attrs.pad_mode not in PAD_MODES:
@@ -59,7 +66,7 @@ def _pad_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
             f"pad_mode must be one of {', '.join(PAD_MODES)}, got {attrs.pad_mode!r}"
         )
     shape: list[Dim] = []
-    for axis, (d, (before, after)) in enumerate(zip(data.shape, widths, strict=True)):  # type: ignore
+    for axis, (d, (before, after)) in enumerate(zip(data.shape, widths, strict=True)):
         if isinstance(d, int) and max(before, after) > 0:
             # edge copies the border element; reflect mirrors without repeating it
             limit = {"constant": None, "edge": 1, "reflect": max(before, after) + 1}[attrs.pad_mode]
@@ -75,23 +82,25 @@ def _pad_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
     return TensorType(tuple(shape), data.dtype)
 
 
-def _pad(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+def _pad(arrays: list[np.ndarray], attrs: PadAttrs) -> np.ndarray:
     x = np.asarray(arrays[0])
     if attrs.pad_mode == "constant":
         with np.errstate(invalid="ignore"):
             fill = np.asarray(arrays[1]).astype(x.dtype)
         return np.pad(x, attrs.pad_width, constant_values=fill)
-    return np.pad(x, attrs.pad_width, mode=attrs.pad_mode)  # type: ignore[call-overload]
+    # The relation admits only PAD_MODES, which are numpy's names for them.
+    mode = cast(Literal["edge", "reflect"], attrs.pad_mode)
+    return np.pad(x, attrs.pad_width, mode=mode)
 
 
 def _pad_grad(c: Call, g: Expr) -> list[Expr | None]:
     data, value = c.args
-    widths = c.attrs.pad_width
-    mode = c.attrs.pad_mode
+    attrs = PadAttrs.view(c.attrs)
+    widths, mode = attrs.pad_width, attrs.pad_mode
     if mode == "constant":
         # The data's adjoint is the middle of g; the pad value's, the sum of the rest.
-        ends = [-after if after else 2**31 - 1 for _, after in widths]  # type: ignore[union-attr]
-        middle = call("strided_slice", g, begin=[b for b, _ in widths], end=ends)  # type: ignore
+        ends = [-after if after else 2**31 - 1 for _, after in widths]
+        middle = call("strided_slice", g, begin=[b for b, _ in widths], end=ends)
         dvalue = None
         if dtype_of(gh.dtype(value)).is_float:
             rest = call("sum", g) - call("sum", middle)
@@ -103,10 +112,10 @@ def _pad_grad(c: Call, g: Expr) -> list[Expr | None]:
     # pads): undo the axes last to first, adding each copied border back where it came from.
     shape = gh.static_shape(data, "nn.pad")
     for axis in reversed(range(len(shape))):
-        before, after = widths[axis]  # type: ignore[index]
+        before, after = widths[axis]
         if before == after == 0:
             continue
-        g = _unpad_axis(g, data, axis, before, after, mode)  # type: ignore[arg-type]
+        g = _unpad_axis(g, data, axis, before, after, mode)
     return [g, None]
 
 
@@ -162,17 +171,18 @@ def _reflect(j: LExpr, n: int, before: int, after: int) -> LExpr:
 
 
 @oplib.zeros_if_empty
-def _pad_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+def _pad_lower(inputs: list[Tensor], attrs: PadAttrs, out_type: Type) -> Tensor:
+    out = oplib.out_tensor_type(out_type)
     x, value = inputs
     widths = attrs.pad_width
 
     def shifted(i: tuple[LExpr, ...]) -> list[LExpr]:
         return [Binary("sub", j, oplib.as_index(b)) if b else j
-                for j, (b, _) in zip(i, widths)]  # type: ignore[misc]
+                for j, (b, _) in zip(i, widths)]
 
     if attrs.pad_mode == "constant":
         fill = oplib.convert(value(), x.dtype)
-        spans = [(-b, n + a - 1) for (b, a), n in zip(widths, x.shape)]  # type: ignore[misc]
+        spans = [(-b, n + a - 1) for (b, a), n in zip(widths, x.shape)]
 
         def element(*i: LExpr) -> LExpr:
             return oplib.guarded_read(x, shifted(i), spans, fill)
@@ -181,14 +191,15 @@ def _pad_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
 
         def element(*i: LExpr) -> LExpr:
             return x(*(fix(j, n, b, a)
-                       for j, n, (b, a) in zip(shifted(i), x.shape, widths)))  # type: ignore
+                       for j, n, (b, a) in zip(shifted(i), x.shape, widths)))
 
-    return compute(out.shape, out.dtype, element)  # type: ignore[attr-defined]
+    return compute(out.static_shape, out.dtype, element)
 
 
 _pad_op = register(
     "nn.pad",
     inputs=("data", "pad_value"),
+    attrs_type=PadAttrs,
     attrs=(
         Attr("pad_width", kind="any", convert=_pad_width, doc="(before, after) for each dimension"),
         Attr("pad_mode", "constant", kind="str", doc="constant, edge or reflect"),
