@@ -22,6 +22,7 @@ driver materialize it into a local buffer first (`NeedsBuffer`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from kiln.errors import InternalError
 from kiln.loops.ir import (
@@ -43,6 +44,8 @@ class Tensor:
 
     shape: tuple[int, ...]
     dtype: str
+    # The knobs a lowering chose for this tensor (a GEMM's tiles), for kernel.attrs["schedules"].
+    schedule: dict[str, Any] | None = None
 
     def __call__(self, *idx: Expr) -> Expr:
         raise NotImplementedError
@@ -110,7 +113,7 @@ class ComputeTensor(Tensor):
 class NeedsBuffer(Exception):
     """Raised when a reduce/extern tensor is read other than at its write indices."""
 
-    def __init__(self, tensor: Tensor) -> None:
+    def __init__(self, tensor: MaterializedTensor) -> None:
         super().__init__("a tensor must be materialized")
         self.tensor = tensor
 

@@ -54,7 +54,7 @@ def conv2d(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequence[int],
     if cg == 1 and groups == c and groups > 1:
         t = extern(tuple(out_shape), dtype, lambda write: depthwise(
             x, w, strides, padding, dilation, out_shape, write, tgt))
-        t.schedule = {"kernel": "depthwise",  # type: ignore[attr-defined]
+        t.schedule = {"kernel": "depthwise",
                       "parallel": _depthwise_parallel(out_shape, w.shape, tgt)}
         return t
     return implicit_gemm(x, w, strides, padding, dilation, groups, out_shape, dtype,
@@ -75,13 +75,12 @@ def implicit_gemm(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequenc
     og = oc // groups
     (sh, sw), (dh, dw) = strides, dilation
     top, left = padding[0], padding[1]
-    spans = [None, None, oplib.window_span(oh, sh, kh, dh, top),
-             oplib.window_span(ow, sw, kw, dw, left)]
+    ylo, yhi = oplib.window_span(oh, sh, kh, dh, top)
+    xlo, xhi = oplib.window_span(ow, sw, kw, dw, left)
+    spans = [None, None, (ylo, yhi), (xlo, xhi)]
     zero = Const(0.0, dtype)
     m, n, k = og, oh * ow, cg * kh * kw
     batch = nimg * groups
-    ylo, yhi = spans[2]  # type: ignore[misc]
-    xlo, xhi = spans[3]  # type: ignore[misc]
     inside = ylo >= 0 and xlo >= 0 and yhi < x.shape[2] and xhi < x.shape[3]
     # With padding, each image is first copied into a zero-padded buffer (see `padded`),
     # and the product runs per image over the groups.
@@ -163,7 +162,7 @@ def implicit_gemm(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequenc
         return For(img, Const(0), Const(nimg), Allocate(xp, Seq((copy, prod))))
 
     t = extern(tuple(out_shape), dtype, emit)
-    t.schedule = {**schedule.attrs(), "a_prepacked": a_packed is not None}  # type: ignore
+    t.schedule = {**schedule.attrs(), "a_prepacked": a_packed is not None}
     return t
 
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from kiln.errors import InternalError
 from kiln.loops.ir import (
@@ -418,6 +419,9 @@ _EXPR_FIELDS: dict[type, tuple[str, ...]] = {
 }
 
 
+_COMPOUND_EXPRS = (Binary, Unary, Cast, Bitcast, Select, Broadcast, FMA)
+
+
 def _expr_children(e: Expr) -> tuple[Expr, ...]:
     if isinstance(e, Load):
         return e.indices
@@ -427,7 +431,10 @@ def _expr_children(e: Expr) -> tuple[Expr, ...]:
 def _rebuild_expr(e: Expr, kids: list[Expr]) -> Expr:
     if isinstance(e, Load):
         return dataclasses.replace(e, indices=tuple(kids))
-    return dataclasses.replace(e, **dict(zip(_EXPR_FIELDS[type(e)], kids)))
+    if not isinstance(e, _COMPOUND_EXPRS):
+        raise InternalError(f"decompose-math: {type(e).__name__} has no operands to replace")
+    fields: dict[str, Any] = dict(zip(_EXPR_FIELDS[type(e)], kids))
+    return dataclasses.replace(e, **fields)
 
 
 def decompose_expr(root: Expr, memo: dict[int, Expr] | None = None) -> Expr:
@@ -465,6 +472,9 @@ _STMT_FIELDS: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
+_STMT_TYPES = (For, Store, LetStmt, Allocate, Seq, IfThenElse, Check)
+
+
 def _stmt_children(s: Stmt) -> list[Stmt]:
     out: list[Stmt] = []
     for name in _STMT_FIELDS[type(s)][1]:
@@ -483,14 +493,14 @@ def _rewrite_stmt(root: Stmt, memo: dict[int, Expr]) -> Stmt:
         s, ready = stack.pop()
         if id(s) in done:
             continue
-        if type(s) not in _STMT_FIELDS:
+        if not isinstance(s, _STMT_TYPES):
             raise InternalError(f"decompose-math: unknown statement {type(s).__name__}")
         if not ready:
             stack.append((s, True))
             stack.extend((c, False) for c in _stmt_children(s))
             continue
         expr_fields, stmt_fields = _STMT_FIELDS[type(s)]
-        changes: dict[str, object] = {}
+        changes: dict[str, Any] = {}  # field name -> its rewritten value
         for name in expr_fields:
             v = getattr(s, name)
             if isinstance(v, tuple):
@@ -504,9 +514,9 @@ def _rewrite_stmt(root: Stmt, memo: dict[int, Expr]) -> Stmt:
         for name in stmt_fields:
             v = getattr(s, name)
             if isinstance(v, tuple):
-                nt = tuple(done[id(c)] for c in v)
-                if any(a is not b for a, b in zip(nt, v)):
-                    changes[name] = nt
+                ns = tuple(done[id(c)] for c in v)
+                if any(a is not b for a, b in zip(ns, v)):
+                    changes[name] = ns
             elif v is not None and done[id(v)] is not v:
                 changes[name] = done[id(v)]
         done[id(s)] = dataclasses.replace(s, **changes) if changes else s

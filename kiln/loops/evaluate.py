@@ -14,11 +14,13 @@ machine does: float32 arithmetic is numpy's float32 arithmetic, and `FMA` rounds
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from fractions import Fraction
 
 import numpy as np
 
 from kiln.errors import EvalError, InternalError
+from kiln.ir.dtype import dtype_of
 from kiln.loops.decompose_math import decompose_math
 from kiln.loops.ir import (
     FMA,
@@ -51,7 +53,7 @@ def _round_half_away(x: np.ndarray) -> np.ndarray:
     return whole + np.where(np.abs(x - whole) >= 0.5, np.sign(x), 0).astype(x.dtype)
 
 
-_UNARY = {
+_UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "neg": np.negative,
     "not": lambda x: np.logical_not(x) if x.dtype == np.bool_ else np.invert(x),
     "abs": np.abs,
@@ -69,7 +71,7 @@ def _truncdiv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return q + ((q < 0) & (q * b != a))
 
 
-_BINARY = {
+_BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "add": np.add,
     "sub": np.subtract,
     "mul": np.multiply,
@@ -95,7 +97,7 @@ _BINARY = {
 
 def _fma(a: np.ndarray, b: np.ndarray, c: np.ndarray, dtype: str) -> np.ndarray:
     """``a * b + c`` rounded once to ``dtype``, as the machine's fused multiply-add."""
-    if not dtype.startswith("float"):
+    if not dtype_of(dtype).is_float:
         return np.asarray(a * b + c, dtype=dtype)
     if dtype == "float64":
         return np.array([_fma64(x, y, z) for x, y, z in zip(a.tolist(), b.tolist(),
@@ -230,7 +232,7 @@ def _children(e: Expr) -> tuple[Expr, ...]:
 
 
 def _sentinel(b: Buffer) -> np.ndarray:
-    if b.dtype.startswith("float"):
+    if dtype_of(b.dtype).is_float:
         return np.full(b.shape, np.nan, dtype=b.dtype)
     if b.dtype == "bool":
         return np.ones(b.shape, dtype=bool)

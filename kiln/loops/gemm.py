@@ -38,9 +38,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-import numpy as np
-
 from kiln.errors import InternalError
+from kiln.ir.dtype import dtype_of
 from kiln.loops.ir import (
     FMA,
     INDEX,
@@ -100,7 +99,7 @@ def _kc_max(target: Target, dtype: str) -> int:
     # A kc×nr micro-panel of B stays in half of L1 (the other half holds the A sliver and
     # the C tile): 256 for AVX2 with 32 KiB, 192 for AVX-512 with 48 KiB. A multiple of 16.
     _, nr = register_tile(target, dtype)
-    size = np.dtype(dtype).itemsize
+    size = dtype_of(dtype).itemsize
     return max(16, (target.l1d // 2) // (nr * size) // 16 * 16)
 
 
@@ -143,7 +142,7 @@ class GemmSchedule:
         ``a_prepacked``, splitting N."""
         t = lowering_target(target)
         lanes = t.lanes(dtype)
-        size = np.dtype(dtype).itemsize
+        size = dtype_of(dtype).itemsize
         mr, nr = register_tile(t, dtype)
         if n <= lanes:
             # narrow: one vector of B per step, so twice the rows in the same accumulators
@@ -201,9 +200,9 @@ def _blocks(block: Expr, per_block: int, total: int, name: str,
     first = block * per_block
     if total % per_block == 0:
         return _loop(name, per_block, lambda t: body(t, first + t))
-    count = Binary("min", Const(per_block, INDEX), Const(total, INDEX) - first)
+    count: Expr = Binary("min", Const(per_block, INDEX), Const(total, INDEX) - first)
     if isinstance(first, Const):
-        count = Const(min(per_block, total - first.value), INDEX)  # type: ignore[operator]
+        count = Const(min(per_block, total - int(first.value)), INDEX)
     t = Var(name)
     return For(t, Const(0, INDEX), count, body(t, _min(first + t, total - 1)))
 

@@ -20,9 +20,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kiln.errors import InternalError
-from kiln.ir.ty import DTYPES
+from kiln.ir.dtype import dtype_of
+from kiln.ir.ty import DTYPES, TensorType
 
 INDEX = "int64"
 
@@ -32,6 +34,20 @@ _ids = itertools.count()
 def _check_dtype(dtype: str) -> None:
     if dtype not in DTYPES:
         raise InternalError(f"loop IR: unknown dtype {dtype!r}")
+
+
+def static_shape(t: TensorType) -> tuple[int, ...]:
+    """The shape of a tensor type whose dimensions are all integers (a kernel's, a buffer's).
+
+    Lowering and the back end meet only static tensor types (symbolic kernels are made static
+    before they are lowered), so a symbolic dimension here is a compiler bug.
+    """
+    out = []
+    for d in t.shape:
+        if not isinstance(d, int):
+            raise InternalError(f"{t} is not of static shape")
+        out.append(d)
+    return tuple(out)
 
 
 # --- buffers and variables ---------------------------------------------------------------------
@@ -89,8 +105,16 @@ class Expr:
     """Base of loop-IR expressions; every expression has a ``dtype`` and ``lanes``."""
 
     __slots__ = ()
-    dtype: str
-    lanes: int
+
+    if TYPE_CHECKING:
+        # Read-only to the type checker: some nodes hold them as fields (Const, Cast), others
+        # derive them (Binary). Declared only for it, since a class attribute here would
+        # become the default of a subclass's dataclass field.
+        @property
+        def dtype(self) -> str: ...
+
+        @property
+        def lanes(self) -> int: ...
 
     # Sugar for writing lowerings: index arithmetic reads like Python.
     def __add__(self, o: object) -> Expr:
@@ -162,7 +186,7 @@ class Load(Expr):
     lanes: int = 1
 
     @property
-    def dtype(self) -> str:  # type: ignore[override]
+    def dtype(self) -> str:
         return self.buffer.dtype
 
 
@@ -186,11 +210,11 @@ class Binary(Expr):
     b: Expr
 
     @property
-    def dtype(self) -> str:  # type: ignore[override]
+    def dtype(self) -> str:
         return "bool" if self.op in COMPARISONS else self.a.dtype
 
     @property
-    def lanes(self) -> int:  # type: ignore[override]
+    def lanes(self) -> int:
         return self.a.lanes
 
 
@@ -213,11 +237,11 @@ class Unary(Expr):
     a: Expr
 
     @property
-    def dtype(self) -> str:  # type: ignore[override]
+    def dtype(self) -> str:
         return self.a.dtype
 
     @property
-    def lanes(self) -> int:  # type: ignore[override]
+    def lanes(self) -> int:
         return self.a.lanes
 
 
@@ -232,7 +256,7 @@ class Cast(Expr):
         _check_dtype(self.dtype)
 
     @property
-    def lanes(self) -> int:  # type: ignore[override]
+    def lanes(self) -> int:
         return self.a.lanes
 
 
@@ -255,7 +279,7 @@ class Bitcast(Expr):
                                 "changes the width")
 
     @property
-    def lanes(self) -> int:  # type: ignore[override]
+    def lanes(self) -> int:
         return self.a.lanes
 
 
@@ -268,11 +292,11 @@ class Select(Expr):
     b: Expr
 
     @property
-    def dtype(self) -> str:  # type: ignore[override]
+    def dtype(self) -> str:
         return self.a.dtype
 
     @property
-    def lanes(self) -> int:  # type: ignore[override]
+    def lanes(self) -> int:
         return self.a.lanes
 
 
@@ -284,7 +308,7 @@ class Broadcast(Expr):
     lanes: int
 
     @property
-    def dtype(self) -> str:  # type: ignore[override]
+    def dtype(self) -> str:
         return self.value.dtype
 
 
@@ -297,11 +321,11 @@ class FMA(Expr):
     c: Expr
 
     @property
-    def dtype(self) -> str:  # type: ignore[override]
+    def dtype(self) -> str:
         return self.a.dtype
 
     @property
-    def lanes(self) -> int:  # type: ignore[override]
+    def lanes(self) -> int:
         return self.a.lanes
 
 
@@ -314,7 +338,7 @@ def as_expr(value: object, dtype: str = INDEX) -> Expr:
     if isinstance(value, int):
         return Const(value, dtype if dtype != "bool" else INDEX)
     if isinstance(value, float):
-        return Const(value, dtype if dtype.startswith("float") else "float32")
+        return Const(value, dtype if dtype_of(dtype).is_float else "float32")
     raise InternalError(f"loop IR: cannot use {value!r} as an expression")
 
 

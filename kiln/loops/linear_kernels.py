@@ -76,7 +76,7 @@ def dense(x: Tensor, w: Tensor, out_shape: Sequence[int], dtype: str,
         parallel = _dot_parallel(m, n, k, tgt)
         t = extern(shape, dtype, lambda write: dot_rows(
             x.buffer, w.buffer, lead, m, n, k, write, tgt))
-        t.schedule = {"kernel": "dot", "parallel": parallel, "lanes": lanes}  # type: ignore
+        t.schedule = {"kernel": "dot", "parallel": parallel, "lanes": lanes}
         return t
     schedule = g.GemmSchedule.default(1, m, n, k, dtype, target=tgt)
 
@@ -89,7 +89,7 @@ def dense(x: Tensor, w: Tensor, out_shape: Sequence[int], dtype: str,
             dtype, schedule, target=tgt)
 
     t = extern(shape, dtype, emit)
-    t.schedule = schedule.attrs()  # type: ignore[attr-defined]
+    t.schedule = schedule.attrs()
     return t
 
 
@@ -117,7 +117,7 @@ def dense_prepacked(x: Tensor, wp: LBuffer, units: int, out_shape: Sequence[int]
             b_panel=lambda b, tile, kk, c: Load(wp, (tile, kk, c), lanes), target=tgt)
 
     t = extern(tuple(out_shape), dtype, emit)
-    t.schedule = {**schedule.attrs(), "b_prepacked": True}  # type: ignore[attr-defined]
+    t.schedule = {**schedule.attrs(), "b_prepacked": True}
     return t
 
 
@@ -142,7 +142,7 @@ def batch_matmul(x: Tensor, y: Tensor, out_shape: Sequence[int], dtype: str,
                       dtype, schedule, target=tgt)
 
     t = extern(tuple(out_shape), dtype, emit)
-    t.schedule = schedule.attrs()  # type: ignore[attr-defined]
+    t.schedule = schedule.attrs()
     return t
 
 
@@ -192,8 +192,8 @@ def dot_rows(x: LBuffer, w: LBuffer, lead: tuple[int, ...], m: int, n: int, k: i
     s: Expr = Load(acc, (Const(0), Const(0)))
     for lane in range(1, lanes):
         s = Binary("add", s, Load(acc, (Const(0), Const(lane))))
-    for p in range(k - rest % lanes, k):
-        s = FMA(Load(x, (*xrow, Const(p, INDEX))), Load(w, (j, Const(p, INDEX))), s)
+    for q in range(k - rest % lanes, k):
+        s = FMA(Load(x, (*xrow, Const(q, INDEX))), Load(w, (j, Const(q, INDEX))), s)
     v = Var("dot", dtype)
     stmts.append(LetStmt(v, s, write((*xrow, j), v)))
     body = Allocate(acc, Seq(tuple(stmts)))

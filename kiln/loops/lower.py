@@ -9,8 +9,10 @@ before storing (the epilogue); only when its result is read other than elementwi
 several outputs, is it materialized into a local buffer first.
 
 Kernels are static: every shape is known (a program with symbolic shapes is lowered once
-its shapes are known at run time). Non-scalar constants become extra kernel inputs, listed
-in ``kernel.attrs["constants"]``.
+its shapes are known at run time). A kernel's inputs are its function's parameters, exactly:
+scalar constants are folded in, and a non-scalar one (a weight) must have been made a
+parameter first — the back end's `lift-constants` pass does that for a whole program,
+`kiln.ssa.kernels.constants_as_params` for one function.
 
 Kernels are scheduled for a `kiln.Target` (default: this machine): the lowering runs inside
 `target_scope`, so the operators' lowering rules build their kernels (GEMM tiles, vector
@@ -21,12 +23,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from kiln.errors import Error, InternalError
 from kiln.ir.expr import Call, Constant, Function, Op, Tuple, TupleGetItem, Var
 from kiln.ir.traverse import post_order
-from kiln.ir.ty import TensorType, TupleType, Type
+from kiln.ir.ty import FuncType, TensorType, TupleType, Type
 from kiln.loops.compute import (
     BufferTensor,
     ComputeTensor,
@@ -45,6 +45,7 @@ from kiln.loops.ir import (
     Seq,
     Stmt,
     Store,
+    static_shape,
 )
 from kiln.loops.ir import Var as LVar
 from kiln.loops.schedule import loop_nest, lowering_target, target_scope
@@ -82,13 +83,13 @@ def _param_buffers(fn: Function) -> tuple[list[Buffer], list[Lowered]]:
             fields = []
             for j, f in enumerate(t.fields):
                 ft = _static_tensor(f, f"field {j} of parameter %{p.name_hint}")
-                b = Buffer(f"p{i}_{j}", ft.shape, ft.dtype)  # type: ignore[arg-type]
+                b = Buffer(f"p{i}_{j}", static_shape(ft), ft.dtype)
                 buffers.append(b)
                 fields.append(BufferTensor(b))
             values.append(tuple(fields))
         else:
             tt = _static_tensor(t, f"parameter %{p.name_hint}")
-            b = Buffer(f"p{i}", tt.shape, tt.dtype)  # type: ignore[arg-type]
+            b = Buffer(f"p{i}", static_shape(tt), tt.dtype)
             buffers.append(b)
             values.append(BufferTensor(b))
     return buffers, values
@@ -100,11 +101,10 @@ class _Lowering:
         self.name = name
         self.inputs, values = _param_buffers(fn)
         self.env: dict[int, Lowered] = {id(p): v for p, v in zip(fn.params, values)}
-        self.constants: list[tuple[str, np.ndarray]] = []
         self.locals: list[Buffer] = []
         self.prelude: list[Stmt] = []  # materializations, in order
         self.ops: list[str] = []
-        self.schedules: list[tuple[str, dict]] = []
+        self.schedules: list[tuple[str, dict[str, Any]]] = []
 
     # --- building the tensors ----------------------------------------------------------------
 
@@ -131,13 +131,13 @@ class _Lowering:
         return self.env[id(self.fn.body)]
 
     def constant(self, c: Constant) -> Tensor:
-        if c.data.ndim == 0:
-            value = c.data.item()
-            return compute((), c.dtype, lambda: Const(value, c.dtype))
-        b = Buffer(f"c{len(self.constants)}", c.data.shape, c.dtype)
-        self.constants.append((b.name, c.data))
-        self.inputs.append(b)
-        return BufferTensor(b)
+        if c.data.ndim != 0:
+            raise InternalError(
+                f"kernel {self.name} holds a constant of shape {c.data.shape}; make it a "
+                "parameter first (the lift-constants pass, or kiln.ssa.kernels."
+                "constants_as_params)")
+        value = c.data.item()
+        return compute((), c.dtype, lambda: Const(value, c.dtype))
 
     def call(self, node: Call, name: str) -> Lowered:
         opdef = registry.get(name, node.span)
@@ -148,8 +148,9 @@ class _Lowering:
         out_type = node.checked_type
         self.ops.append(name)
         result = opdef.lower(args, node.attrs, out_type)
-        self.schedules.extend((name, t.schedule) for t in _flatten(result)
-                              if getattr(t, "schedule", None))  # knobs of a GEMM, for attrs
+        for t in _flatten(result):
+            if t.schedule:  # the knobs of a GEMM, for attrs
+                self.schedules.append((name, t.schedule))
         for t, ty in zip(_flatten(result), _types(out_type)):
             if t.shape != tuple(ty.shape) or t.dtype != ty.dtype:
                 raise InternalError(f"the lowering of {name} gives {t.dtype}{list(t.shape)} but "
@@ -180,7 +181,7 @@ class _Lowering:
             except NeedsBuffer as need:
                 if need.tensor.buffer is not None:
                     raise InternalError("a materialized tensor asked to be materialized") from None
-                self.materialize(need.tensor)  # type: ignore[arg-type]
+                self.materialize(need.tensor)
         raise InternalError("lowering did not converge")
 
     def output(self, t: Tensor, out: Buffer) -> Stmt:
@@ -205,7 +206,7 @@ class _Lowering:
                 except NeedsBuffer as need:
                     if need.tensor is master:
                         break  # read other than elementwise: plain loops below
-                    self.materialize(need.tensor)  # type: ignore[arg-type]
+                    self.materialize(need.tensor)
         return self.attempt(lambda: loop_nest(t.shape, lambda idx: Store(out, idx, t(*idx))))
 
     def epilogue_master(self, t: Tensor) -> MaterializedTensor | None:
@@ -225,8 +226,8 @@ class _Lowering:
                     m = need.tensor
                     if any(m is x for x in seen) or m.shape != t.shape:
                         return None
-                    seen.append(m)  # type: ignore[arg-type]
-                    m.current = (probe, LVar("probe", m.dtype))  # type: ignore[attr-defined]
+                    seen.append(m)
+                    m.current = (probe, LVar("probe", m.dtype))
             return seen[0] if seen else None
         finally:
             for m in seen:
@@ -236,8 +237,12 @@ class _Lowering:
     def run(self) -> Kernel:
         result = self.lower_body()
         outs = _flatten(result)
-        out_types = _types(self.fn.checked_type.ret_type)  # type: ignore[attr-defined]
-        out_bufs = [Buffer(f"out{i}", ty.shape, ty.dtype) for i, ty in enumerate(out_types)]
+        fn_type = self.fn.checked_type
+        if not isinstance(fn_type, FuncType):
+            raise InternalError(f"primitive function {self.name} is typed {fn_type}")
+        out_types = _types(fn_type.ret_type)
+        out_bufs = [Buffer(f"out{i}", static_shape(ty), ty.dtype)
+                    for i, ty in enumerate(out_types)]
         # A reduce/extern result read by several outputs is computed once, into a buffer.
         shared = [t for t in outs if isinstance(t, MaterializedTensor)]
         for t in shared:
@@ -248,10 +253,10 @@ class _Lowering:
         body: Stmt = stmts[0] if len(stmts) == 1 else Seq(tuple(stmts))
         for buf in reversed(self.locals):
             body = Allocate(buf, body)
-        attrs = {"ops": tuple(self.ops), "constants": tuple(self.constants)}
+        attrs: dict[str, Any] = {"ops": tuple(self.ops)}
         if self.schedules:
             attrs["schedules"] = tuple(self.schedules)
-        return verify(Kernel(self.name, self.inputs, out_bufs, body, attrs))
+        return verify(Kernel(self.name, tuple(self.inputs), tuple(out_bufs), body, attrs))
 
 
 def _types(t: Type) -> list[TensorType]:

@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from kiln.ir.ty import TensorType, Type
+from kiln.ir.dtype import dtype_of
+from kiln.ir.ty import TensorType, TupleType, Type
 from kiln.loops.compute import Indices, Tensor, WriteFn, broadcast_indices, compute, extern, reduce
 from kiln.loops.ir import (
     INDEX,
@@ -37,6 +38,7 @@ from kiln.loops.ir import (
     Select,
     Stmt,
     Unary,
+    static_shape,
 )
 from kiln.loops.ir import binary as ir_binary
 from kiln.loops.schedule import NestSchedule, loop_nest
@@ -53,7 +55,7 @@ def dtype_const(value: float | int | bool, dtype: str) -> Const:
     """A constant of a tensor dtype (Python value converted as numpy would)."""
     if dtype == "bool":
         return Const(bool(value), dtype)
-    if dtype.startswith("float"):
+    if dtype_of(dtype).is_float:
         return Const(float(value), dtype)
     return Const(int(value), dtype)
 
@@ -65,7 +67,7 @@ def unary(fn: str | Callable[[Expr], Expr]) -> LowerFn:
     def lower(inputs: list[Tensor], attrs: Any, out_type: Type) -> Tensor:
         out = out_tensor_type(out_type)
         (x,) = inputs
-        return compute(out.shape, out.dtype, lambda *i: scalar(x(*i)))  # type: ignore[arg-type]
+        return compute(static_shape(out), out.dtype, lambda *i: scalar(x(*i)))
 
     return lower
 
@@ -77,13 +79,13 @@ def binary(fn: str | Callable[[Expr, Expr], Expr]) -> LowerFn:
     def lower(inputs: list[Tensor], attrs: Any, out_type: Type) -> Tensor:
         out = out_tensor_type(out_type)
         a, b = inputs
-        shape = tuple(out.shape)
+        shape = static_shape(out)
 
         def element(*i: Expr) -> Expr:
             return scalar(a(*broadcast_indices(a.shape, shape, i)),
                           b(*broadcast_indices(b.shape, shape, i)))
 
-        return compute(shape, out.dtype, element)  # type: ignore[arg-type]
+        return compute(shape, out.dtype, element)
 
     return lower
 
@@ -133,6 +135,7 @@ def reduction(
 
     def lower(inputs: list[Tensor], attrs: Any, out_type: Type) -> Tensor:
         out = out_tensor_type(out_type)
+        shape = static_shape(out)
         (x,) = inputs
         axes = reduced_axes(x.ndim, attrs["axis"], attrs["exclude"])
         extents = [x.shape[k] for k in axes]
@@ -140,25 +143,20 @@ def reduction(
         for e in extents:
             count *= e
         if count == 0 and empty is not None:
-            return fail(out.shape, out.dtype, f"{empty} (a tensor of shape {x.shape})")
+            return fail(shape, out.dtype, f"{empty} (a tensor of shape {x.shape})")
         acc = acc_dtype(x.dtype) if acc_dtype else x.dtype
 
         def body(o: tuple[Expr, ...], r: tuple[Expr, ...]) -> Expr:
             value = x(*reduce_index(x.ndim, axes, attrs["keepdims"], o, r))
             return convert(value, acc)
 
-        fin = None
-        if finalize is not None:
-            def fin(a: Expr, o: tuple[Expr, ...]) -> Expr:
-                return finalize(a, count)
-        if acc != out.dtype:
-            inner = fin
+        def finish(a: Expr, o: tuple[Expr, ...]) -> Expr:
+            if finalize is not None:
+                a = finalize(a, count)
+            return convert(a, out.dtype) if acc != out.dtype else a
 
-            def fin(a: Expr, o: tuple[Expr, ...]) -> Expr:  # noqa: F811
-                return convert(inner(a, o) if inner else a, out.dtype)
-
-        return reduce(out.shape, out.dtype, extents, combine, body,  # type: ignore[arg-type]
-                      init(acc), fin, acc)
+        fin = finish if finalize is not None or acc != out.dtype else None
+        return reduce(shape, out.dtype, extents, combine, body, init(acc), fin, acc)
 
     return lower
 
@@ -223,7 +221,7 @@ def _splat(c: Const, lanes: int) -> Expr:
 
 def lowest(dtype: str) -> Const:
     """The identity of ``max``: -inf, or the integer dtype's minimum."""
-    if dtype.startswith("float"):
+    if dtype_of(dtype).is_float:
         return Const(float("-inf"), dtype)
     if dtype == "bool":
         return Const(False, dtype)
@@ -232,21 +230,11 @@ def lowest(dtype: str) -> Const:
 
 def highest(dtype: str) -> Const:
     """The identity of ``min``: inf, or the integer dtype's maximum."""
-    if dtype.startswith("float"):
+    if dtype_of(dtype).is_float:
         return Const(float("inf"), dtype)
     if dtype == "bool":
         return Const(True, dtype)
     return Const(int(np.iinfo(dtype).max), dtype)
-
-
-def is_signed_int(dtype: str) -> bool:
-    """int8 ... int64 (not the unsigned types, not bool)."""
-    return dtype.startswith("int")
-
-
-def is_float_dtype(dtype: str) -> bool:
-    """float16, float32 or float64."""
-    return dtype.startswith("float")
 
 
 def as_index(value: int) -> Const:
@@ -350,12 +338,13 @@ def zeros_if_empty(rule: LowerFn) -> LowerFn:
     run, and index arithmetic over an empty range need not (and cannot) be proven in bounds."""
 
     def lower(inputs: list[Any], attrs: Any, out_type: Type) -> Any:
-        types = out_type.fields if hasattr(out_type, "fields") else None  # a tuple result
-        fields = list(types) if types is not None else [out_type]
-        if all(any(d == 0 for d in t.shape) for t in fields):  # type: ignore[attr-defined]
-            made = tuple(compute(t.shape, t.dtype, lambda *i, t=t: dtype_const(0, t.dtype))
-                         for t in fields)  # type: ignore[attr-defined]
-            return made if types is not None else made[0]
+        is_tuple = isinstance(out_type, TupleType)
+        types = out_type.fields if isinstance(out_type, TupleType) else (out_type,)
+        fields = [out_tensor_type(t) for t in types]
+        if all(0 in t.shape for t in fields):
+            made = tuple(compute(static_shape(t), t.dtype,
+                                 lambda *i, t=t: dtype_const(0, t.dtype)) for t in fields)
+            return made if is_tuple else made[0]
         return rule(inputs, attrs, out_type)
 
     return lower

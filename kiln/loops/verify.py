@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kiln.errors import InternalError
+from kiln.ir.dtype import dtype_of
 from kiln.loops.ir import (
     COMPARISONS,
     FMA,
@@ -34,13 +35,13 @@ from kiln.loops.ir import (
     Load,
     Select,
     Seq,
+    Stmt,
     Store,
     Unary,
     Var,
 )
 from kiln.loops.printer import expr_text
 
-INT_DTYPES = frozenset(["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"])
 MAX_UNROLL = 256
 
 
@@ -58,9 +59,10 @@ class Interval:
         return Interval(_op(self.lo, o.hi, int.__sub__), _op(self.hi, o.lo, int.__sub__))
 
     def __mul__(self, o: Interval) -> Interval:
-        if None in (self.lo, self.hi, o.lo, o.hi):
+        lo, hi, olo, ohi = self.lo, self.hi, o.lo, o.hi
+        if lo is None or hi is None or olo is None or ohi is None:
             return UNBOUNDED
-        products = [a * b for a in (self.lo, self.hi) for b in (o.lo, o.hi)]  # type: ignore
+        products = [a * b for a in (lo, hi) for b in (olo, ohi)]
         return Interval(min(products), max(products))
 
 
@@ -154,12 +156,12 @@ class _Verifier:
                 return Interval(v, v)
             case Var():
                 return self.ranges.get(id(x), UNBOUNDED)
-            case Cast(a=a) if x.dtype in INT_DTYPES and a.dtype in INT_DTYPES:
+            case Cast(a=a) if dtype_of(x.dtype).is_integer and dtype_of(a.dtype).is_integer:
                 return m[id(a)]
             case Select(a=a, b=b):
                 ia, ib = m[id(a)], m[id(b)]
                 return Interval(_op(ia.lo, ib.lo, min), _op(ia.hi, ib.hi, max))
-            case Binary(op=op, a=a, b=b) if x.dtype in INT_DTYPES:
+            case Binary(op=op, a=a, b=b) if dtype_of(x.dtype).is_integer:
                 ia, ib = m[id(a)], m[id(b)]
                 if op == "add":
                     return ia + ib
@@ -199,7 +201,7 @@ class _Verifier:
         if lanes > 1 and buf.ndim == 0:
             raise self.fail(f"vector access to the scalar buffer {buf.name}")
         for axis, idx in enumerate(indices):
-            if idx.dtype not in INT_DTYPES or idx.lanes != 1:
+            if not dtype_of(idx.dtype).is_integer or idx.lanes != 1:
                 raise self.fail(f"index {expr_text(idx)} of {buf.name} is not a scalar integer")
             iv = self.bound(idx)
             extra = lanes - 1 if axis == buf.ndim - 1 else 0
@@ -219,17 +221,18 @@ class _Verifier:
             if b.name in seen_names:
                 raise self.fail(f"two parameters are named {b.name}")
             seen_names.add(b.name)
-        # Walk with an explicit stack; "exit" markers close scopes.
-        stack: list[tuple[str, object]] = [("stmt", (self.kernel.body, False))]
+        # Walk with an explicit stack of (statement, inside a parallel loop); a variable or a
+        # buffer on the stack closes its scope.
+        stack: list[tuple[Stmt, bool] | Var | Buffer] = [(self.kernel.body, False)]
         while stack:
-            kind, item = stack.pop()
-            if kind == "exit-var":
-                self.ranges.pop(id(item), None)  # type: ignore[arg-type]
+            item = stack.pop()
+            if isinstance(item, Var):
+                self.ranges.pop(id(item), None)
                 continue
-            if kind == "exit-buf":
+            if isinstance(item, Buffer):
                 self.buffers.discard(id(item))
                 continue
-            s, in_parallel = item  # type: ignore[misc]
+            s, in_parallel = item
             match s:
                 case For(var=v, start=start, extent=ext, body=body, kind=loop_kind):
                     self.check_expr(start)
@@ -246,8 +249,8 @@ class _Verifier:
                     hi = _op(lo.hi, n.hi, lambda a, b: a + b - 1)
                     self.ranges[id(v)] = Interval(lo.lo, hi)
                     self.memo.clear()
-                    stack.append(("exit-var", v))
-                    stack.append(("stmt", (body, in_parallel or loop_kind == "parallel")))
+                    stack.append(v)
+                    stack.append((body, in_parallel or loop_kind == "parallel"))
                 case Store(buffer=buf, indices=idx, value=val):
                     if id(buf) in self.inputs:
                         raise self.fail(f"the input {buf.name} is written")
@@ -262,24 +265,25 @@ class _Verifier:
                     self.check_expr(val)
                     if v.dtype != val.dtype or v.lanes != val.lanes:
                         raise self.fail(f"let {v.name}: {v.dtype} bound to a {val.dtype} value")
-                    self.ranges[id(v)] = self.bound(val) if v.dtype in INT_DTYPES else UNBOUNDED
-                    stack.append(("exit-var", v))
-                    stack.append(("stmt", (body, in_parallel)))
+                    self.ranges[id(v)] = (self.bound(val) if dtype_of(v.dtype).is_integer
+                                          else UNBOUNDED)
+                    stack.append(v)
+                    stack.append((body, in_parallel))
                 case Allocate(buffer=buf, body=body):
                     if buf.scope != "local":
                         raise self.fail(f"allocated buffer {buf.name} must have local scope")
                     self.buffers.add(id(buf))
-                    stack.append(("exit-buf", buf))
-                    stack.append(("stmt", (body, in_parallel)))
+                    stack.append(buf)
+                    stack.append((body, in_parallel))
                 case Seq(stmts=stmts):
-                    stack.extend(("stmt", (x, in_parallel)) for x in reversed(stmts))
+                    stack.extend((x, in_parallel) for x in reversed(stmts))
                 case IfThenElse(cond=c, then_case=t, else_case=f):
                     self.check_expr(c)
                     if c.dtype != "bool" or c.lanes != 1:
                         raise self.fail(f"the condition {expr_text(c)} is not a scalar bool")
                     if f is not None:
-                        stack.append(("stmt", (f, in_parallel)))
-                    stack.append(("stmt", (t, in_parallel)))
+                        stack.append((f, in_parallel))
+                    stack.append((t, in_parallel))
                 case Check(cond=c):
                     self.check_expr(c)
                     if c.dtype != "bool" or c.lanes != 1:

@@ -19,6 +19,7 @@ from kiln.errors import InternalError
 from kiln.ir.ty import TupleType, Type
 from kiln.ssa.ir import UNIT, Block, Function, Instr, Target, Terminator, Value
 
+SwitchCase = tuple[str, Block]  # a constructor's name and its block (Builder has a tuple method)
 
 class Builder:
     """Appends instructions to a current block of one function."""
@@ -60,7 +61,7 @@ class Builder:
         targets = [Target(then, list(then_args)), Target(other, list(other_args))]
         self.block.terminate(Terminator("cond_br", [cond], targets))
 
-    def switch(self, value: Value, cases: Sequence[tuple[str, Block]],
+    def switch(self, value: Value, cases: Sequence[SwitchCase],
                default: Block | None = None) -> None:
         targets = [Target(b) for _, b in cases]
         if default is not None:

@@ -27,7 +27,7 @@ from kiln.ir.equal import structural_equal
 from kiln.ir.expr import Call, Constant, Expr, Function, Op, Var
 from kiln.ir.module import IRModule
 from kiln.ir.traverse import post_order, rewrite
-from kiln.ir.ty import TensorType, TupleType, Type
+from kiln.ir.ty import FuncType, TensorType, TupleType, Type
 from kiln.loops.ir import Kernel
 from kiln.loops.lower import lower_primitive
 from kiln.ssa.ir import Instr, KernelDecl, Program, flatten_tensor_types
@@ -48,8 +48,10 @@ def param_tensor_types(t: Type, what: str) -> list[TensorType]:
     """A kernel parameter's tensors: a tensor, or a tuple of tensors passed field by field."""
     if isinstance(t, TensorType):
         return [t]
-    if isinstance(t, TupleType) and all(isinstance(f, TensorType) for f in t.fields):
-        return list(t.fields)  # type: ignore[arg-type]
+    if isinstance(t, TupleType):
+        fields = [f for f in t.fields if isinstance(f, TensorType)]
+        if len(fields) == len(t.fields):
+            return fields
     raise Error(f"{what} has type {t}; a kernel takes tensors and tuples of tensors")
 
 
@@ -102,20 +104,28 @@ def _share(table: dict[object, list[KernelDecl]], fn: Function,
     return decl
 
 
+def _ret_type(typed: Function) -> Type:
+    t = typed.checked_type
+    if not isinstance(t, FuncType):
+        raise InternalError(f"a primitive function is typed {t}")
+    return t.ret_type
+
+
 def declaration(name: str, typed: Function) -> KernelDecl:
     """The declaration of kernel ``name`` computing typed primitive function ``typed``."""
     inputs: list[TensorType] = []
     for p in typed.params:
         inputs += param_tensor_types(p.checked_type, f"kernel parameter %{p.name_hint}")
-    ret = typed.checked_type.ret_type  # type: ignore[attr-defined]
+    ret = _ret_type(typed)
     outputs = flatten_tensor_types(ret)
     if outputs is None:
         raise Error(f"a fused function returns {ret}; kernels return tensors")
     return KernelDecl(name, tuple(inputs), tuple(outputs), typed, None, _ops(typed))
 
 
-def _lift_constants(fn: Function) -> tuple[Function, list[Constant]]:
-    """``fn`` with its non-scalar constants made parameters (after its own), and the constants."""
+def constants_as_params(fn: Function) -> tuple[Function, list[Constant]]:
+    """Primitive function ``fn``, typed, with its non-scalar constants made parameters (after
+    its own), and those constants: what `lower_primitive` needs of a function with weights."""
     consts = [n for n in post_order(fn.body) if isinstance(n, Constant) and n.data.ndim > 0]
     if not consts:
         return fn, []
@@ -145,15 +155,15 @@ def lift_constants(program: Program) -> Program:
             table_decl = decl
             consts: list[Constant] = []
         else:
-            fn, consts = _lift_constants(decl.func)
+            fn, consts = constants_as_params(decl.func)
             table_decl = _share(table, fn, lambda: declaration(name, fn))  # noqa: B023
         lifted[name] = (table_decl, consts)
     out.kernels = {d.name: d for d, _ in lifted.values()}
     index = {id(data): i for i, data in enumerate(out.constants)}
-    for fn in out.functions.values():
-        entry = fn.entry
+    for func in out.functions.values():
+        entry = func.entry
         loaded: dict[int, Instr] = {}
-        for ins in list(fn.instructions()):
+        for ins in list(func.instructions()):
             if ins.op not in ("kernel", "kernel_dyn"):
                 continue
             decl, consts = lifted[ins.attrs["kernel"]]
@@ -202,12 +212,15 @@ def specialize_decl(decl: KernelDecl, shapes: tuple[tuple[int, ...], ...]) -> Ke
     it = iter(shapes)
     params = []
     for p in fn.params:
+        nt: Type
         t = p.checked_type
         if isinstance(t, TupleType):
-            nt: Type = TupleType(tuple(TensorType(next(it), f.dtype)  # type: ignore[attr-defined]
-                                       for f in t.fields))
+            fields = param_tensor_types(t, f"kernel parameter %{p.name_hint}")
+            nt = TupleType(tuple(TensorType(next(it), f.dtype) for f in fields))
+        elif isinstance(t, TensorType):
+            nt = TensorType(next(it), t.dtype)
         else:
-            nt = TensorType(next(it), t.dtype)  # type: ignore[attr-defined]
+            raise InternalError(f"kernel @{decl.name} has a parameter of type {t}")
         params.append(Var(p.name_hint, nt))
     mapping: dict[Expr, Expr] = dict(zip(fn.params, params))
     body = rewrite(fn.body, lambda e: mapping.get(e) if isinstance(e, Var) else None)
@@ -215,7 +228,7 @@ def specialize_decl(decl: KernelDecl, shapes: tuple[tuple[int, ...], ...]) -> Ke
     inputs: list[TensorType] = []
     for p in concrete.params:
         inputs += param_tensor_types(p.checked_type, f"kernel parameter %{p.name_hint}")
-    outputs = flatten_tensor_types(concrete.checked_type.ret_type)  # type: ignore[attr-defined]
+    outputs = flatten_tensor_types(_ret_type(concrete))
     if outputs is None:
         raise InternalError(f"kernel @{decl.name} no longer returns tensors at {shapes}")
     dims = "_".join("x".join(str(d) for d in s) for s in shapes)

@@ -24,7 +24,7 @@ from kiln.ir.adt import (
     PatternVar,
     PatternWildcard,
 )
-from kiln.ir.expr import Expr, Match, Var
+from kiln.ir.expr import Clause, Expr, Match, Var
 from kiln.ir.traverse import Visit
 from kiln.ir.ty import Type, TypeCall, substitute
 from kiln.ssa.ir import Block, Value
@@ -43,6 +43,22 @@ class MatchLowering:
     ctx: Any
     env: dict[Var, Any]
 
+    def value(self, e: Expr) -> Visit:
+        """Lower ``e`` (the function lowering's)."""
+        raise NotImplementedError
+
+    def plain(self, v: Any, e: Expr) -> Value:
+        """The SSA value of a lowered ``e`` (the function lowering's)."""
+        raise NotImplementedError
+
+    def arm(self, block: Block, e: Expr, tail: bool, join: Block | None) -> Visit:
+        """Lower one arm of a branch (the function lowering's)."""
+        raise NotImplementedError
+
+    def join(self, e: Expr, tail: bool, hint: str) -> Block | None:
+        """The block where a branch's arms meet (the function lowering's)."""
+        raise NotImplementedError
+
     def match(self, e: Match, tail: bool) -> Visit:
         data = self.plain((yield self.value(e.data)), e.data)
         join = self.join(e, tail, "endmatch")
@@ -51,16 +67,16 @@ class MatchLowering:
         flat = self.flat_switch(e)
         if flat is not None:
             ctors, default_clause = flat
-            blocks = [self.fn.add_block(f"case_{c.lhs.constructor.name}") for c in ctors]  # type: ignore
+            blocks = [self.fn.add_block(f"case_{p.constructor.name}") for _, p in ctors]
             default = None
-            all_ctors = self.ctx.mod.type_data(ctors[0].lhs.constructor.belong_to).constructors  # type: ignore
+            all_ctors = self.ctx.mod.type_data(ctors[0][1].constructor.belong_to).constructors
             if default_clause is not None:
                 default = self.fn.add_block("default")
             elif len(ctors) < len(all_ctors):
                 default = self.fn.add_block("nomatch")
-            cases = [(c.lhs.constructor.name, blk) for c, blk in zip(ctors, blocks)]  # type: ignore
+            cases = [(p.constructor.name, blk) for (_, p), blk in zip(ctors, blocks)]
             self.b.switch(data, cases, default)
-            for clause, blk in zip(ctors, blocks):
+            for (clause, _), blk in zip(ctors, blocks):
                 self.b.position(blk)
                 self.env.update(self.bind(clause.lhs, data))
                 yield from self.arm(blk, clause.rhs, tail, join)
@@ -98,11 +114,13 @@ class MatchLowering:
         self.b.position(join)
         return join.params[0]
 
-    def flat_switch(self, e: Match) -> tuple[list[Any], Any] | None:
-        """The clauses as one switch — distinct constructors with variable or wildcard fields,
-        then optionally one irrefutable clause — or None."""
-        ctors: list[Any] = []
-        default = None
+    def flat_switch(
+        self, e: Match
+    ) -> tuple[list[tuple[Clause, PatternConstructor]], Clause | None] | None:
+        """The clauses as one switch — distinct constructors with variable or wildcard fields
+        (each with its pattern), then optionally one irrefutable clause — or None."""
+        ctors: list[tuple[Clause, PatternConstructor]] = []
+        default: Clause | None = None
         seen: set[str] = set()
         for i, clause in enumerate(e.clauses):
             p = clause.lhs
@@ -112,7 +130,7 @@ class MatchLowering:
                 if any(not isinstance(q, (PatternVar, PatternWildcard)) for q in p.patterns):
                     return None
                 seen.add(p.constructor.name)
-                ctors.append(clause)
+                ctors.append((clause, p))
             elif isinstance(p, (PatternVar, PatternWildcard)) and ctors:
                 default = clause
                 if i != len(e.clauses) - 1:
@@ -121,7 +139,8 @@ class MatchLowering:
                 return None
         return (ctors, default) if ctors else None
 
-    def field_type(self, value: Value, ctor: Constructor, index: int, fallback: Type) -> Type:
+    def field_type(self, value: Value, ctor: Constructor, index: int,
+                   fallback: Type | None) -> Type:
         t = value.type
         raw = ctor.inputs[index]
         if isinstance(t, TypeCall):
@@ -171,7 +190,7 @@ class MatchLowering:
                     if isinstance(q, PatternWildcard):
                         continue
                     fallback = q.var.checked_type_ if isinstance(q, PatternVar) else None
-                    ft = self.field_type(v, ctor, i, fallback)  # type: ignore[arg-type]
+                    ft = self.field_type(v, ctor, i, fallback)
                     subs.append((q, b.emit("adt_field", [v], ft, ctor=ctor.name, index=i)))
                 stack.extend(reversed(subs))
         return binds

@@ -23,6 +23,7 @@ from kiln.ir.module import IRModule
 from kiln.ir.ty import (
     ANY,
     DTYPES,
+    Dim,
     FuncType,
     GlobalTypeVar,
     RefType,
@@ -125,13 +126,14 @@ def read_types(table: Any) -> list[Type]:
         return out[i]
 
     for entry in table:
-        _need(isinstance(entry, list) and entry and isinstance(entry[0], str), "a type entry")
+        _need(isinstance(entry, list) and len(entry) > 0 and isinstance(entry[0], str),
+              "a type entry")
         kind = entry[0]
         try:
             if kind == "tensor":
                 _, dims, dtype = entry
                 _need(isinstance(dims, list) and dtype in DTYPES, "a tensor type")
-                shape = []
+                shape: list[Dim] = []
                 for d in dims:
                     if type(d) is int and d >= 0:
                         shape.append(d)
@@ -268,9 +270,10 @@ def _read_program(doc: Any, constants: list[np.ndarray], parse_relay: Any) -> Pr
     for adt in _list(doc.get("adts"), "the ADT list"):
         _need(isinstance(adt, dict), "an ADT")
         header = GlobalTypeVar(_str(adt.get("name"), "an ADT name"))
-        tvs = tuple(ty(i) for i in _list(adt.get("vars"), "ADT type parameters"))
-        _need(all(isinstance(t, TypeVar) for t in tvs), "ADT type parameters")
-        prog.adt_params[header.name] = tvs  # type: ignore[assignment]
+        params = tuple(ty(i) for i in _list(adt.get("vars"), "ADT type parameters"))
+        tvs = tuple(t for t in params if isinstance(t, TypeVar))
+        _need(len(tvs) == len(params), "ADT type parameters")
+        prog.adt_params[header.name] = tvs
         for c in _list(adt.get("ctors"), "constructors"):
             _need(isinstance(c, dict), "a constructor")
             name = _str(c.get("name"), "a constructor name")
@@ -280,16 +283,18 @@ def _read_program(doc: Any, constants: list[np.ndarray], parse_relay: Any) -> Pr
     for k in _list(doc.get("kernels"), "the kernel list"):
         _need(isinstance(k, dict), "a kernel")
         name = _str(k.get("name"), "a kernel name")
-        ins = tuple(ty(i) for i in _list(k.get("inputs"), "kernel inputs"))
-        outs = tuple(ty(i) for i in _list(k.get("outputs"), "kernel outputs"))
-        _need(all(isinstance(t, TensorType) for t in (*ins, *outs)), "kernel types")
+        in_types = [ty(i) for i in _list(k.get("inputs"), "kernel inputs")]
+        out_types = [ty(i) for i in _list(k.get("outputs"), "kernel outputs")]
+        ins = tuple(t for t in in_types if isinstance(t, TensorType))
+        outs = tuple(t for t in out_types if isinstance(t, TensorType))
+        _need(len(ins) == len(in_types) and len(outs) == len(out_types), "kernel types")
         ops = tuple(_str(o, "an operator name") for o in _list(k.get("ops"), "kernel ops"))
         func: RelayFunction | None = None
         if k.get("func") is not None:
             _need(parse_relay is not None, "a dynamic kernel with no way to read it")
             func = parse_relay(_str(k["func"], "a kernel function"))
         _need(name not in prog.kernels, f"kernel {name} twice")
-        prog.kernels[name] = KernelDecl(name, ins, outs, func, None, ops)  # type: ignore
+        prog.kernels[name] = KernelDecl(name, ins, outs, func, None, ops)
     for f in _list(doc.get("functions"), "the function list"):
         fn = _read_function(f, ty)
         _need(fn.name not in prog.functions, f"function {fn.name} twice")

@@ -22,7 +22,6 @@ from kiln.codegen import KernelLibrary, compile_kernels
 from kiln.ir.expr import Function
 from kiln.loops.evaluate import evaluate
 from kiln.loops.ir import Kernel
-from kiln.loops.lower import lower_primitive
 
 from ..loops.helpers import (
     KernelInterpreter,
@@ -31,6 +30,7 @@ from ..loops.helpers import (
     _unflatten,
     compare,
     inputs,
+    lower_with_weights,
     program,
     reference,
 )
@@ -41,8 +41,7 @@ _PARAMS = [pytest.param(name, k, id=f"{name}-{k}") for name, cases in CASES.item
 
 
 def _arrays(kernel: Kernel, args: Any) -> list[np.ndarray]:
-    arrays = _flatten(tuple(args)) + [np.asarray(d) for _, d in kernel.attrs["constants"]]
-    return [np.array(a, order="C") for a in arrays]
+    return [np.array(a, order="C") for a in _flatten(tuple(args))]
 
 
 def run_native(lib: KernelLibrary, kernel: Kernel, args: Any) -> list[np.ndarray]:
@@ -57,10 +56,10 @@ class NativeInterpreter(KernelInterpreter):
     def run_primitive(self, fn: Function, args: list[Any]) -> Any:
         entry = self.kernels.get(id(fn))
         if entry is None:
-            kernel = lower_primitive(fn, f"fused{len(self.kernels)}")
+            kernel, self.weights[id(fn)] = lower_with_weights(fn, f"fused{len(self.kernels)}")
             entry = self.kernels[id(fn)] = kernel
             self.libraries[id(fn)] = compile_kernels([kernel])
-        outs = run_native(self.libraries[id(fn)], entry, args)
+        outs = run_native(self.libraries[id(fn)], entry, [*args, *self.weights[id(fn)]])
         return _unflatten(outs, _shape_of(fn.checked_type.ret_type))  # type: ignore[attr-defined]
 
     def __init__(self, mod: kiln.IRModule) -> None:
@@ -76,15 +75,16 @@ def test_compiled_operator_agrees(name: str, k: int) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         expected = reference(mod, arrays)
-        kernel = lower_primitive(mod["main"], "case")
+        kernel, weights = lower_with_weights(mod["main"], "case")
+        kernel_args = [*arrays, *weights]
         lib = compile_kernels([kernel])
         try:
-            got: Any = _unflatten(run_native(lib, kernel, arrays), expected)
+            got: Any = _unflatten(run_native(lib, kernel, kernel_args), expected)
         except kiln.EvalError as e:
             got = e
         compare(got, expected, case.rtol, case.atol, f"{case.label} (one compiled kernel)")
         if not isinstance(got, kiln.EvalError):  # the same kernel in the loop evaluator
-            evaluated = evaluate(kernel, *_arrays(kernel, arrays))
+            evaluated = evaluate(kernel, *_arrays(kernel, kernel_args))
             compare(tuple(_flatten(got)), tuple(evaluated), case.rtol, case.atol,
                     f"{case.label} (compiled vs evaluated)")
         fused = kiln.infer_types(kiln.optimize(mod))

@@ -25,6 +25,7 @@ from kiln.ir.traverse import post_order
 from kiln.loops.ir import Kernel
 from kiln.loops.lower import lower_primitive
 from kiln.runtime.kernel import EvaluatedKernel
+from kiln.ssa.kernels import constants_as_params
 
 from ..op.helpers import rand
 
@@ -92,9 +93,16 @@ def _flatten(value: Any) -> list[np.ndarray]:
     return out
 
 
+def lower_with_weights(fn: Function, name: str = "kernel") -> tuple[Kernel, list[np.ndarray]]:
+    """The kernel of ``fn`` with its non-scalar constants made parameters (as the back end's
+    lift-constants pass does), and those constants: pass them after the arguments."""
+    lifted, consts = constants_as_params(fn)
+    return lower_primitive(lifted, name), [c.data for c in consts]
+
+
 def run_kernel(kernel: Kernel, args: Sequence[Any]) -> list[np.ndarray]:
-    """Run a kernel on (possibly tuple) arguments and its constants; its output arrays."""
-    arrays = _flatten(tuple(args)) + [np.asarray(d) for _, d in kernel.attrs["constants"]]
+    """Run a kernel on (possibly tuple) arguments; its output arrays."""
+    arrays = _flatten(tuple(args))
     arrays = [np.array(a, order="C") for a in arrays]  # (ascontiguousarray makes 0-d 1-d)
     outs = [np.empty(b.shape, b.dtype) for b in kernel.outputs]
     EvaluatedKernel(kernel)(*arrays, *outs)
@@ -134,9 +142,9 @@ def check_alone(case: Case, seed: int = 0) -> Kernel:
     mod = program(case)
     arrays = inputs(case, seed)
     expected = reference(mod, arrays)
-    kernel = lower_primitive(mod["main"], "case")
+    kernel, weights = lower_with_weights(mod["main"], "case")
     try:
-        outs: Any = _unflatten(run_kernel(kernel, arrays), expected)
+        outs: Any = _unflatten(run_kernel(kernel, [*arrays, *weights]), expected)
     except kiln.EvalError as e:
         outs = e
     compare(outs, expected, case.rtol, case.atol, f"{case.label or 'case'} (one kernel)")
@@ -150,6 +158,7 @@ class KernelInterpreter(Interpreter):
     def __init__(self, mod: kiln.IRModule) -> None:
         super().__init__(mod)
         self.kernels: dict[int, Kernel] = {}
+        self.weights: dict[int, list[np.ndarray]] = {}  # each kernel's lifted constants
 
     def eval_call(self, e: Call, fr: Any, tail: bool):  # noqa: ANN201 (a trampoline generator)
         if not isinstance(e.op, Op):
@@ -164,9 +173,9 @@ class KernelInterpreter(Interpreter):
     def run_primitive(self, fn: Function, args: list[Any]) -> Any:
         kernel = self.kernels.get(id(fn))
         if kernel is None:
-            kernel = lower_primitive(fn, f"fused{len(self.kernels)}")
+            kernel, self.weights[id(fn)] = lower_with_weights(fn, f"fused{len(self.kernels)}")
             self.kernels[id(fn)] = kernel
-        outs = run_kernel(kernel, args)
+        outs = run_kernel(kernel, [*args, *self.weights[id(fn)]])
         return _unflatten(outs, _shape_of(fn.checked_type.ret_type))  # type: ignore[attr-defined]
 
 
