@@ -33,20 +33,32 @@ def _shape_attr(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def _const_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
-    return TensorType(_shape_attr(attrs.shape), attrs.dtype)  # type: ignore[arg-type]
+class InitAttrs(Attrs):
+    """The attributes of zeros, ones and full (whose dtype '' means fill_value's)."""
+
+    __slots__ = ()
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def _const_relation(arg_types: Sequence[Type], attrs: InitAttrs) -> Type | None:
+    return TensorType(_shape_attr(attrs.shape), attrs.dtype)
 
 
 def _lower_filled(value: float) -> oplib.LowerFn:
     """Every element the same constant, of the result's dtype."""
-    return lambda inputs, attrs, out: compute(
-        out.shape, out.dtype, lambda *i: oplib.dtype_const(value, out.dtype))
+    def lower(inputs: list[Tensor], attrs: Attrs, out_type: Type) -> Tensor:
+        out = oplib.out_tensor_type(out_type)
+        return compute(out.static_shape, out.dtype, lambda *i: oplib.dtype_const(value, out.dtype))
+
+    return lower
 
 
-def _lower_full(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+def _lower_full(inputs: list[Tensor], attrs: Attrs, out_type: Type) -> Tensor:
     """The scalar argument (``fill_value``, last) converted to the result's dtype everywhere."""
+    out = oplib.out_tensor_type(out_type)
     fill = inputs[-1]
-    return compute(out.shape, out.dtype, lambda *i: oplib.convert(fill(), out.dtype))  # type: ignore
+    return compute(out.static_shape, out.dtype, lambda *i: oplib.convert(fill(), out.dtype))
 
 
 INIT_ATTRS = (
@@ -57,6 +69,7 @@ INIT_ATTRS = (
 _zeros = register(
     "zeros",
     inputs=(),
+    attrs_type=InitAttrs,
     attrs=INIT_ATTRS,
     relation=_const_relation,
     compute=lambda arrays, attrs: np.zeros(attrs.shape, attrs.dtype),
@@ -68,6 +81,7 @@ _zeros = register(
 _ones = register(
     "ones",
     inputs=(),
+    attrs_type=InitAttrs,
     attrs=INIT_ATTRS,
     relation=_const_relation,
     compute=lambda arrays, attrs: np.ones(attrs.shape, attrs.dtype),
@@ -85,11 +99,11 @@ def _scalar_arg(t: Type, what: str) -> TensorType | None:
     return s
 
 
-def _full_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+def _full_relation(arg_types: Sequence[Type], attrs: InitAttrs) -> Type | None:
     fill = _scalar_arg(arg_types[0], "fill_value")
     if fill is None:
         return None
-    return TensorType(_shape_attr(attrs.shape), attrs.dtype or fill.dtype)  # type: ignore
+    return TensorType(_shape_attr(attrs.shape), attrs.dtype or fill.dtype)
 
 
 def _filled(shape: Sequence[int], value: np.ndarray, dtype: str) -> np.ndarray:
@@ -109,6 +123,7 @@ def _fill_grad(c: Call, fill_value: Expr, g: Expr) -> Expr | None:
 _full = register(
     "full",
     inputs=("fill_value",),
+    attrs_type=InitAttrs,
     attrs=(
         Attr("shape", kind="ints", doc="the shape of the result"),
         Attr("dtype", "", kind="dtype", doc="the dtype of the result; '': fill_value's"),
@@ -177,50 +192,59 @@ def _arange_length(start: object, stop: object, step: object) -> int:
     return max(0, math.ceil((stop - start) / step))
 
 
+class ArangeAttrs(Attrs):
+    __slots__ = ()
+    dtype: str
+
+
 def _arange_relation(
-    arg_types: Sequence[Type], attrs: Attrs, values: Sequence[np.ndarray | None]
+    arg_types: Sequence[Type], attrs: ArangeAttrs, values: Sequence[np.ndarray | None]
 ) -> Type | None:
     names = ("start", "stop", "step")
-    args = [_scalar_arg(t, name) for t, name in zip(arg_types, names, strict=True)]
-    if any(a is None for a in args):
+    given = [_scalar_arg(t, name) for t, name in zip(arg_types, names, strict=True)]
+    args = [a for a in given if a is not None]
+    if len(args) < len(given):
         return None
     for a, name in zip(args, names, strict=True):
-        if a.dtype != attrs.dtype:  # type: ignore[union-attr]
+        if a.dtype != attrs.dtype:
             raise TypeCheckError(
-                f"{name} has dtype {a.dtype} but arange's dtype is {attrs.dtype}; "  # type: ignore
+                f"{name} has dtype {a.dtype} but arange's dtype is {attrs.dtype}; "
                 "they must be the same"
             )
     if any(v is None for v in values):
-        return TensorType((ANY,), attrs.dtype)  # type: ignore[arg-type]
-    return TensorType((_arange_length(*values),), attrs.dtype)  # type: ignore[arg-type]
+        return TensorType((ANY,), attrs.dtype)
+    return TensorType((_arange_length(*values),), attrs.dtype)
 
 
-def _arange(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+def _arange(arrays: list[np.ndarray], attrs: ArangeAttrs) -> np.ndarray:
     try:
         n = _arange_length(*arrays)
     except TypeCheckError as e:
         raise EvalError(e.message) from None
-    wide = np.float64 if dtype_of(attrs.dtype).is_float else np.int64  # type: ignore[arg-type]
+    wide = np.float64 if dtype_of(attrs.dtype).is_float else np.int64
     start, step = (np.asarray(v).astype(wide) for v in (arrays[0], arrays[2]))
-    return (start + np.arange(n, dtype=wide) * step).astype(attrs.dtype)  # type: ignore
+    ramp: np.ndarray = np.arange(n, dtype=wide)
+    return (start + ramp * step).astype(attrs.dtype)
 
 
-def _lower_arange(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+def _lower_arange(inputs: list[Tensor], attrs: Attrs, out_type: Type) -> Tensor:
+    out = oplib.out_tensor_type(out_type)
     # As the reference: start + i * step in float64 (or int64), then converted.
     start, _, step = inputs
-    wide = "float64" if dtype_of(out.dtype).is_float else INDEX  # type: ignore[attr-defined]
+    wide = "float64" if dtype_of(out.dtype).is_float else INDEX
 
     def element(i: LExpr) -> LExpr:
         at = Binary("add", oplib.convert(start(), wide),
                     Binary("mul", oplib.convert(i, wide), oplib.convert(step(), wide)))
-        return oplib.convert(at, out.dtype)  # type: ignore[attr-defined]
+        return oplib.convert(at, out.dtype)
 
-    return compute(out.shape, out.dtype, element)  # type: ignore[attr-defined]
+    return compute(out.static_shape, out.dtype, element)
 
 
 _arange_op = register(
     "arange",
     inputs=("start", "stop", "step"),
+    attrs_type=ArangeAttrs,
     attrs=(Attr("dtype", "float32", kind="dtype", doc="the dtype of the result and bounds"),),
     relation=_arange_relation,
     compute=_arange,

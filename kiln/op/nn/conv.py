@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from kiln.errors import TypeCheckError
 from kiln.ir.attrs import Attrs
 from kiln.ir.expr import Call, Expr
-from kiln.ir.ty import ANY, TensorType, Type
+from kiln.ir.ty import ANY, Dim, TensorType, Type
 from kiln.loops import oplib
-from kiln.loops.compute import Tensor, reduce
+from kiln.loops.compute import Indices, Tensor, reduce
 from kiln.loops.ir import Binary, Const
 from kiln.loops.ir import Expr as LExpr
 from kiln.op import grad_helpers as gh
@@ -34,7 +34,38 @@ from kiln.op.grad_helpers import call
 from kiln.op.registry import Attr, OpPattern, register
 
 
-def _conv2d_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+class WindowAttrs(Attrs):
+    """The attributes conv2d and its adjoints share (see `_window_attrs`)."""
+
+    __slots__ = ()
+    strides: tuple[int, int]
+    padding: tuple[int, int, int, int]
+    dilation: tuple[int, int]
+    groups: int
+    channels: int | None
+    kernel_size: tuple[int, int] | None
+    data_layout: str
+    kernel_layout: str
+    out_dtype: str
+
+
+class Conv2DAttrs(WindowAttrs):
+    __slots__ = ()
+    out_layout: str
+
+
+class Conv2DTransposeAttrs(WindowAttrs):
+    __slots__ = ()
+    out_layout: str
+    output_padding: tuple[int, int]
+
+
+class Conv2DBackwardWeightAttrs(WindowAttrs):
+    __slots__ = ()
+    grad_layout: str
+
+
+def _conv2d_relation(arg_types: Sequence[Type], attrs: Conv2DAttrs) -> Type | None:
     args = tensor_args(arg_types, ("data", "weight"))
     if args is None:
         return None
@@ -53,17 +84,17 @@ def _conv2d_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
     n, c, h, w = data.shape
     o, i, kh, kw = weight.shape
     groups = attrs.groups
-    if groups < 1:  # type: ignore[operator]
+    if groups < 1:
         raise TypeCheckError(f"groups must be positive, got {groups}")
     if isinstance(i, int):
         check_dims_equal(
             c,
-            i * groups,  # type: ignore[operator]
+            i * groups,
             f"data of shape {shape_str(data.shape)} has {c} channels (dimension 1), but weight "
             f"of shape {shape_str(weight.shape)} expects {i} input channels per group times "
-            f"groups={groups}, that is {i * groups}",  # type: ignore[operator]
+            f"groups={groups}, that is {i * groups}",
         )
-    if isinstance(o, int) and o % groups:  # type: ignore[operator]
+    if isinstance(o, int) and o % groups:
         raise TypeCheckError(
             f"weight of shape {shape_str(weight.shape)} has {o} output channels, which "
             f"groups={groups} does not divide"
@@ -71,11 +102,11 @@ def _conv2d_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
     if attrs.channels is not None:
         check_dims_equal(
             attrs.channels,
-            o,  # type: ignore[arg-type]
+            o,
             f"channels={attrs.channels} but weight of shape {shape_str(weight.shape)} has {o} "
             "output channels (dimension 0)",
         )
-        o = unify_dim(o, attrs.channels)  # type: ignore[arg-type]
+        o = unify_dim(o, attrs.channels)
     if attrs.kernel_size is not None:
         ks = pair(attrs.kernel_size, "kernel_size")
         for axis, (want, have) in enumerate(zip(ks, (kh, kw), strict=True)):
@@ -94,10 +125,10 @@ def _conv2d_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
         ow = window_out_size(w, left + right, kw, dilation[1], strides[1])
     else:
         oh = ow = ANY
-    return TensorType((n, o, oh, ow), attrs.out_dtype or data.dtype)  # type: ignore[arg-type]
+    return TensorType((n, o, oh, ow), attrs.out_dtype or data.dtype)
 
 
-def _conv2d(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+def _conv2d(arrays: list[np.ndarray], attrs: Conv2DAttrs) -> np.ndarray:
     x, w = np.asarray(arrays[0]), np.asarray(arrays[1])
     out = attrs.out_dtype or x.dtype.name
     acc = "float32" if out == "float16" else out
@@ -108,19 +139,24 @@ def _conv2d(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
         x, w.shape[2:], pair(attrs.strides, "strides"), pair(attrs.dilation, "dilation")
     )  # (N, C, OH, OW, kh, kw)
     groups = attrs.groups
-    cg, og = x.shape[1] // groups, w.shape[0] // groups  # type: ignore[operator]
+    cg, og = x.shape[1] // groups, w.shape[0] // groups
     parts = []
-    for g in range(groups):  # type: ignore[call-overload]
+    for g in range(groups):
         xg = windows[:, g * cg : (g + 1) * cg]
         wg = w[g * og : (g + 1) * og]
         parts.append(np.tensordot(xg, wg, axes=([1, 4, 5], [1, 2, 3])))  # (N, OH, OW, og)
-    return as_array(np.concatenate(parts, axis=-1).transpose(0, 3, 1, 2), out)  # type: ignore
+    return as_array(np.concatenate(parts, axis=-1).transpose(0, 3, 1, 2), out)
 
 
-def _accumulate(out_dtype: str) -> tuple[str, object]:
+def _accumulate(out_dtype: str) -> tuple[str, Callable[[LExpr, Indices], LExpr] | None]:
     """The accumulator dtype (float16 sums in float32, as the reference) and the finalizer."""
     acc = "float32" if out_dtype == "float16" else out_dtype
-    fin = None if acc == out_dtype else (lambda v, o: oplib.convert(v, out_dtype))
+    if acc == out_dtype:
+        return acc, None
+
+    def fin(v: LExpr, o: Indices) -> LExpr:
+        return oplib.convert(v, out_dtype)
+
     return acc, fin
 
 
@@ -129,23 +165,24 @@ def _product(a: LExpr, b: LExpr, acc: str) -> LExpr:
 
 
 @oplib.zeros_if_empty
-def _conv2d_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+def _conv2d_lower(inputs: list[Tensor], attrs: Conv2DAttrs, out_type: Type) -> Tensor:
+    out = oplib.out_tensor_type(out_type)
     # A plain reduction over (input channels of the group, kernel rows, kernel columns); the
     # zero padding is a select around a clamped read.
     from kiln.loops import conv_kernels, gemm  # float32: implicit GEMM / depthwise
 
     x, w = inputs
-    og, cg, kh, kw = w.shape[0] // attrs.groups, w.shape[1], w.shape[2], w.shape[3]  # type: ignore
+    og, cg, kh, kw = w.shape[0] // attrs.groups, w.shape[1], w.shape[2], w.shape[3]
     (sh, sw), (dh, dw) = pair(attrs.strides, "strides"), pair(attrs.dilation, "dilation")
     top, left, _, _ = padding4(attrs.padding, "padding")
-    dtype = out.dtype  # type: ignore[attr-defined]
+    dtype = out.dtype
     if gemm.supported(x.dtype) and x.dtype == dtype and min(x.shape + w.shape) > 0:
         return conv_kernels.conv2d(x, w, (sh, sw), (top, left), (dh, dw),
-                                   attrs.groups, out.shape, dtype)  # type: ignore
-    oh, ow = out.shape[2:]  # type: ignore[attr-defined]
+                                   attrs.groups, out.static_shape, dtype)
+    oh, ow = out.static_shape[2:]
     spans = [None, None, oplib.window_span(oh, sh, kh, dh, top),
              oplib.window_span(ow, sw, kw, dw, left)]
-    acc, fin = _accumulate(out.dtype)  # type: ignore[attr-defined]
+    acc, fin = _accumulate(out.dtype)
     zero = oplib.dtype_const(0, x.dtype)
 
     def body(o: tuple, r: tuple) -> LExpr:
@@ -155,8 +192,8 @@ def _conv2d_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
         at = [b, ch, y * sh + ry * dh - top, xx * sw + rx * dw - left]
         return _product(oplib.guarded_read(x, at, spans, zero), w(oc, rc, ry, rx), acc)
 
-    return reduce(out.shape, out.dtype, (cg, kh, kw), "add", body,  # type: ignore
-                  oplib.dtype_const(0, acc), fin, acc)  # type: ignore[arg-type]
+    return reduce(out.static_shape, out.dtype, (cg, kh, kw), "add", body,
+                  oplib.dtype_const(0, acc), fin, acc)
 
 
 def _window_attrs(extra: tuple[Attr, ...], kernel_layout: str,
@@ -194,6 +231,7 @@ def _window_attrs(extra: tuple[Attr, ...], kernel_layout: str,
 conv2d = register(
     "nn.conv2d",
     inputs=("data", "weight"),
+    attrs_type=Conv2DAttrs,
     attrs=_window_attrs(
         (Attr("data_layout", "NCHW", kind="str", doc="layout of data (only NCHW)"),),
         "OIHW",
@@ -211,7 +249,7 @@ conv2d = register(
 # --- the adjoints of conv2d: conv2d_transpose and conv2d_backward_weight (TVM's) -----------
 
 
-def _geometry(attrs: Attrs) -> dict[str, object]:
+def _geometry(attrs: WindowAttrs) -> dict[str, object]:
     """The window attributes conv2d shares with its adjoints."""
     return {
         "strides": attrs.strides,
@@ -225,22 +263,23 @@ def _output_padding(
     size: tuple[int, int],
     out: tuple[int, int],
     kernel: tuple[int, int],
-    attrs: Attrs,
+    attrs: WindowAttrs,
 ) -> tuple[int, int]:
     """Rows and columns of ``size`` past the last window: conv2d_transpose must add them back."""
     top, left, bottom, right = padding4(attrs.padding, "padding")
     pads = (top + bottom, left + right)
     strides = pair(attrs.strides, "strides")
     dilation = pair(attrs.dilation, "dilation")
-    return tuple(  # type: ignore[return-value]
+    rows, cols = (
         size[i] + pads[i] - dilation[i] * (kernel[i] - 1) - 1 - (out[i] - 1) * strides[i]
         for i in range(2)
     )
+    return rows, cols
 
 
 def _data_adjoint(
     g: Expr, weight: Expr, data: Expr, out_hw: tuple[int, int], kernel: tuple[int, int],
-    conv_attrs: Attrs, op: str,
+    conv_attrs: WindowAttrs, op: str,
 ) -> Expr:
     """The adjoint of conv2d's data: a transposed convolution back to data's shape.
 
@@ -258,7 +297,7 @@ def _data_adjoint(
     )
 
 
-def _weight_adjoint(g: Expr, data: Expr, weight: Expr, conv_attrs: Attrs, op: str) -> Expr:
+def _weight_adjoint(g: Expr, data: Expr, weight: Expr, conv_attrs: WindowAttrs, op: str) -> Expr:
     o, _, kh, kw = gh.static_shape(weight, op)
     return call(
         "nn.conv2d_backward_weight",
@@ -275,15 +314,18 @@ def _conv2d_grad(c: Call, g: Expr) -> list[Expr | None]:
     source = gh.dtype(data)
     if gh.dtype(c) != source:  # out_dtype: differentiate in the inputs' dtype
         g = call("cast", g, dtype=source)
-    out_hw = gh.static_shape(c, "nn.conv2d")[2:]
-    kernel = gh.static_shape(weight, "nn.conv2d")[2:]
+    _, _, oh, ow = gh.static_shape(c, "nn.conv2d")
+    _, _, kh, kw = gh.static_shape(weight, "nn.conv2d")
+    attrs = Conv2DAttrs.view(c.attrs)
     return [
-        _data_adjoint(g, weight, data, out_hw, kernel, c.attrs, "nn.conv2d"),  # type: ignore
-        _weight_adjoint(g, data, weight, c.attrs, "nn.conv2d"),
+        _data_adjoint(g, weight, data, (oh, ow), (kh, kw), attrs, "nn.conv2d"),
+        _weight_adjoint(g, data, weight, attrs, "nn.conv2d"),
     ]
 
 
-def _conv2d_transpose_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+def _conv2d_transpose_relation(
+    arg_types: Sequence[Type], attrs: Conv2DTransposeAttrs
+) -> Type | None:
     args = tensor_args(arg_types, ("data", "weight"))
     if args is None:
         return None
@@ -304,7 +346,7 @@ def _conv2d_transpose_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type 
     n, c, h, w = data.shape
     i, og, kh, kw = weight.shape
     groups = attrs.groups
-    if groups < 1:  # type: ignore[operator]
+    if groups < 1:
         raise TypeCheckError(f"groups must be positive, got {groups}")
     check_dims_equal(
         c,
@@ -312,17 +354,17 @@ def _conv2d_transpose_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type 
         f"data of shape {shape_str(data.shape)} has {c} channels (dimension 1), but weight of "
         f"shape {shape_str(weight.shape)} expects {i} input channels (dimension 0)",
     )
-    if isinstance(c, int) and c % groups:  # type: ignore[operator]
+    if isinstance(c, int) and c % groups:
         raise TypeCheckError(f"groups={groups} does not divide the {c} input channels")
-    out_c = og * groups if isinstance(og, int) else ANY  # type: ignore[operator]
+    out_c: Dim = og * groups if isinstance(og, int) else ANY
     if attrs.channels is not None:
         check_dims_equal(
-            attrs.channels,  # type: ignore[arg-type]
+            attrs.channels,
             out_c,
             f"channels={attrs.channels} but weight of shape {shape_str(weight.shape)} and "
             f"groups={groups} give {out_c} output channels",
         )
-        out_c = unify_dim(out_c, attrs.channels)  # type: ignore[arg-type]
+        out_c = unify_dim(out_c, attrs.channels)
     strides = pair(attrs.strides, "strides")
     dilation = pair(attrs.dilation, "dilation")
     output_padding = pair(attrs.output_padding, "output_padding")
@@ -346,10 +388,10 @@ def _conv2d_transpose_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type 
             sizes.append(ANY)
     if isinstance(kh, int) and isinstance(kw, int):
         check_window_attrs((kh, kw), strides, dilation)
-    return TensorType((n, out_c, *sizes), attrs.out_dtype or data.dtype)  # type: ignore[arg-type]
+    return TensorType((n, out_c, *sizes), attrs.out_dtype or data.dtype)
 
 
-def _conv2d_transpose(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+def _conv2d_transpose(arrays: list[np.ndarray], attrs: Conv2DTransposeAttrs) -> np.ndarray:
     x, w = np.asarray(arrays[0]), np.asarray(arrays[1])
     out_dtype = attrs.out_dtype or x.dtype.name
     acc = "float32" if out_dtype == "float16" else out_dtype
@@ -357,7 +399,7 @@ def _conv2d_transpose(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     n, c, h, wd = x.shape
     _, og, kh, kw = w.shape
     groups = attrs.groups
-    cg = c // groups  # type: ignore[operator]
+    cg = c // groups
     (sh, sw), (dh, dw) = pair(attrs.strides, "strides"), pair(attrs.dilation, "dilation")
     top, left, bottom, right = padding4(attrs.padding, "padding")
     oph, opw = pair(attrs.output_padding, "output_padding")
@@ -366,8 +408,8 @@ def _conv2d_transpose(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     # Scatter every input element through every kernel tap into the padded output, then crop.
     full_h = max((h - 1) * sh + dh * (kh - 1) + 1, top + oh)
     full_w = max((wd - 1) * sw + dw * (kw - 1) + 1, left + ow)
-    full = np.zeros((n, og * groups, full_h, full_w), acc)  # type: ignore[operator]
-    for g in range(groups):  # type: ignore[call-overload]
+    full = np.zeros((n, og * groups, full_h, full_w), acc)
+    for g in range(groups):
         xg = x[:, g * cg : (g + 1) * cg]
         wg = w[g * cg : (g + 1) * cg]  # (cg, og, kh, kw)
         for i in range(kh):
@@ -376,13 +418,13 @@ def _conv2d_transpose(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
                 rows = slice(i * dh, i * dh + (h - 1) * sh + 1, sh)
                 cols = slice(j * dw, j * dw + (wd - 1) * sw + 1, sw)
                 full[:, g * og : (g + 1) * og, rows, cols] += part
-    return as_array(full[:, :, top : top + oh, left : left + ow], out_dtype)  # type: ignore
+    return as_array(full[:, :, top : top + oh, left : left + ow], out_dtype)
 
 
 def _conv2d_transpose_grad(c: Call, g: Expr) -> list[Expr | None]:
     # conv2d_transpose(x, w) is the adjoint of conv2d(., w): its adjoints are conv2d's.
     data, weight = c.args
-    attrs = c.attrs
+    attrs = Conv2DTransposeAttrs.view(c.attrs)
     ddata = call("nn.conv2d", g, weight, **_geometry(attrs))
     dweight = call(
         "nn.conv2d_backward_weight",
@@ -396,16 +438,19 @@ def _conv2d_transpose_grad(c: Call, g: Expr) -> list[Expr | None]:
 
 
 @oplib.zeros_if_empty
-def _conv2d_transpose_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+def _conv2d_transpose_lower(
+    inputs: list[Tensor], attrs: Conv2DTransposeAttrs, out_type: Type
+) -> Tensor:
+    out = oplib.out_tensor_type(out_type)
     # Gathered rather than scattered: output row y takes input row iy through kernel row i
     # when y + top = iy * stride + i * dilation.
     x, w = inputs
     c, og, kh, kw = w.shape
-    cg = c // attrs.groups  # type: ignore[operator]
+    cg = c // attrs.groups
     (sh, sw), (dh, dw) = pair(attrs.strides, "strides"), pair(attrs.dilation, "dilation")
     top, left, _, _ = padding4(attrs.padding, "padding")
-    oh, ow = out.shape[2:]  # type: ignore[attr-defined]
-    acc, fin = _accumulate(out.dtype)  # type: ignore[attr-defined]
+    oh, ow = out.static_shape[2:]
+    acc, fin = _accumulate(out.dtype)
     zero = oplib.dtype_const(0, x.dtype)
 
     def source(o: LExpr, r: LExpr, size: int, k: int, s: int, d: int, pad: int) -> tuple:
@@ -425,13 +470,14 @@ def _conv2d_transpose_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Te
         value = oplib.guarded_read(x, [b, ch, iy, ix], [None, None, span_y, span_x], zero, exact)
         return _product(value, w(ch, oc if attrs.groups == 1 else oc % og, ry, rx), acc)
 
-    return reduce(out.shape, out.dtype, (cg, kh, kw), "add", body,  # type: ignore
-                  oplib.dtype_const(0, acc), fin, acc)  # type: ignore[arg-type]
+    return reduce(out.static_shape, out.dtype, (cg, kh, kw), "add", body,
+                  oplib.dtype_const(0, acc), fin, acc)
 
 
 conv2d_transpose = register(
     "nn.conv2d_transpose",
     inputs=("data", "weight"),
+    attrs_type=Conv2DTransposeAttrs,
     attrs=_window_attrs(
         (
             Attr("data_layout", "NCHW", kind="str", doc="layout of data (only NCHW)"),
@@ -455,7 +501,9 @@ conv2d_transpose = register(
 )
 
 
-def _backward_weight_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+def _backward_weight_relation(
+    arg_types: Sequence[Type], attrs: Conv2DBackwardWeightAttrs
+) -> Type | None:
     args = tensor_args(arg_types, ("grad", "data"))
     if args is None:
         return None
@@ -479,11 +527,11 @@ def _backward_weight_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type |
     o, c = grad.shape[1], data.shape[1]
     if attrs.channels is not None:
         check_dims_equal(
-            attrs.channels,  # type: ignore[arg-type]
+            attrs.channels,
             o,
             f"channels={attrs.channels} but grad of shape {shape_str(grad.shape)} has {o}",
         )
-    if isinstance(c, int) and c % groups:  # type: ignore[operator]
+    if isinstance(c, int) and c % groups:
         raise TypeCheckError(f"groups={groups} does not divide the {c} channels of data")
     top, left, bottom, right = padding4(attrs.padding, "padding")
     pads = (top + bottom, left + right)
@@ -497,11 +545,13 @@ def _backward_weight_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type |
                 f"grad of shape {shape_str(grad.shape)} is not the shape conv2d gives for data "
                 f"of shape {shape_str(data.shape)} (dimension {axis + 2})",
             )
-    cg = c // groups if isinstance(c, int) else ANY  # type: ignore[operator]
-    return TensorType((o, cg, kh, kw), attrs.out_dtype or data.dtype)  # type: ignore[arg-type]
+    cg = c // groups if isinstance(c, int) else ANY
+    return TensorType((o, cg, kh, kw), attrs.out_dtype or data.dtype)
 
 
-def _conv2d_backward_weight(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+def _conv2d_backward_weight(
+    arrays: list[np.ndarray], attrs: Conv2DBackwardWeightAttrs
+) -> np.ndarray:
     g, x = np.asarray(arrays[0]), np.asarray(arrays[1])
     out_dtype = attrs.out_dtype or x.dtype.name
     acc = "float32" if out_dtype == "float16" else out_dtype
@@ -513,40 +563,44 @@ def _conv2d_backward_weight(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarra
         x, kernel, pair(attrs.strides, "strides"), pair(attrs.dilation, "dilation")
     )  # (N, C, OH, OW, kh, kw)
     groups = attrs.groups
-    cg, og = x.shape[1] // groups, g.shape[1] // groups  # type: ignore[operator]
+    cg, og = x.shape[1] // groups, g.shape[1] // groups
     parts = []
-    for k in range(groups):  # type: ignore[call-overload]
+    for k in range(groups):
         xg = windows[:, k * cg : (k + 1) * cg]
         gk = g[:, k * og : (k + 1) * og]
         parts.append(np.tensordot(gk, xg, axes=([0, 2, 3], [0, 2, 3])))  # (og, cg, kh, kw)
-    return as_array(np.concatenate(parts, axis=0), out_dtype)  # type: ignore[arg-type]
+    return as_array(np.concatenate(parts, axis=0), out_dtype)
 
 
 def _backward_weight_grad(c: Call, g: Expr) -> list[Expr | None]:
     # Bilinear in (grad, data): <G, B(grad, data)> = <grad, conv2d(data, G)>.
     grad, data = c.args
     op = "nn.conv2d_backward_weight"
-    out_hw = gh.static_shape(grad, op)[2:]
-    kernel = pair(c.attrs.kernel_size, "kernel_size")
+    _, _, oh, ow = gh.static_shape(grad, op)
+    attrs = Conv2DBackwardWeightAttrs.view(c.attrs)
+    kernel = pair(attrs.kernel_size, "kernel_size")
     return [
-        call("nn.conv2d", data, g, **_geometry(c.attrs)),
-        _data_adjoint(grad, g, data, out_hw, kernel, c.attrs, op),  # type: ignore[arg-type]
+        call("nn.conv2d", data, g, **_geometry(attrs)),
+        _data_adjoint(grad, g, data, (oh, ow), kernel, attrs, op),
     ]
 
 
 @oplib.zeros_if_empty
-def _conv2d_backward_weight_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+def _conv2d_backward_weight_lower(
+    inputs: list[Tensor], attrs: Conv2DBackwardWeightAttrs, out_type: Type
+) -> Tensor:
+    out = oplib.out_tensor_type(out_type)
     # weight[o, c, i, j] = sum over (batch, output rows, output columns) of
     # grad[b, o, y, x] * data[b, group(o) * cg + c, y * stride + i * dilation - pad, ...]
     g, x = inputs
     n, o_all, oh, ow = g.shape
-    og = o_all // attrs.groups  # type: ignore[operator]
-    _, cg, kh, kw = out.shape  # type: ignore[attr-defined]
+    og = o_all // attrs.groups
+    _, cg, kh, kw = out.static_shape
     (sh, sw), (dh, dw) = pair(attrs.strides, "strides"), pair(attrs.dilation, "dilation")
     top, left, _, _ = padding4(attrs.padding, "padding")
     spans = [None, None, oplib.window_span(oh, sh, kh, dh, top),
              oplib.window_span(ow, sw, kw, dw, left)]
-    acc, fin = _accumulate(out.dtype)  # type: ignore[attr-defined]
+    acc, fin = _accumulate(out.dtype)
     zero = oplib.dtype_const(0, x.dtype)
 
     def body(o: tuple, r: tuple) -> LExpr:
@@ -556,13 +610,14 @@ def _conv2d_backward_weight_lower(inputs: list[Tensor], attrs: Attrs, out: Type)
         at = [b, ch, y * sh + i * dh - top, xx * sw + j * dw - left]
         return _product(g(b, oc, y, xx), oplib.guarded_read(x, at, spans, zero), acc)
 
-    return reduce(out.shape, out.dtype, (n, oh, ow), "add", body,  # type: ignore
-                  oplib.dtype_const(0, acc), fin, acc)  # type: ignore[arg-type]
+    return reduce(out.static_shape, out.dtype, (n, oh, ow), "add", body,
+                  oplib.dtype_const(0, acc), fin, acc)
 
 
 conv2d_backward_weight = register(
     "nn.conv2d_backward_weight",
     inputs=("grad", "data"),
+    attrs_type=Conv2DBackwardWeightAttrs,
     attrs=_window_attrs(
         (
             Attr("grad_layout", "NCHW", kind="str", doc="layout of grad (only NCHW)"),

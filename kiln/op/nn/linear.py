@@ -35,7 +35,13 @@ def _accumulator(dtype: str) -> str:
     return "float32" if dtype == "float16" else dtype
 
 
-def _dense_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+class DenseAttrs(Attrs):
+    __slots__ = ()
+    units: int | None
+    out_dtype: str
+
+
+def _dense_relation(arg_types: Sequence[Type], attrs: DenseAttrs) -> Type | None:
     args = tensor_args(arg_types, ("data", "weight"))
     if args is None:
         return None
@@ -56,19 +62,19 @@ def _dense_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
     if attrs.units is not None:
         check_dims_equal(
             attrs.units,
-            units,  # type: ignore[arg-type]
+            units,
             f"units={attrs.units} but weight of shape {shape_str(weight.shape)} has "
             f"{units} units (dimension 0)",
         )
-        units = unify_dim(units, attrs.units)  # type: ignore[arg-type]
-    return TensorType((*data.shape[:-1], units), attrs.out_dtype or data.dtype)  # type: ignore
+        units = unify_dim(units, attrs.units)
+    return TensorType((*data.shape[:-1], units), attrs.out_dtype or data.dtype)
 
 
-def _dense(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+def _dense(arrays: list[np.ndarray], attrs: DenseAttrs) -> np.ndarray:
     x, w = np.asarray(arrays[0]), np.asarray(arrays[1])
     out = attrs.out_dtype or x.dtype.name
-    acc = _accumulator(out)  # type: ignore[arg-type]
-    return as_array(np.matmul(x.astype(acc), w.astype(acc).T), out)  # type: ignore[arg-type]
+    acc = _accumulator(out)
+    return as_array(np.matmul(x.astype(acc), w.astype(acc).T), out)
 
 
 def _in_dtype(c: Call, g: Expr) -> Expr:
@@ -90,30 +96,32 @@ def _dense_grad(c: Call, g: Expr) -> list[Expr | None]:
     return [ddata, dweight]
 
 
-def _dense_lower(inputs: list, attrs: Attrs, out: Type) -> Tensor:
+def _dense_lower(inputs: list, attrs: DenseAttrs, out_type: Type) -> Tensor:
     from kiln.loops import linear_kernels as fast  # float32: packed GEMM / dot products
 
+    out = oplib.out_tensor_type(out_type)
     x, w = inputs
-    if x.dtype == out.dtype and fast.usable(x.dtype, x.shape, w.shape):  # type: ignore
-        return fast.dense(x, w, out.shape, out.dtype)  # type: ignore[attr-defined]
+    if x.dtype == out.dtype and fast.usable(x.dtype, x.shape, w.shape):
+        return fast.dense(x, w, out.static_shape, out.dtype)
     k = x.shape[-1]
 
     def body(o: tuple, r: tuple) -> LExpr:
         a, b = x(*o[:-1], r[0]), w(o[-1], r[0])
-        acc = _accumulator(out.dtype)  # type: ignore[attr-defined]
+        acc = _accumulator(out.dtype)
         if a.dtype != acc:
             a, b = Cast(acc, a), Cast(acc, b)
         return Binary("mul", a, b)
 
-    acc = _accumulator(out.dtype)  # type: ignore[attr-defined]
-    fin = None if acc == out.dtype else (lambda v, o: Cast(out.dtype, v))  # type: ignore
-    return reduce(out.shape, out.dtype, (k,), "add", body,  # type: ignore[attr-defined]
+    acc = _accumulator(out.dtype)
+    fin = None if acc == out.dtype else (lambda v, o: Cast(out.dtype, v))
+    return reduce(out.static_shape, out.dtype, (k,), "add", body,
                   oplib.dtype_const(0, acc), fin, acc)
 
 
 dense = register(
     "nn.dense",
     inputs=("data", "weight"),
+    attrs_type=DenseAttrs,
     attrs=(
         Attr("units", None, kind="int", optional=True, doc="output size; checked against weight"),
         Attr("out_dtype", "", kind="dtype", doc="result dtype; '': that of data"),
@@ -127,7 +135,14 @@ dense = register(
 )
 
 
-def _batch_matmul_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+class BatchMatmulAttrs(Attrs):
+    __slots__ = ()
+    out_dtype: str
+    transpose_a: bool
+    transpose_b: bool
+
+
+def _batch_matmul_relation(arg_types: Sequence[Type], attrs: BatchMatmulAttrs) -> Type | None:
     args = tensor_args(arg_types, ("x", "y"))
     if args is None:
         return None
@@ -159,27 +174,28 @@ def _batch_matmul_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | No
         f"reduction dimension: {kx} in x but {ky} in y (transpose_a={attrs.transpose_a}, "
         f"transpose_b={attrs.transpose_b})",
     )
-    return TensorType((batch, m, n), attrs.out_dtype or x.dtype)  # type: ignore[arg-type]
+    return TensorType((batch, m, n), attrs.out_dtype or x.dtype)
 
 
-def _batch_matmul(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+def _batch_matmul(arrays: list[np.ndarray], attrs: BatchMatmulAttrs) -> np.ndarray:
     x, y = np.asarray(arrays[0]), np.asarray(arrays[1])
     out = attrs.out_dtype or x.dtype.name
-    acc = _accumulator(out)  # type: ignore[arg-type]
+    acc = _accumulator(out)
     a = x.astype(acc)
     b = y.astype(acc)
     if attrs.transpose_a:
         a = a.swapaxes(1, 2)
     if attrs.transpose_b:
         b = b.swapaxes(1, 2)
-    return as_array(np.matmul(a, b), out)  # type: ignore[arg-type]
+    return as_array(np.matmul(a, b), out)
 
 
 def _batch_matmul_grad(c: Call, g: Expr) -> list[Expr | None]:
     # out = A @ B with A = x or x^T and B = y or y^T; dA = g @ B^T and dB = A^T @ g, each
     # written as one batch_matmul with the transposes folded into its flags.
     x, y = c.args
-    ta, tb = bool(c.attrs.transpose_a), bool(c.attrs.transpose_b)
+    attrs = BatchMatmulAttrs.view(c.attrs)
+    ta, tb = attrs.transpose_a, attrs.transpose_b
     g = _in_dtype(c, g)
 
     def bmm(p: Expr, q: Expr, transpose_a: bool, transpose_b: bool) -> Expr:
@@ -187,26 +203,27 @@ def _batch_matmul_grad(c: Call, g: Expr) -> list[Expr | None]:
 
     dx = bmm(y, g, tb, True) if ta else bmm(g, y, False, not tb)
     dy = bmm(g, x, True, ta) if tb else bmm(x, g, not ta, False)
-    out = c.checked_type
+    out = gh.tensor_type(c)
     return [gh.unbroadcast(dx, x, _with_batch(x, out)), gh.unbroadcast(dy, y, _with_batch(y, out))]
 
 
-def _with_batch(arg: Expr, out: object) -> TensorType:
+def _with_batch(arg: Expr, out: TensorType) -> TensorType:
     """The type ``arg``'s adjoint has before a broadcast batch dimension is summed away."""
     t = gh.tensor_type(arg)
-    return TensorType((out.shape[0], *t.shape[1:]), t.dtype)  # type: ignore[attr-defined]
+    return TensorType((out.shape[0], *t.shape[1:]), t.dtype)
 
 
-def _batch_matmul_lower(inputs: list, attrs: Attrs, out: Type) -> Tensor:
+def _batch_matmul_lower(inputs: list, attrs: BatchMatmulAttrs, out_type: Type) -> Tensor:
     from kiln.loops import linear_kernels as fast  # float32: packed GEMM
 
+    out = oplib.out_tensor_type(out_type)
     x, y = inputs
     ta, tb = bool(attrs.transpose_a), bool(attrs.transpose_b)
-    if x.dtype == out.dtype and fast.usable(x.dtype, x.shape, y.shape):  # type: ignore
-        return fast.batch_matmul(x, y, out.shape, out.dtype, ta, tb)  # type: ignore
+    if x.dtype == out.dtype and fast.usable(x.dtype, x.shape, y.shape):
+        return fast.batch_matmul(x, y, out.static_shape, out.dtype, ta, tb)
     k = x.shape[1] if ta else x.shape[2]
-    acc = _accumulator(out.dtype)  # type: ignore[attr-defined]
-    batch = out.shape[0]  # type: ignore[attr-defined]
+    acc = _accumulator(out.dtype)
+    batch = out.static_shape[0]
 
     def body(o: tuple, r: tuple) -> LExpr:
         b, i, j = o
@@ -216,14 +233,15 @@ def _batch_matmul_lower(inputs: list, attrs: Attrs, out: Type) -> Tensor:
         c = y(by, j, r[0]) if tb else y(by, r[0], j)
         return Binary("mul", oplib.convert(a, acc), oplib.convert(c, acc))
 
-    fin = None if acc == out.dtype else (lambda v, o: Cast(out.dtype, v))  # type: ignore
-    return reduce(out.shape, out.dtype, (k,), "add", body,  # type: ignore[attr-defined]
+    fin = None if acc == out.dtype else (lambda v, o: Cast(out.dtype, v))
+    return reduce(out.static_shape, out.dtype, (k,), "add", body,
                   oplib.dtype_const(0, acc), fin, acc)
 
 
 batch_matmul = register(
     "nn.batch_matmul",
     inputs=("x", "y"),
+    attrs_type=BatchMatmulAttrs,
     attrs=(
         Attr("out_dtype", "", kind="dtype", doc="result dtype; '': that of x"),
         Attr("transpose_a", False, kind="bool", doc="x is (batch, k, m)"),
@@ -238,14 +256,19 @@ batch_matmul = register(
 )
 
 
-def _bias_add_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+class BiasAddAttrs(Attrs):
+    __slots__ = ()
+    axis: int
+
+
+def _bias_add_relation(arg_types: Sequence[Type], attrs: BiasAddAttrs) -> Type | None:
     args = tensor_args(arg_types, ("data", "bias"))
     if args is None:
         return None
     data, bias = args
     same_dtype(args, ("data", "bias"))
     require_dtype(data, "data", "numeric")
-    axis = normalize_axis(attrs.axis, data.ndim)  # type: ignore[arg-type]
+    axis = normalize_axis(attrs.axis, data.ndim)
     require_rank(bias, "bias", 1)
     check_dims_equal(
         bias.shape[0],
@@ -256,21 +279,21 @@ def _bias_add_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
     return data
 
 
-def _bias_add(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+def _bias_add(arrays: list[np.ndarray], attrs: BiasAddAttrs) -> np.ndarray:
     x, b = np.asarray(arrays[0]), np.asarray(arrays[1])
-    axis = normalize_axis(attrs.axis, x.ndim)  # type: ignore[arg-type]
+    axis = normalize_axis(attrs.axis, x.ndim)
     shape = [1] * x.ndim
     shape[axis] = b.shape[0]
     return as_array(x + b.reshape(shape), x.dtype.name)
 
 
 def _bias_add_grad(c: Call, g: Expr) -> list[Expr | None]:
-    return [g, call("sum", g, axis=[c.attrs.axis], exclude=True)]
+    return [g, call("sum", g, axis=[BiasAddAttrs.view(c.attrs).axis], exclude=True)]
 
 
-def _bias_add_lower(inputs: list, attrs: Attrs, out: Type) -> Tensor:
+def _bias_add_lower(inputs: list, attrs: BiasAddAttrs, out: Type) -> Tensor:
     data, bias = inputs
-    axis = attrs.axis % data.ndim  # type: ignore[operator]
+    axis = attrs.axis % data.ndim
     return compute(data.shape, data.dtype,
                    lambda *i: Binary("add", data(*i), bias(i[axis])))
 
@@ -278,6 +301,7 @@ def _bias_add_lower(inputs: list, attrs: Attrs, out: Type) -> Tensor:
 bias_add = register(
     "nn.bias_add",
     inputs=("data", "bias"),
+    attrs_type=BiasAddAttrs,
     attrs=(Attr("axis", 1, kind="int", doc="the axis of data the bias runs along"),),
     relation=_bias_add_relation,
     compute=_bias_add,
