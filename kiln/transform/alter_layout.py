@@ -40,8 +40,8 @@ def _packed(node: Expr) -> Expr | None:
         return None
     units, k = w.data.shape
     rows = 1
-    for d in xt.shape[:-1]:
-        rows *= d  # type: ignore[operator]
+    for d in xt.static_shape[:-1]:
+        rows *= d
     if rows <= DOT_MAX_ROWS or min(rows, units, k) == 0:
         return None
     schedule = gemm.GemmSchedule.default(1, rows, units, k, "float32", b_prepacked=True)
@@ -66,14 +66,14 @@ def _conv_packed(node: Expr) -> Expr | None:
         return None
     o, cg, kh, kw = w.data.shape
     groups = node.attrs.groups
+    assert isinstance(groups, int)  # conv2d's schema makes it one
     if cg == 1 and groups == xt.shape[1] and groups > 1:
         return None  # depthwise: a direct kernel, no GEMM
-    if min(w.data.shape) == 0 or min(ot.shape) == 0:  # type: ignore[type-var]
+    if min(w.data.shape) == 0 or min(ot.static_shape) == 0:
         return None
-    nimg, _, oh, ow = ot.shape
-    m, n, k = o // groups, oh * ow, cg * kh * kw  # type: ignore[operator]
-    schedule = gemm.GemmSchedule.default(nimg * groups, m, n, k, "float32",  # type: ignore
-                                         a_prepacked=True)
+    nimg, _, oh, ow = ot.static_shape
+    m, n, k = o // groups, oh * ow, cg * kh * kw
+    schedule = gemm.GemmSchedule.default(nimg * groups, m, n, k, "float32", a_prepacked=True)
     kc, blocks = gemm.k_blocking(k)
     attrs = {name: node.attrs[name] for name in node.attrs}
     attrs.update(channels=o, kernel_size=(kh, kw))
@@ -88,10 +88,14 @@ def alter(func: Function) -> Function:
         rebuilt = with_children(node, [done[id(c)] for c in children(node)])
         replaced = _packed(node) or _conv_packed(node)  # decided on the typed original
         if replaced is not None:
-            replaced = Call(replaced.op, (rebuilt.args[0], replaced.args[1]),  # type: ignore
-                            replaced.attrs, span=node.span)  # type: ignore[attr-defined]
+            # both are calls: the dense or conv2d rebuilt, and the packed call made for it
+            assert isinstance(rebuilt, Call) and isinstance(replaced, Call)
+            replaced = Call(replaced.op, (rebuilt.args[0], replaced.args[1]),
+                            replaced.attrs, span=node.span)
         done[id(node)] = rebuilt if replaced is None else replaced
-    return done[id(func)]  # type: ignore[return-value]
+    new = done[id(func)]
+    assert isinstance(new, Function)  # with_children rebuilds a node as its own kind
+    return new
 
 
 @module_pass("alter-layout", opt_level=3)

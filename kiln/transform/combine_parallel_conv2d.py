@@ -115,11 +115,13 @@ def combine_parallel(func: Function, op_name: str, key: KeyFn, build: BuildFn,
         gi, bi = place
         if gi not in combined:
             calls = members[gi]
-            call, sizes, axis = build(done[id(calls[0].args[0])], calls)
+            wide, sizes, axis = build(done[id(calls[0].args[0])], calls)
             bounds = [sum(sizes[: i + 1]) for i in range(len(sizes) - 1)]
-            combined[gi] = split(call, indices_or_sections=bounds, axis=axis)
+            combined[gi] = split(wide, indices_or_sections=bounds, axis=axis)
         done[id(node)] = TupleGetItem(combined[gi], bi)
-    return done[id(func)]  # type: ignore[return-value]
+    new = done[id(func)]
+    assert isinstance(new, Function)  # with_children rebuilds a node as its own kind
+    return new
 
 
 def _available(data: Expr, r: int, region: dict[int, int]) -> bool:

@@ -15,14 +15,14 @@ they are the module's interface (``kiln.interpret(mod, entry="f")`` may run any 
 
 from __future__ import annotations
 
-from kiln.ir.expr import Expr, Let, Var
+from kiln.ir.expr import Expr, Function, GlobalVar, Let, Var
 from kiln.ir.module import IRModule
 from kiln.ir.traverse import children, post_order, with_children
-from kiln.transform.effects import REMOVABLE, EffectAnalysis
+from kiln.transform.effects import REMOVABLE, Effect, EffectAnalysis
 from kiln.transform.pass_manager import PassContext, is_primitive, module_pass
 
 
-def _live_vars(root: Expr, effects: dict[int, int]) -> set[Var]:
+def _live_vars(root: Expr, effects: dict[int, Effect]) -> set[Var]:
     """The let-bound variables whose binding must stay: used, or bound to an effect."""
     lets_of: dict[Var, list[Let]] = {}
     for node in post_order(root):
@@ -53,7 +53,7 @@ def _live_vars(root: Expr, effects: dict[int, int]) -> set[Var]:
     return live
 
 
-def eliminate(root: Expr, effects: dict[int, int]) -> Expr:
+def eliminate(root: Expr, effects: dict[int, Effect]) -> Expr:
     """``root`` without its dead let bindings."""
     live = _live_vars(root, effects)
 
@@ -76,9 +76,14 @@ def eliminate(root: Expr, effects: dict[int, int]) -> Expr:
 def DeadCodeElimination(mod: IRModule, ctx: PassContext) -> IRModule:
     """Remove let bindings whose variable is unused and whose value has no effect."""
     analysis = EffectAnalysis(mod)
-    funcs = {}
+    funcs: dict[GlobalVar, Function] = {}
     for gv, func in mod.functions.items():
-        funcs[gv] = func if is_primitive(func) else eliminate(func, analysis.effects(func))
+        if is_primitive(func):
+            funcs[gv] = func
+            continue
+        new = eliminate(func, analysis.effects(func))
+        assert isinstance(new, Function)  # with_children rebuilds a node as its own kind
+        funcs[gv] = new
     if all(funcs[gv] is f for gv, f in mod.functions.items()):
         return mod
     return IRModule(funcs, mod.type_definitions)

@@ -207,6 +207,7 @@ class _Specializer:
         for node in post_order(fn):
             out = with_children(node, [done[id(k)] for k in children(node)])
             if isinstance(node, Call) and isinstance(node.op, GlobalVar) and node.op.name in needs:
+                assert isinstance(out, Call)  # with_children rebuilds a node as its own kind
                 out = Call(GlobalVar(self.instance(tm, node)), out.args, span=node.span)
             done[id(node)] = out
         new = done[id(fn)]

@@ -56,22 +56,33 @@ def _plain_conv(call: Call) -> bool:
             and a.out_layout in ("", "NCHW") and a.out_dtype == "")
 
 
-def _is_op(e: Expr, name: str) -> bool:
-    return isinstance(e, Call) and isinstance(e.op, Op) and e.op.name == name
+def _op_call(e: Expr, *names: str) -> Call | None:
+    """``e`` when it is a call of one of the operators ``names``."""
+    if isinstance(e, Call) and isinstance(e.op, Op) and e.op.name in names:
+        return e
+    return None
+
+
+def _int_attr(call: Call, name: str) -> int:
+    value = call.attrs[name]
+    assert isinstance(value, int)  # the operator's schema makes it an int
+    return value
 
 
 def fold_after(y: Expr, s: Constant, root: Expr, ctx: RewriteContext) -> Expr | None:
     """(conv2d|dense)(x, W) [bias_add|add|relu]* * s -> the same with W scaled per channel."""
     chain: list[Call] = []
     node = ctx.value_of(y)
-    while not (_is_op(node, "nn.conv2d") or _is_op(node, "nn.dense")):
+    producer = _op_call(node, "nn.conv2d", "nn.dense")
+    while producer is None:
         if len(chain) == MAX_CHAIN or ctx.uses(node) != 1:
             return None
-        if not any(_is_op(node, n) for n in ("nn.relu", "nn.bias_add", "add")):
+        link = _op_call(node, "nn.relu", "nn.bias_add", "add")
+        if link is None:
             return None
-        chain.append(node)  # type: ignore[arg-type]
-        node = ctx.value_of(node.args[0])  # type: ignore[attr-defined]
-    producer: Call = node  # type: ignore[assignment]
+        chain.append(link)
+        node = ctx.value_of(link.args[0])
+        producer = _op_call(node, "nn.conv2d", "nn.dense")
     if not ctx.same_type(y, root):
         return None  # s would broadcast y to a larger shape
     out, wt = ctx.tensor_type(producer), ctx.tensor_type(producer.args[1])
@@ -79,8 +90,9 @@ def fold_after(y: Expr, s: Constant, root: Expr, ctx: RewriteContext) -> Expr | 
         return None
     if out.dtype != s.dtype or wt.dtype != s.dtype:
         return None  # a result wider than the weights (out_dtype): keep the multiply
-    w = wt.shape
-    if producer.op.name == "nn.conv2d":  # type: ignore[attr-defined]
+    w = wt.static_shape
+    weight_shape: tuple[int, ...]
+    if _op_call(producer, "nn.conv2d") is not None:
         if not _plain_conv(producer):
             return None
         axis, weight_shape = 1, (w[0], 1, 1, 1)
@@ -92,13 +104,14 @@ def fold_after(y: Expr, s: Constant, root: Expr, ctx: RewriteContext) -> Expr | 
     weight = multiply(producer.args[1], const(vec.reshape(weight_shape)))
     new: Expr = Call(producer.op, (producer.args[0], weight), producer.attrs)
     for op in reversed(chain):
-        match op.op.name:  # type: ignore[attr-defined]
+        assert isinstance(op.op, Op)  # every link of the chain is an operator call
+        match op.op.name:
             case "nn.relu":
                 if not np.all(vec >= 0):
                     return None  # relu(y) * s == relu(y * s) only for s >= 0
                 new = Call(op.op, (new,), op.attrs)
             case "nn.bias_add":
-                if normalize_axis(op.attrs.axis, out.ndim) != axis:  # type: ignore[arg-type]
+                if normalize_axis(_int_attr(op, "axis"), out.ndim) != axis:
                     return None
                 new = bias_add(new, multiply(op.args[1], const(vec)), axis=op.attrs.axis)
             case "add":
@@ -114,9 +127,9 @@ def fold_before_conv(x: Expr, s: Constant, w: Expr, conv: Call,
     wshape, xt = ctx.static_shape(w), ctx.tensor_type(x)
     if wshape is None or xt is None or xt.ndim != 4 or not _plain_conv(conv):
         return None
-    groups = conv.attrs.groups
+    groups = _int_attr(conv, "groups")
     out_channels, per_group = wshape[0], wshape[1]
-    vec = channel_vector(s.data, 4, 1, per_group * groups)  # type: ignore[operator]
+    vec = channel_vector(s.data, 4, 1, per_group * groups)
     if vec is None or s.dtype != xt.dtype:
         return None
     if groups == 1:

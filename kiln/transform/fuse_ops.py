@@ -244,6 +244,7 @@ class _Kernel:
     def __init__(self, graph: IndexedForwardGraph, root_of: list[int], root: int) -> None:
         # Parameters in the order a left-to-right walk from the group's root meets them.
         self.inputs: list[Expr] = []
+        self.input_params: list[Var] = []  # the parameter of each input
         self.params: dict[int, Expr] = {}
         seen: set[int] = set()
         stack = [graph.nodes[root].expr]
@@ -257,8 +258,10 @@ class _Kernel:
             elif root_of[graph.node(e).index] != root:
                 if e.checked_type_ is None:
                     raise InternalError("an argument of a fused function has no checked type")
-                self.params[id(e)] = Var(f"p{len(self.inputs)}", e.checked_type_)
+                param = Var(f"p{len(self.inputs)}", e.checked_type_)
+                self.params[id(e)] = param
                 self.inputs.append(e)
+                self.input_params.append(param)
             else:
                 stack.extend(reversed(dataflow_children(e)))
 
@@ -324,9 +327,7 @@ def fuse_function(
             kids.append(param if param is not None else inner[id(k)])
         inner[id(e)] = _member(e, kids)
         if node.index == root:
-            params = tuple(kernel.params[id(i)] for i in kernel.inputs)
-            assert all(isinstance(p, Var) for p in params)
-            func = Function(params, inner[id(e)], e.checked_type_,
+            func = Function(tuple(kernel.input_params), inner[id(e)], e.checked_type_,
                             attrs=Attrs(Primitive=1), span=e.span)
             outer[id(e)] = Call(func, tuple(value(i) for i in kernel.inputs), span=e.span)
     new = outer[id(fn)]

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kiln.ir.attrs import Attrs
 from kiln.ir.expr import Call, Expr, Function, GlobalVar, Let, Var
 from kiln.ir.module import IRModule
 from kiln.ir.traverse import (
@@ -43,7 +44,7 @@ from kiln.ir.traverse import (
 from kiln.ir.ty import FuncType, Type, TypeVar, type_children
 from kiln.transform.pass_manager import PassContext, is_primitive, module_pass, typed
 
-CLOSURE_ATTRS = {"Closure": 1}
+CLOSURE_ATTRS = Attrs(Closure=1)
 
 
 @dataclass(frozen=True)

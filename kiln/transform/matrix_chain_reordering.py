@@ -76,10 +76,11 @@ def product_flops(call: Call) -> int:
         return 0
     if not (a.is_static and out.is_static):
         return 0
-    reduction = a.shape[-1]
-    if call.op.name == "nn.batch_matmul" and call.attrs.transpose_a:  # type: ignore[attr-defined]
-        reduction = a.shape[-2]
-    return 2 * math.prod(out.shape) * reduction  # type: ignore[arg-type]
+    a_shape = a.static_shape
+    reduction = a_shape[-1]
+    if _product_op(call) == "nn.batch_matmul" and call.attrs.transpose_a:
+        reduction = a_shape[-2]
+    return 2 * math.prod(out.static_shape) * reduction
 
 
 def chain_flops(mod: IRModule) -> int:
@@ -87,12 +88,21 @@ def chain_flops(mod: IRModule) -> int:
     total = 0
     for fn in typed(mod).functions.values():
         for node in post_order(fn):
-            if _product_op(node) is not None:
-                total += product_flops(node)  # type: ignore[arg-type]
+            product = _product(node)
+            if product is not None:
+                total += product_flops(product)
     return total
 
 
+def _product(e: Expr) -> Call | None:
+    """``e`` when it is a dense or batch_matmul call."""
+    if isinstance(e, Call) and isinstance(e.op, Op) and e.op.name in PRODUCTS:
+        return e
+    return None
+
+
 def _product_op(e: Expr) -> str | None:
+    """The operator name of a dense or batch_matmul call, None for anything else."""
     if isinstance(e, Call) and isinstance(e.op, Op) and e.op.name in PRODUCTS:
         return e.op.name
     return None
@@ -129,21 +139,24 @@ class _Chains:
             value = self.lets.get(id(e))
             if value is None or self.uses.get(id(e)) != 1:
                 return None
-            if self.let_region.get(id(e)) != use_region or _product_op(value) is None:
+            product = _product(value)
+            if self.let_region.get(id(e)) != use_region or product is None:
                 return None
-            if not all(isinstance(a, (Var, Constant, GlobalVar)) for a in value.args):  # type: ignore
+            if not all(isinstance(a, (Var, Constant, GlobalVar)) for a in product.args):
                 return None  # moving a compound operand could move an effect
-            e = value
+            e = product
         elif self.uses.get(id(e)) != 1:
             return None
-        if _product_op(e) != kind or not _plain(e):  # type: ignore[arg-type]
+        product = _product(e)
+        if product is None or _product_op(product) != kind or not _plain(product):
             return None
-        return e  # type: ignore[return-value]
+        return product
 
     def flatten(self, root: Call) -> tuple[list[Leaf] | None, list[Call]]:
         """The factors of the chain rooted at ``root``, left to right (None unless all have
         static shapes), and its products."""
-        kind = root.op.name  # type: ignore[attr-defined]
+        kind = _product_op(root)
+        assert kind is not None  # the caller found root to be a product
         region = self.region.get(id(root), -1)
         found: list[tuple[Expr, bool]] = []
         products = [root]
@@ -165,7 +178,7 @@ class _Chains:
 
     def may_reorder(self, leaves: list[Leaf], root: Call, func: Function) -> bool:
         """A dense chain evaluates its factors in a new order: at most one may have effects."""
-        if root.op.name == "nn.batch_matmul":  # type: ignore[attr-defined]
+        if _product_op(root) == "nn.batch_matmul":
             return True  # built left to right, in the original order
         compound = [f.expr for f in leaves if not isinstance(f.expr, (Var, Constant, GlobalVar))]
         if len(compound) < 2:
@@ -221,16 +234,17 @@ def reorder_chains(func: Function) -> Function:
     rebuilt: dict[int, list[Leaf]] = {}
     absorbed: set[int] = set()
     for node in reversed(order):  # users before their operands: outermost chains first
-        if _product_op(node) is None or id(node) in absorbed or not _plain(node):  # type: ignore
+        product = _product(node)
+        if product is None or id(node) in absorbed or not _plain(product):
             continue
-        leaves, products = chains.flatten(node)  # type: ignore[arg-type]
+        leaves, products = chains.flatten(product)
         absorbed.update(id(p) for p in products)  # each product is in one chain only
         if leaves is None or len(leaves) < 3:
             continue
         dims = [leaves[0].rows] + [f.cols for f in leaves]
         after = 2 * leaves[0].batch * matrix_chain_order(dims)[0]
         before = sum(product_flops(p) for p in products)
-        if after < before and chains.may_reorder(leaves, node, func):  # type: ignore[arg-type]
+        if after < before and chains.may_reorder(leaves, product, func):
             rebuilt[id(node)] = leaves
     if not rebuilt:
         return func
@@ -243,11 +257,13 @@ def reorder_chains(func: Function) -> Function:
         dims = [leaves[0].rows] + [f.cols for f in leaves]
         split = matrix_chain_order(dims)[1]
         exprs = [done.get(id(f.expr), f.expr) for f in leaves]
-        if node.op.name == "nn.batch_matmul":  # type: ignore[attr-defined]
+        if _product_op(node) == "nn.batch_matmul":
             done[id(node)] = _build_batch(0, len(leaves) - 1, split, leaves, exprs)[0]
         else:
             done[id(node)] = _build_dense(0, len(leaves) - 1, False, split, leaves, exprs)
-    return done[id(func)]  # type: ignore[return-value]
+    new = done[id(func)]
+    assert isinstance(new, Function)  # with_children rebuilds a node as its own kind
+    return new
 
 
 @module_pass("matrix-chain-reordering", opt_level=2)
@@ -263,12 +279,14 @@ def MatrixChainReordering(mod: IRModule, ctx: PassContext) -> IRModule:
 
 def _plain(call: Call) -> bool:
     """A product computed in its inputs' dtype (so re-association keeps every type)."""
-    return call.attrs.out_dtype in ("", call.args[0].checked_type_.dtype)  # type: ignore
+    operand = call.args[0].checked_type_
+    assert isinstance(operand, TensorType)  # the function is type-checked
+    return call.attrs.out_dtype in ("", operand.dtype)
 
 
 def _operand_transposes(call: Call) -> tuple[bool, bool]:
     """Whether the product uses its first and second operands transposed."""
-    if call.op.name == "nn.dense":  # type: ignore[attr-defined]
+    if _product_op(call) == "nn.dense":
         return False, True
     return bool(call.attrs.transpose_a), bool(call.attrs.transpose_b)
 
@@ -280,14 +298,14 @@ def _leaves(found: list[tuple[Expr, bool]], kind: str) -> list[Leaf] | None:
         ty = e.checked_type_
         if not isinstance(ty, TensorType) or not ty.is_static:
             return None
-        shape = ty.shape
+        shape = ty.static_shape
         if kind == "nn.batch_matmul":
-            batch, r, c = shape  # type: ignore[misc]
+            batch, r, c = shape
         elif len(shape) == 2 or (i == 0 and not t and len(shape) > 2):
-            batch, r, c = 1, math.prod(shape[:-1]), shape[-1]  # type: ignore[arg-type]
+            batch, r, c = 1, math.prod(shape[:-1]), shape[-1]
         else:
             return None
-        out.append(Leaf(e, t, *((c, r) if t else (r, c)), batch=batch))  # type: ignore[arg-type]
+        out.append(Leaf(e, t, *((c, r) if t else (r, c)), batch=batch))
     if len({f.batch for f in out}) > 1:
         return None  # batch broadcasting is left alone
     return out

@@ -79,7 +79,7 @@ from kiln.ir.expr import (
 )
 from kiln.ir.module import IRModule
 from kiln.ir.traverse import Visit, free_vars, trampoline
-from kiln.ir.ty import Type, TypeVar, substitute
+from kiln.ir.ty import FuncType, Type, TypeVar, substitute
 from kiln.transform.partial_eval_branches import BranchRules, check_reevaluation
 from kiln.transform.partial_eval_cleanup import cleanup
 from kiln.transform.partial_eval_values import (
@@ -165,10 +165,6 @@ class PartialEvaluator(BranchRules):
         self.forgotten_in: dict[Scope, list[tuple[Frame, int]]] = {}  # see after_branches
         self.globals: dict[str, PV] = {}
         self.captures: dict[int, list[Var]] = {}
-
-    @property
-    def scope(self) -> Scope:
-        return self.scopes[-1]
 
     def residualize(self, fn: Function) -> Function:
         """``fn`` partially evaluated with unknown arguments."""
@@ -322,16 +318,17 @@ class PartialEvaluator(BranchRules):
             pv = self.leaf(a, fr)
             args.append(pv if pv is not None else (yield self.pe(a, fr)))
         if isinstance(e.op, Op):
-            return (yield from self.call_op(e, args, hint))
+            return (yield from self.call_op(e, e.op, args, hint))
         if isinstance(e.op, Constructor):
             return self.make_ctor(e.op, args, e.checked_type, fr)
         assert f is not None
         return (yield from self.apply(f, args, e, fr, hint))
 
-    def call_op(self, e: Call, args: list[PV], hint: str) -> Visit:
-        if all(isinstance(a.static, STensor) for a in args):
+    def call_op(self, e: Call, op: Op, args: list[PV], hint: str) -> Visit:
+        tensors = [a.static for a in args if isinstance(a.static, STensor)]
+        if len(tensors) == len(args):
             try:
-                out = apply_op(e, [a.static.data for a in args])  # type: ignore[union-attr]
+                out = apply_op(e, [t.data for t in tensors])
             except InternalError:
                 raise
             except Error:
@@ -341,8 +338,7 @@ class PartialEvaluator(BranchRules):
         atoms = []
         for a in args:
             atoms.append((yield self.reify(a)))
-        op = Op(e.op.name)  # type: ignore[attr-defined]
-        return dynamic(self.scope.push(Call(op, tuple(atoms), e.attrs, span=e.span), hint))
+        return dynamic(self.scope.push(Call(Op(op.name), tuple(atoms), e.attrs, span=e.span), hint))
 
     def apply(self, f: PV, args: list[PV], call: Call, fr: Frame, hint: str) -> Visit:
         """A call of the function value ``f``: inlined when known and allowed, else residual."""
@@ -389,7 +385,9 @@ class PartialEvaluator(BranchRules):
         tsub = dict(base)
         tvars: frozenset[TypeVar] = frozenset(fn.type_params)
         allowed = self.scope.tvars
-        ret = fn.checked_type.ret_type  # type: ignore[attr-defined]
+        fty = fn.checked_type
+        assert isinstance(fty, FuncType)  # the module is type-checked
+        ret = fty.ret_type
         pairs = [(ret, call.checked_type)]
         pairs += [(p.checked_type, a.checked_type) for p, a in zip(fn.params, call.args)]
         for pattern, actual in pairs:
@@ -433,7 +431,7 @@ class PartialEvaluator(BranchRules):
             known = self.store.get(s)
             if known is not None:
                 return known
-            pv = dynamic(self.scope.push(RefRead(r.atom, span=e.span), hint))  # type: ignore
+            pv = dynamic(self.scope.push(RefRead(r.atom, span=e.span), hint))
             self.store.set(s, pv)  # until something changes it, the cell holds what was read
             return pv
         atom = yield self.reify(r)
@@ -446,7 +444,7 @@ class PartialEvaluator(BranchRules):
         if isinstance(s, SRef):
             self.own_use(s)
             vatom = yield self.reify(value)
-            self.scope.push(RefWrite(r.atom, vatom, span=e.span), "w")  # type: ignore[arg-type]
+            self.scope.push(RefWrite(r.atom, vatom, span=e.span), "w")
             self.store.set(s, value)
         else:
             ratom = yield self.reify(r)

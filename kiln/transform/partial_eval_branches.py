@@ -69,6 +69,19 @@ class BranchRules:
     memo_log: list[tuple[Frame, int]]
     forgotten_in: dict[Scope, list[tuple[Frame, int]]]
 
+    @property
+    def scope(self) -> Scope:
+        """The innermost scope: where residual code is bound now."""
+        return self.scopes[-1]
+
+    def pe(self, e: Expr, fr: Frame, hint: str = "") -> Visit:
+        """Partially evaluate ``e`` (the evaluator's own)."""
+        raise NotImplementedError
+
+    def reify(self, pv: PV) -> Visit:
+        """An atom of residual code whose value is ``pv`` (the evaluator's own)."""
+        raise NotImplementedError
+
     def pe_if(self, e: If, fr: Frame, hint: str) -> Visit:
         c = yield self.pe(e.cond, fr)
         if isinstance(c.static, STensor):

@@ -18,6 +18,7 @@ code other than their own ``ref_read``/``ref_write`` in the function that create
 
 from __future__ import annotations
 
+import builtins
 import itertools
 from typing import Any
 
@@ -37,6 +38,8 @@ from kiln.ir.ty import FuncType, Type, TypeVar, substitute, type_children
 
 class Static:
     __slots__ = ("key", "size")
+    key: int  # equal keys mean equal values (see KeyTable)
+    size: int  # how many values it holds, counted towards the fuel
 
 
 class STensor(Static):
@@ -51,8 +54,8 @@ class STensor(Static):
         if data.ndim == 0 and data.dtype.kind in "iu":
             self.size += max(0, min(int(data), 1 << 40))  # a counter counts down to zero
 
-    @property  # type: ignore[override]
-    def key(self) -> int:
+    @property  # the key is read-only here: made when first asked for
+    def key(self) -> int:  # type: ignore[override]
         if not self._key:
             self._key = self.table.tensor(self.data)
         return self._key
@@ -295,7 +298,8 @@ class Store:
     def mark(self) -> tuple[int, int, int]:
         return len(self.log), self.all_epoch, self.esc_epoch
 
-    def rollback(self, mark: tuple[int, int, int]) -> tuple[set[SRef], bool]:
+    # (builtins.set: in this class body, `set` is the method above)
+    def rollback(self, mark: tuple[int, int, int]) -> tuple[builtins.set[SRef], bool]:
         """Undo back to ``mark``; the references changed since, and whether unknown code ran."""
         n, all_epoch, esc_epoch = mark
         changed: set[SRef] = set()

@@ -444,7 +444,7 @@ class RewriteContext:
     def static_shape(self, e: Expr) -> tuple[int, ...] | None:
         """The shape of ``e`` when every dimension is a known integer."""
         t = self.tensor_type(e)
-        return t.shape if t is not None and t.is_static else None  # type: ignore[return-value]
+        return t.static_shape if t is not None and t.is_static else None
 
     def same_type(self, a: Expr, b: Expr) -> bool:
         """True when both types are known and equal (so one may stand for the other)."""

@@ -16,6 +16,8 @@ from kiln.ir.expr import Call, Expr
 from kiln.ir.module import IRModule
 from kiln.ir.ty import AnyDim, TensorType
 from kiln.op import reshape, transpose
+from kiln.op.elementwise import CastAttrs
+from kiln.op.shape import ExpandDimsAttrs, SqueezeAttrs, StridedSliceAttrs, TransposeAttrs
 from kiln.transform.pass_manager import PassContext, module_pass
 from kiln.transform.pattern import Pat, RewriteContext, RewriteTable
 
@@ -48,10 +50,10 @@ def drop_if_same_shape(x: Expr, root: Expr, ctx: RewriteContext) -> Expr | None:
     return x if _same_shape(x, root, ctx) else None
 
 
-def _perm(axes: object, ndim: int) -> list[int]:
+def _perm(axes: tuple[int, ...] | None, ndim: int) -> list[int]:
     if axes is None:
         return list(range(ndim))[::-1]
-    return [a + ndim if a < 0 else a for a in axes]  # type: ignore[attr-defined]
+    return [a + ndim if a < 0 else a for a in axes]
 
 
 def compose_transposes(x: Expr, inner: Call, root: Call, ctx: RewriteContext) -> Expr | None:
@@ -59,7 +61,8 @@ def compose_transposes(x: Expr, inner: Call, root: Call, ctx: RewriteContext) ->
     t = ctx.tensor_type(x)
     if t is None:
         return None
-    p, q = _perm(inner.attrs.axes, t.ndim), _perm(root.attrs.axes, t.ndim)
+    p = _perm(TransposeAttrs.view(inner.attrs).axes, t.ndim)
+    q = _perm(TransposeAttrs.view(root.attrs).axes, t.ndim)
     composed = [p[i] for i in q]
     return x if composed == list(range(t.ndim)) else transpose(x, axes=composed)
 
@@ -67,7 +70,7 @@ def compose_transposes(x: Expr, inner: Call, root: Call, ctx: RewriteContext) ->
 def drop_identity_transpose(x: Expr, root: Call, ctx: RewriteContext) -> Expr | None:
     """transpose(x, [0, 1, ..]) -> x."""
     t = ctx.tensor_type(x)
-    if t is None or _perm(root.attrs.axes, t.ndim) != list(range(t.ndim)):
+    if t is None or _perm(TransposeAttrs.view(root.attrs).axes, t.ndim) != list(range(t.ndim)):
         return None
     return x
 
@@ -75,7 +78,7 @@ def drop_identity_transpose(x: Expr, root: Call, ctx: RewriteContext) -> Expr | 
 def drop_same_dtype_cast(x: Expr, root: Call, ctx: RewriteContext) -> Expr | None:
     """cast(x, dtype of x) -> x."""
     t = ctx.tensor_type(x)
-    return x if t is not None and t.dtype == root.attrs.dtype else None
+    return x if t is not None and t.dtype == CastAttrs.view(root.attrs).dtype else None
 
 
 def lossless(src: str, dst: str) -> bool:
@@ -97,7 +100,8 @@ def lossless(src: str, dst: str) -> bool:
 def drop_round_trip_cast(x: Expr, inner: Call, root: Call, ctx: RewriteContext) -> Expr | None:
     """cast(cast(x, wider), dtype of x) -> x when the wider dtype holds every value of x."""
     t = ctx.tensor_type(x)
-    if t is None or root.attrs.dtype != t.dtype or not lossless(t.dtype, inner.attrs.dtype):
+    wider = CastAttrs.view(inner.attrs).dtype
+    if t is None or CastAttrs.view(root.attrs).dtype != t.dtype or not lossless(t.dtype, wider):
         return None
     return x
 
@@ -105,17 +109,18 @@ def drop_round_trip_cast(x: Expr, inner: Call, root: Call, ctx: RewriteContext) 
 def drop_squeezed_new_axis(x: Expr, inner: Call, root: Call, ctx: RewriteContext) -> Expr | None:
     """squeeze(expand_dims(x, a), [a]) -> x, whatever the other dimensions are."""
     t = ctx.tensor_type(x)
-    if t is None or inner.attrs.num_newaxis != 1 or root.attrs.axis is None:
+    expand, squeeze = ExpandDimsAttrs.view(inner.attrs), SqueezeAttrs.view(root.attrs)
+    if t is None or expand.num_newaxis != 1 or squeeze.axis is None:
         return None
-    at = inner.attrs.axis + t.ndim + 1 if inner.attrs.axis < 0 else inner.attrs.axis
-    squeezed = [a + t.ndim + 1 if a < 0 else a for a in root.attrs.axis]
+    at = expand.axis + t.ndim + 1 if expand.axis < 0 else expand.axis
+    squeezed = [a + t.ndim + 1 if a < 0 else a for a in squeeze.axis]
     return x if squeezed == [at] else None
 
 
 def drop_identity_slice(x: Expr, root: Call, ctx: RewriteContext) -> Expr | None:
     """strided_slice(x) that keeps every element in order -> x."""
     shape = ctx.static_shape(x)
-    a = root.attrs
+    a = StridedSliceAttrs.view(root.attrs)
     if shape is None or a.slice_mode != "end":
         return None
     axes = a.axes if a.axes is not None else range(len(a.begin))
