@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from kiln.errors import EvalError, TypeCheckError
 from kiln.ir.attrs import Attrs
@@ -58,7 +59,29 @@ from kiln.op.grad_helpers import call
 from kiln.op.registry import Attr, OpPattern, register
 
 
-def _check_layout(attrs: Attrs) -> None:
+class PoolLayoutAttrs(Attrs):
+    """The layouts every 2-D pooling takes (all that the global poolings take)."""
+
+    __slots__ = ()
+    layout: str
+    out_layout: str
+
+
+class PoolAttrs(PoolLayoutAttrs):
+    __slots__ = ()
+    pool_size: tuple[int, int]
+    strides: tuple[int, int]
+    dilation: tuple[int, int]
+    padding: tuple[int, int, int, int]
+    ceil_mode: bool
+
+
+class AvgPoolAttrs(PoolAttrs):
+    __slots__ = ()
+    count_include_pad: bool
+
+
+def _check_layout(attrs: PoolLayoutAttrs) -> None:
     if attrs.layout != "NCHW" or attrs.out_layout not in ("", "NCHW"):
         raise TypeCheckError(
             "kiln's 2-D pooling supports layout NCHW only; got "
@@ -66,7 +89,7 @@ def _check_layout(attrs: Attrs) -> None:
         )
 
 
-def _pool_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+def _pool_relation(arg_types: Sequence[Type], attrs: PoolAttrs) -> Type | None:
     data = tensor_arg(arg_types[0], "data")
     if data is None:
         return None
@@ -84,7 +107,10 @@ def _pool_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
     return TensorType((n, c, oh, ow), data.dtype)
 
 
-def _geometry(attrs: Attrs) -> tuple[tuple[int, int], ...]:
+Pair = tuple[int, int]
+
+
+def _geometry(attrs: PoolAttrs) -> tuple[Pair, Pair, Pair, tuple[int, int, int, int], Pair]:
     """Kernel, strides, dilation, padding (top, left, bottom, right) and ceil mode's extra room."""
     strides = pair(attrs.strides, "strides")
     # Ceil mode: extra room at the bottom and right lets a last, partial window fit.
@@ -98,7 +124,7 @@ def _geometry(attrs: Attrs) -> tuple[tuple[int, int], ...]:
     )
 
 
-def _windows(x: np.ndarray, attrs: Attrs, fill: object) -> np.ndarray:
+def _windows(x: np.ndarray, attrs: PoolAttrs, fill: float) -> np.ndarray:
     """Every pooling window over the last two axes of ``x``, padded with ``fill``."""
     kernel, strides, dilation, (top, left, bottom, right), extra = _geometry(attrs)
     pads = [(0, 0)] * (x.ndim - 2) + [(top, bottom + extra[0]), (left, right + extra[1])]
@@ -106,13 +132,13 @@ def _windows(x: np.ndarray, attrs: Attrs, fill: object) -> np.ndarray:
     return windows_2d(padded, kernel, strides, dilation)
 
 
-def _max_pool2d(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+def _max_pool2d(arrays: list[np.ndarray], attrs: PoolAttrs) -> np.ndarray:
     x = np.asarray(arrays[0])
     lowest = np.iinfo(x.dtype).min if dtype_of(x.dtype.name).is_integer else -np.inf
     return as_array(_windows(x, attrs, lowest).max(axis=(-2, -1)), x.dtype.name)
 
 
-def _divisors(hw: tuple[int, ...], attrs: Attrs, dtype: object) -> np.ndarray:
+def _divisors(hw: tuple[int, ...], attrs: AvgPoolAttrs, dtype: DTypeLike) -> np.ndarray:
     """Each average-pooling window's divisor, shape (OH, OW).
 
     It is how many of the window's positions lie in the region that counts, the input with its
@@ -129,7 +155,7 @@ def _divisors(hw: tuple[int, ...], attrs: Attrs, dtype: object) -> np.ndarray:
     return np.maximum(counts, 1)
 
 
-def _avg_pool2d(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+def _avg_pool2d(arrays: list[np.ndarray], attrs: AvgPoolAttrs) -> np.ndarray:
     x = np.asarray(arrays[0])
     acc = _avg_acc(x.dtype.name)  # the accumulator the lowering uses
     sums = _windows(x.astype(acc), attrs, 0).sum(axis=(-2, -1))
@@ -145,7 +171,7 @@ def _avg_pool2d(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
 class _Window:
     """The geometry of a pooling window over NCHW data of ``shape`` giving ``out_hw``."""
 
-    def __init__(self, attrs: Attrs, shape: tuple[int, ...], out_hw: tuple[int, ...]) -> None:
+    def __init__(self, attrs: PoolAttrs, shape: tuple[int, ...], out_hw: tuple[int, ...]) -> None:
         (self.kh, self.kw), (self.sh, self.sw), (self.dh, self.dw), pads, _ = _geometry(attrs)
         self.top, self.left, self.bottom, self.right = pads
         self.h, self.w = shape[2], shape[3]
@@ -195,28 +221,30 @@ def _average(total: LExpr, count: LExpr, out_dtype: str) -> LExpr:
 
 
 @oplib.zeros_if_empty
-def _max_pool2d_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+def _max_pool2d_lower(inputs: list[Tensor], attrs: PoolAttrs, out_type: Type) -> Tensor:
+    out = oplib.out_tensor_type(out_type)
     (x,) = inputs
-    win = _Window(attrs, x.shape, out.shape[2:])  # type: ignore[attr-defined]
+    win = _Window(attrs, x.shape, out.static_shape[2:])
     low = oplib.lowest(x.dtype)
-    return reduce(out.shape, out.dtype, (win.kh, win.kw), "max",  # type: ignore[attr-defined]
-                  lambda o, r: win.read(x, o, *r, low), low)
+    return reduce(out.static_shape, out.dtype, (win.kh, win.kw), "max",
+                  lambda o, r: win.read(x, o, r[0], r[1], low), low)
 
 
 @oplib.zeros_if_empty
-def _avg_pool2d_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+def _avg_pool2d_lower(inputs: list[Tensor], attrs: AvgPoolAttrs, out_type: Type) -> Tensor:
+    out = oplib.out_tensor_type(out_type)
     (x,) = inputs
-    win = _Window(attrs, x.shape, out.shape[2:])  # type: ignore[attr-defined]
+    win = _Window(attrs, x.shape, out.static_shape[2:])
     acc = _avg_acc(x.dtype)
     zero = oplib.dtype_const(0, x.dtype)
-    return reduce(out.shape, out.dtype, (win.kh, win.kw), "add",  # type: ignore[attr-defined]
-                  lambda o, r: oplib.convert(win.read(x, o, *r, zero), acc),
+    return reduce(out.static_shape, out.dtype, (win.kh, win.kw), "add",
+                  lambda o, r: oplib.convert(win.read(x, o, r[0], r[1], zero), acc),
                   oplib.dtype_const(0, acc),
                   lambda total, o: _average(total, win.divisor(o[2], o[3]), x.dtype), acc)
 
 
 def _pool_attrs(count_include_pad: bool) -> tuple[Attr, ...]:
-    attrs = (
+    attrs: tuple[Attr, ...] = (
         Attr("pool_size", kind="ints", convert=pair, doc="window size (h, w)"),
         Attr("strides", (1, 1), kind="ints", convert=pair, doc="step of the window (h, w)"),
         Attr("dilation", (1, 1), kind="ints", convert=pair, doc="spacing of window taps"),
@@ -247,6 +275,7 @@ def _pool_attrs(count_include_pad: bool) -> tuple[Attr, ...]:
 max_pool2d = register(
     "nn.max_pool2d",
     inputs=("data",),
+    attrs_type=PoolAttrs,
     attrs=_pool_attrs(count_include_pad=False),
     relation=_pool_relation,
     compute=_max_pool2d,
@@ -258,6 +287,7 @@ max_pool2d = register(
 avg_pool2d = register(
     "nn.avg_pool2d",
     inputs=("data",),
+    attrs_type=AvgPoolAttrs,
     attrs=_pool_attrs(count_include_pad=True),
     relation=_pool_relation,
     compute=_avg_pool2d,
@@ -271,7 +301,7 @@ avg_pool2d = register(
 # --- the adjoints of pooling (TVM's max_pool2d_grad and avg_pool2d_grad) ------------------
 
 
-def _pool_grad_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+def _pool_grad_relation(arg_types: Sequence[Type], attrs: PoolAttrs) -> Type | None:
     args = tensor_args(arg_types, ("out_grad", "data"))
     if args is None:
         return None
@@ -292,7 +322,7 @@ def _pool_grad_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
 
 
 def _scatter_windows(
-    x_shape: tuple[int, ...], attrs: Attrs, per_tap: np.ndarray, dtype: str
+    x_shape: tuple[int, ...], attrs: PoolAttrs, per_tap: np.ndarray, dtype: str
 ) -> np.ndarray:
     """Add ``per_tap`` (N, C, OH, OW, kh, kw) into each window's place in the padded input,
     and crop the padding away."""
@@ -308,7 +338,7 @@ def _scatter_windows(
     return padded[:, :, top : top + h, left : left + w]
 
 
-def _max_pool2d_grad(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+def _max_pool2d_grad(arrays: list[np.ndarray], attrs: PoolAttrs) -> np.ndarray:
     g, x = np.asarray(arrays[0]), np.asarray(arrays[1])
     windows = _windows(x, attrs, -np.inf)  # (N, C, OH, OW, kh, kw)
     kh, kw = windows.shape[-2:]
@@ -320,7 +350,7 @@ def _max_pool2d_grad(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     return _scatter_windows(x.shape, attrs, taps.reshape(windows.shape), g.dtype.name)
 
 
-def _avg_pool2d_grad(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+def _avg_pool2d_grad(arrays: list[np.ndarray], attrs: AvgPoolAttrs) -> np.ndarray:
     g, x = np.asarray(arrays[0]), np.asarray(arrays[1])
     # Each window's share of its adjoint: the same divisor the forward pass used.
     share = (g / _divisors(x.shape[2:], attrs, g.dtype))[..., None, None]
@@ -330,7 +360,7 @@ def _avg_pool2d_grad(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
 
 
 @oplib.zeros_if_empty
-def _max_pool2d_grad_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+def _max_pool2d_grad_lower(inputs: list[Tensor], attrs: PoolAttrs, out: Type) -> Tensor:
     """A scatter per (batch, channel) plane: each window's out_grad is added, in a zeroed local
     plane, at the window's first largest element (taps in padding never win a place in the
     data); then the plane is written out."""
@@ -355,13 +385,14 @@ def _max_pool2d_grad_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Ten
         y, xx = win.at(o, tap // win.kw, tap % win.kw)[2:]
         inside = oplib.all_of([Binary("ge", y, Const(0)), Binary("lt", y, Const(win.h)),
                                Binary("ge", xx, Const(0)), Binary("lt", xx, Const(win.w))])
+        assert inside is not None  # all_of of four conditions
         place = (oplib.clamp(y, 0, win.h - 1), oplib.clamp(xx, 0, win.w - 1))
         add = Store(plane, place, Binary("add", Load(plane, place), g(*o)))
         return Allocate(best, Allocate(at, Seq((
             Store(best, first, Const(float("-inf"), dt)),
             Store(at, first, Const(0)),
             scan,
-            LetStmt(tap, Load(at, first), IfThenElse(inside, add)),  # type: ignore[arg-type]
+            LetStmt(tap, Load(at, first), IfThenElse(inside, add)),
         ))))
 
     def plane_of(bc: tuple, write: WriteFn) -> Stmt:
@@ -380,9 +411,10 @@ def _max_pool2d_grad_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Ten
 
 
 @oplib.zeros_if_empty
-def _avg_pool2d_grad_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+def _avg_pool2d_grad_lower(inputs: list[Tensor], attrs: AvgPoolAttrs, out_type: Type) -> Tensor:
     """Gathered: input element (y, x) sums, over the taps of the windows covering it, each
     window's out_grad divided by that window's divisor (as the forward pass divided)."""
+    out = oplib.out_tensor_type(out_type)
     g, x = inputs
     win = _Window(attrs, x.shape, g.shape[2:])
     zero = oplib.dtype_const(0, g.dtype)
@@ -406,12 +438,13 @@ def _avg_pool2d_grad_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Ten
         return oplib.guarded_read(g, [b, c, oy, ox], [None, None, span_y, span_x], zero, exact,
                                   read=share)
 
-    return reduce(out.shape, out.dtype, (win.kh, win.kw), "add", body, zero)  # type: ignore
+    return reduce(out.static_shape, out.dtype, (win.kh, win.kw), "add", body, zero)
 
 
 max_pool2d_grad = register(
     "nn.max_pool2d_grad",
     inputs=("out_grad", "data"),
+    attrs_type=PoolAttrs,
     attrs=_pool_attrs(count_include_pad=False),
     relation=_pool_grad_relation,
     compute=_max_pool2d_grad,
@@ -424,6 +457,7 @@ max_pool2d_grad = register(
 avg_pool2d_grad = register(
     "nn.avg_pool2d_grad",
     inputs=("out_grad", "data"),
+    attrs_type=AvgPoolAttrs,
     attrs=_pool_attrs(count_include_pad=True),
     relation=_pool_grad_relation,
     compute=_avg_pool2d_grad,
@@ -435,7 +469,7 @@ avg_pool2d_grad = register(
 )
 
 
-def _global_pool_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+def _global_pool_relation(arg_types: Sequence[Type], attrs: PoolLayoutAttrs) -> Type | None:
     data = tensor_arg(arg_types[0], "data")
     if data is None:
         return None
@@ -445,7 +479,7 @@ def _global_pool_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | Non
     return TensorType((*data.shape[:2], 1, 1), data.dtype)
 
 
-def _global_avg_pool2d(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+def _global_avg_pool2d(arrays: list[np.ndarray], attrs: PoolLayoutAttrs) -> np.ndarray:
     x = np.asarray(arrays[0])
     count = x.shape[2] * x.shape[3]
     if count == 0:
@@ -456,7 +490,7 @@ def _global_avg_pool2d(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     return as_array(x.mean(axis=(2, 3), keepdims=True), x.dtype.name)
 
 
-def _global_max_pool2d(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+def _global_max_pool2d(arrays: list[np.ndarray], attrs: PoolLayoutAttrs) -> np.ndarray:
     x = np.asarray(arrays[0])
     if x.shape[2] * x.shape[3] == 0:
         raise EvalError(f"global max pooling over no elements (shape {x.shape})")
@@ -468,30 +502,33 @@ GLOBAL_POOL_ATTRS = (
     Attr("out_layout", "", kind="str", doc="layout of the result ('' or NCHW)"),
 )
 
-def _global_avg_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+def _global_avg_lower(inputs: list[Tensor], attrs: PoolLayoutAttrs, out_type: Type) -> Tensor:
+    out = oplib.out_tensor_type(out_type)
     (x,) = inputs
     count = x.shape[2] * x.shape[3]
     if count == 0:
-        return oplib.fail(out.shape, out.dtype,  # type: ignore[attr-defined]
+        return oplib.fail(out.static_shape, out.dtype,
                           f"global average pooling over no elements (shape {x.shape})")
     acc = _avg_acc(x.dtype)
-    return reduce(out.shape, out.dtype, x.shape[2:], "add",  # type: ignore[attr-defined]
+    return reduce(out.static_shape, out.dtype, x.shape[2:], "add",
                   lambda o, r: oplib.convert(x(o[0], o[1], *r), acc), oplib.dtype_const(0, acc),
                   lambda total, o: _average(total, Const(count), x.dtype), acc)
 
 
-def _global_max_lower(inputs: list[Tensor], attrs: Attrs, out: Type) -> Tensor:
+def _global_max_lower(inputs: list[Tensor], attrs: PoolLayoutAttrs, out_type: Type) -> Tensor:
+    out = oplib.out_tensor_type(out_type)
     (x,) = inputs
     if x.shape[2] * x.shape[3] == 0:
-        return oplib.fail(out.shape, out.dtype,  # type: ignore[attr-defined]
+        return oplib.fail(out.static_shape, out.dtype,
                           f"global max pooling over no elements (shape {x.shape})")
-    return reduce(out.shape, out.dtype, x.shape[2:], "max",  # type: ignore[attr-defined]
+    return reduce(out.static_shape, out.dtype, x.shape[2:], "max",
                   lambda o, r: x(o[0], o[1], *r), oplib.lowest(x.dtype))
 
 
 global_avg_pool2d = register(
     "nn.global_avg_pool2d",
     inputs=("data",),
+    attrs_type=PoolLayoutAttrs,
     attrs=GLOBAL_POOL_ATTRS,
     relation=_global_pool_relation,
     compute=_global_avg_pool2d,
@@ -505,6 +542,7 @@ global_avg_pool2d = register(
 global_max_pool2d = register(
     "nn.global_max_pool2d",
     inputs=("data",),
+    attrs_type=PoolLayoutAttrs,
     attrs=GLOBAL_POOL_ATTRS,
     relation=_global_pool_relation,
     compute=_global_max_pool2d,
