@@ -17,7 +17,14 @@ if TYPE_CHECKING:
 
 def cmd_optimize(args: argparse.Namespace) -> int:
     from kiln.text import astext
-    from kiln.transform import DumpIR, PassContext, PassTimingInstrument, Sequential, get_pass
+    from kiln.transform import (
+        DumpIR,
+        PassContext,
+        PassInstrument,
+        PassTimingInstrument,
+        Sequential,
+        get_pass,
+    )
     from kiln.transform import list_passes as all_passes
     from kiln.transform.bind_params import bind_params
     from kiln.transform.pipeline import optimize
@@ -32,7 +39,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     model = read_model(args.model, args, "optimize", Progress(args.progress))
     mod, params = model.module, model.params
     timing = PassTimingInstrument()
-    instruments = [timing] if args.time else []
+    instruments: list[PassInstrument] = [timing] if args.time else []
     if args.dump_before or args.dump_after:
         instruments.append(DumpIR(args.dump_before or [], args.dump_after or [], sys.stderr))
     disabled = [n for n in (args.disable or "").split(",") if n]
@@ -69,7 +76,7 @@ def list_build_passes() -> str:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from kiln.transform import DumpIR, PassContext, PassTimingInstrument
+    from kiln.transform import DumpIR, PassContext, PassInstrument, PassTimingInstrument
 
     if args.list_passes:
         print(list_build_passes())
@@ -80,7 +87,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     model = read_model(args.model, args, "build", progress)
     progress.step("building")
     timing = PassTimingInstrument()
-    instruments: list = [timing] if args.time else []
+    instruments: list[PassInstrument] = [timing] if args.time else []
     if args.dump_before or args.dump_after:
         instruments.append(DumpIR(args.dump_before or [], args.dump_after or [], sys.stderr))
     disabled = [n for n in (args.disable or "").split(",") if n]

@@ -13,6 +13,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +38,7 @@ def arrange_inputs(path: str | None, user_names: list[str], kiln_names: list[str
             raise Error(f"the model takes inputs {shown}: give them with --inputs file.npz")
         return [], {}
     arrays = read_npz(path, "inputs") or {}
-    positional = []
+    positional: list[np.ndarray] = []
     while f"arr_{len(positional)}" in arrays:
         positional.append(arrays.pop(f"arr_{len(positional)}"))
     if len(positional) > len(user_names):
@@ -91,7 +92,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.output:
         outputs = flat_outputs(result, output_names)
         try:
-            np.savez(args.output, **outputs)
+            # (as dict[str, Any]: savez's stub would check every key against allow_pickle)
+            arrays: dict[str, Any] = outputs
+            np.savez(args.output, **arrays)
         except OSError as e:
             raise Error(f"{args.output}: cannot write it ({e.strerror or e})") from None
     else:

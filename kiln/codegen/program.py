@@ -281,7 +281,7 @@ class _FunctionEmitter:
                 p, name = self.tmp(), self.tmp()
                 self.head.append(f"  {p} = getelementptr ptr, ptr %ctx, i64 {a['index']}")
                 self.head.append(f"  {name} = load ptr, ptr {p}, align 8")
-                self.sizes[name] = tensor_bytes(ins.type)  # type: ignore[arg-type]
+                self.sizes[name] = tensor_bytes(ins.type)
                 self.values[ins] = [name]
             case "alloc":
                 offset = a.get("offset")

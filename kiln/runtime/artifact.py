@@ -151,7 +151,7 @@ def _read(path: Path) -> np.ndarray:
         skip = (-raw.ctypes.data) % _ALIGN
         buf = raw[skip: skip + size]
         with open(path, "rb") as f:
-            got = f.readinto(memoryview(buf))  # type: ignore[arg-type]
+            got = f.readinto(buf.data)  # the array's own memoryview
     except OSError as e:
         raise Error(f"{path}: cannot read it ({e.strerror or e})") from None
     if got != size:

@@ -186,11 +186,12 @@ def build(mod: IRModule | Expr, target: Target | str = "llvm", opt_level: int = 
                      [*outer.instruments, timing], outer.debug):
         low = lower(mod, target if machine is None else machine, opt_level, params)
     timings = {"optimize": timing.optimize, "lower": timing.backend}
-    for what, missing in (("plan-memory", low.plan), ("compile", low.kernels)):
-        if missing is None:
-            raise Error(f"kiln.build needs the {what} pass, which the PassContext disables")
-    timings["lower"] -= low.kernels.compile_seconds
-    return Executable(low.program, low.kernels, low.plan,
+    plan, kernels = low.plan, low.kernels
+    if plan is None or kernels is None:
+        what = "plan-memory" if plan is None else "compile"
+        raise Error(f"kiln.build needs the {what} pass, which the PassContext disables")
+    timings["lower"] -= kernels.compile_seconds
+    return Executable(low.program, kernels, plan,
                       target=target if machine is None else machine, opt_level=opt_level,
                       timings=timings, executor=executor)
 

@@ -29,6 +29,7 @@ from kiln.ir.ty import (
     TypeCall,
     substitute,
 )
+from kiln.loops.ir import static_shape
 from kiln.ssa.ir import Program
 from kiln.text.printer import type_text
 
@@ -63,7 +64,7 @@ def _tensor(value: Any, ty: TensorType, what: str, dims: dict[str, int]) -> np.n
                         f"{array.shape}: dimension {d.name} is {dims[d.name]} in an earlier "
                         "argument")
     if not (array.flags.c_contiguous and array.flags.aligned and array.dtype.isnative):
-        array = np.require(array, array.dtype.newbyteorder("="), requirements="CA")
+        array = np.require(array, array.dtype.newbyteorder("="), requirements=["C", "A"])
     return array
 
 
@@ -106,10 +107,10 @@ def check_value(value: Any, ty: Type, what: str, dims: dict[str, int],
                 raise Error(f"{w} expects a value of type {type_text(t)}, built by its "
                             f"constructors, but got {_kind(v)}")
             ctor = program.constructors.get(v.name) if program is not None else None
-            if ctor is None or len(v.fields) != len(ctor.inputs):
+            if program is None or ctor is None or len(v.fields) != len(ctor.inputs):
                 results.append(v)  # a constructor the program never uses: nothing reads it
                 continue
-            params = program.adt_params.get(t.func.name, ())  # type: ignore[union-attr]
+            params = program.adt_params.get(t.func.name, ())
             mapping: dict[Type, Type] = dict(zip(params, t.args))
             stack.append(("adt", len(v.fields), v, None))
             stack.extend(("check", x, substitute(ft, mapping), f"{w}, field {i} of {v.name}")
@@ -179,7 +180,7 @@ def static_signature(types: Sequence[Type]) -> Signature | None:
     for t in types:
         if not isinstance(t, TensorType) or not t.is_static:
             return None
-        out.append((tuple(int(d) for d in t.shape), _DTYPES[t.dtype]))  # type: ignore[arg-type]
+        out.append((static_shape(t), _DTYPES[t.dtype]))
     return tuple(out)
 
 

@@ -256,10 +256,10 @@ def _read_kernel(doc: Any) -> Kernel:
         return buffers[i]
 
     def var(i: Any) -> Var:
-        return node(i, (Var,))  # type: ignore[no-any-return]
+        return node(i, (Var,))
 
     for entry in _list(doc.get("nodes")):
-        _need(isinstance(entry, list) and entry and isinstance(entry[0], str), "a node")
+        _need(isinstance(entry, list) and len(entry) > 0 and isinstance(entry[0], str), "a node")
         kind, *f = entry
         try:
             n = _read_node(kind, f, node, buf, var)
@@ -271,8 +271,8 @@ def _read_kernel(doc: Any) -> Kernel:
     _need(isinstance(name, str), "the kernel name")
     attrs = _attr_in(doc.get("attrs", {"dict": []}))
     _need(isinstance(attrs, dict), "kernel attributes")
-    k = Kernel(name, [buf(i) for i in _list(doc.get("inputs"))],
-               [buf(i) for i in _list(doc.get("outputs"))], body, attrs)
+    k = Kernel(name, tuple(buf(i) for i in _list(doc.get("inputs"))),
+               tuple(buf(i) for i in _list(doc.get("outputs"))), body, attrs)
     try:
         return verify(k)
     except Error as e:

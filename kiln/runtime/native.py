@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ from kiln.codegen.program import STATUS_SHIFT, NotStatic, ProgramCode, emit_prog
 from kiln.codegen.target import check_runnable, machine
 from kiln.errors import Error, InternalError
 from kiln.ir.ty import TensorType, TupleType, Type
+from kiln.loops.ir import static_shape
 from kiln.runtime.compiler import NATIVE, KernelSet
 from kiln.runtime.executor import register_executor
 from kiln.runtime.vm import Specializer, _rebuild
@@ -64,12 +66,12 @@ class NativeExecutor:
         self.kernels = kernels  # ... and the kernels'
         self._pointer = data_pointer
         self._kernel_functions = [kernels.functions[name] for name in code.kernels]
-        self._fn = None
+        self._fn: Callable[..., int] | None = None
         if library.runnable:  # else: built to be saved, for another machine
             self._fn = _ENTRY(library.function_address(code.symbol))
         constants = []
         for c in program.constants:
-            c = np.require(c, requirements="CA")
+            c = np.require(c, requirements=["C", "A"])
             if c.flags.writeable:
                 c = c.copy()
                 c.setflags(write=False)
@@ -83,8 +85,7 @@ class NativeExecutor:
         self._n_in = len(code.inputs)
         self._ins_type = ctypes.c_void_p * max(self._n_in, 1)
         self._outs_type = ctypes.c_void_p * max(len(code.outputs), 1)
-        self._outputs = [(tuple(int(d) for d in t.shape), np.dtype(t.dtype))
-                         for t in code.outputs]
+        self._outputs = [(static_shape(t), np.dtype(t.dtype)) for t in code.outputs]
         self._ret_type: Type = program.main.ret_type
         self._tuple_result = isinstance(self._ret_type, TupleType)
         self._simple = all(isinstance(p.type, TensorType) for p in program.main.params)
@@ -108,8 +109,10 @@ class NativeExecutor:
         return state
 
     def run(self, args: list[Any]) -> Any:
-        if self._fn is None:
+        fn = self._fn
+        if fn is None:  # built for another machine: check_runnable says why it cannot run here
             check_runnable(self.library.target, "this program")
+            raise InternalError("the program's entry point is not loaded")
         if self._simple:
             leaves = args
         else:
@@ -126,7 +129,7 @@ class NativeExecutor:
         outs = [np.empty(shape, dtype) for shape, dtype in self._outputs]
         for i, o in enumerate(outs):
             out_ptrs[i] = ptr(o)
-        status = self._fn(self._ctx, ins, out_ptrs, stack)
+        status = fn(self._ctx, ins, out_ptrs, stack)
         if status:
             self._fail(status)
         if self._tuple_result:
@@ -136,7 +139,9 @@ class NativeExecutor:
     def _fail(self, status: int) -> None:
         k = (status >> STATUS_SHIFT) - 1
         if 0 <= k < len(self._kernel_functions):
-            self._kernel_functions[k].fail(status & ((1 << STATUS_SHIFT) - 1))
+            f = self._kernel_functions[k]
+            if isinstance(f, CompiledKernel):  # what the entry point calls when it runs
+                f.fail(status & ((1 << STATUS_SHIFT) - 1))
         raise InternalError(f"the program's entry point returned the unknown status {status}")
 
 

@@ -26,7 +26,8 @@ import numpy as np
 
 from kiln.errors import EvalError, InternalError
 from kiln.eval.values import ConstructorValue, RefValue
-from kiln.ir.ty import TupleType, Type
+from kiln.ir.ty import TensorType, TupleType, Type
+from kiln.loops.ir import static_shape
 from kiln.runtime.kernel import KernelFunction
 from kiln.ssa.ir import Function, Instr, KernelDecl, Program, Value
 
@@ -124,7 +125,7 @@ class VM:
         self._lock = threading.Lock()
         self.constants = []
         for c in program.constants:
-            c = np.require(c, requirements="CA")
+            c = np.require(c, requirements=["C", "A"])
             if c.flags.writeable:
                 c = c.copy()
                 c.setflags(write=False)
@@ -201,8 +202,11 @@ class VM:
                     f(*[regs[i] for i in args])
                 return step
             case "alloc":
-                shape = tuple(int(d) for d in ins.type.shape)  # type: ignore[attr-defined]
-                dtype = np.dtype(ins.type.dtype)  # type: ignore[attr-defined]
+                t = ins.type
+                if not isinstance(t, TensorType):
+                    raise InternalError(f"VM: alloc of a {t}")
+                shape = static_shape(t)
+                dtype = np.dtype(t.dtype)
                 offset = a.get("offset")
                 if offset is None:
                     def step(regs: list[Any], fr: _Frame) -> None:
@@ -212,7 +216,8 @@ class VM:
                 end = offset + nbytes
 
                 def step(regs: list[Any], fr: _Frame) -> None:
-                    regs[dest] = fr.arena[offset:end].view(dtype).reshape(shape)  # type: ignore
+                    # An alloc with an offset is planned into its frame, which has an arena.
+                    regs[dest] = fr.arena[offset:end].view(dtype).reshape(shape)  # type: ignore[index]
                 return step
             case "const":
                 value = self.constants[a["index"]]

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from kiln.ir.ty import TensorType
+from kiln.errors import InternalError
+from kiln.ir.dtype import dtype_of
+from kiln.ir.ty import TensorType, Type
+from kiln.loops.ir import static_shape
 from kiln.ssa.analysis import Liveness, reverse_post_order
 from kiln.ssa.ir import Function, Instr, Program, Value
 
@@ -33,10 +34,13 @@ ALIGN = 64
 _TRANSIENT_USES = frozenset(["kernel", "kernel_dyn", "tuple", "get_field"])
 
 
-def tensor_bytes(t: TensorType) -> int:
-    n = np.dtype(t.dtype).itemsize
-    for d in t.shape:
-        n *= int(d)  # type: ignore[arg-type]
+def tensor_bytes(t: Type) -> int:
+    """The bytes of a tensor of static shape (the type of what an ``alloc`` makes)."""
+    if not isinstance(t, TensorType):
+        raise InternalError(f"{t} is not a tensor type")
+    n = dtype_of(t.dtype).itemsize
+    for d in static_shape(t):
+        n *= d
     return n
 
 
@@ -136,7 +140,7 @@ def plan_function(fn: Function) -> FunctionPlan:
         a.attrs["offset"] = None
         if a in escaping:
             plan.heap += 1
-            plan.heap_bytes += tensor_bytes(a.type)  # type: ignore[arg-type]
+            plan.heap_bytes += tensor_bytes(a.type)
     if not planned:
         fn.arena_bytes = 0
         return plan
@@ -161,7 +165,7 @@ def plan_function(fn: Function) -> FunctionPlan:
                         if r not in last or point > last[r]:
                             last[r] = point
         base += len(b.instrs) + 2
-    sizes = {a: _aligned(max(tensor_bytes(a.type), 1)) for a in planned}  # type: ignore[arg-type]
+    sizes = {a: _aligned(max(tensor_bytes(a.type), 1)) for a in planned}
     order = sorted(planned, key=lambda a: (-sizes[a], first.get(a, 0)))
     placed: list[tuple[int, int, int, int]] = []  # (first, last, offset, end)
     arena = 0
@@ -177,7 +181,7 @@ def plan_function(fn: Function) -> FunctionPlan:
         placed.append((lo, hi, offset, offset + sizes[a]))
         arena = max(arena, offset + sizes[a])
         plan.planned += 1
-        plan.intermediate_bytes += tensor_bytes(a.type)  # type: ignore[arg-type]
+        plan.intermediate_bytes += tensor_bytes(a.type)
     fn.arena_bytes = arena
     plan.arena_bytes = arena
     return plan

@@ -281,7 +281,7 @@ class _Checker:
                 if missing:
                     self.fail(where, f"{ins.op} lacks attribute(s) {', '.join(missing)}")
                 elif ins.op == "alloc" and not problem and ins.attrs["offset"] is not None:
-                    end = ins.attrs["offset"] + tensor_bytes(ins.type)  # type: ignore[arg-type]
+                    end = ins.attrs["offset"] + tensor_bytes(ins.type)
                     if end > fn.arena_bytes:
                         self.fail(where, f"an alloc ends at {end}, past the arena's "
                                   f"{fn.arena_bytes} bytes")
