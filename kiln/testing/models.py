@@ -48,7 +48,7 @@ class _Weights:
         return v
 
     def module(self, inputs: list[Var], body: Expr) -> tuple[IRModule, dict[str, np.ndarray]]:
-        return IRModule.from_expr(Function([*inputs, *self.vars], body)), self.values
+        return IRModule.from_expr(Function((*inputs, *self.vars), body)), self.values
 
 
 def mlp(batch: int = 1, sizes: tuple[int, ...] = (784, 512, 512, 10), seed: int = 0):
@@ -80,7 +80,7 @@ def resnet18(batch: int = 1, image: int = 224, classes: int = 1000, seed: int = 
     """ResNet-18 (He et al.) in NCHW: 4 stages of 2 basic blocks, batch norm after each conv."""
     w = _Weights(seed)
     x = var("data", shape=(batch, 3, image, image))
-    h = _conv_bn(w, x, "conv1", 3, 64, 7, 2)
+    h: Expr = _conv_bn(w, x, "conv1", 3, 64, 7, 2)
     h = nn.max_pool2d(h, pool_size=(3, 3), strides=(2, 2), padding=(1, 1))
     c_in = 64
     for stage, c_out in enumerate((64, 128, 256, 512)):
@@ -89,7 +89,7 @@ def resnet18(batch: int = 1, image: int = 224, classes: int = 1000, seed: int = 
             name = f"layer{stage + 1}_{block}"
             y = _conv_bn(w, h, f"{name}_conv1", c_in, c_out, 3, stride)
             y = _conv_bn(w, y, f"{name}_conv2", c_out, c_out, 3, 1, relu=False)
-            shortcut = h
+            shortcut: Expr = h
             if stride != 1 or c_in != c_out:
                 shortcut = _conv_bn(w, h, f"{name}_down", c_in, c_out, 1, stride, relu=False)
             h = nn.relu(add(y, shortcut))
@@ -248,7 +248,7 @@ def lstm(batch: int = 1, steps: int = 32, input: int = 256, hidden: int = 256,
     h_next = multiply(out_gate, tanh(c_next))
     step = Call(loop, (add(i, const(1)), h_next, c_next, xw, wh, bh))
     body = if_(less(i, const(steps)), step, tuple_(h, c))
-    loop_fn = Function([i, h, c, xw, wh, bh], body, ret_type=TupleType((state, state)))
+    loop_fn = Function((i, h, c, xw, wh, bh), body, ret_type=TupleType((state, state)))
 
     projected = nn.bias_add(nn.dense(reshape(x, newshape=(steps * batch, input)), w_ih), b_ih,
                             axis=-1)

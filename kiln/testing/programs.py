@@ -33,7 +33,7 @@ from kiln.ir.expr import (
     Var,
 )
 from kiln.ir.module import IRModule
-from kiln.ir.ty import TensorType, TupleType, Type
+from kiln.ir.ty import FuncType, TensorType, TupleType, Type
 from kiln.op import registry
 
 
@@ -101,7 +101,9 @@ class _Builder:
         assert isinstance(ty, (TensorType, TupleType)), (name, ty)
         call = Call(opdef.op, tuple(a.expr for a in args), normalized)
         if isinstance(ty, TupleType):
-            return _Value(TupleGetItem(call, 0), ty.fields[0])  # type: ignore[arg-type]
+            first = ty.fields[0]
+            assert isinstance(first, TensorType), (name, ty)
+            return _Value(TupleGetItem(call, 0), first)
         return _Value(call, ty)
 
     def add(self, value: _Value) -> _Value:
@@ -124,7 +126,7 @@ class _Builder:
             return self.call(op, [x])
         if kind == "exp":
             return self.call("exp", [self.call("tanh", [x])])
-        margin = _Value(Constant(np.float32(0.5)), TensorType((), "float32"))
+        margin = _Value(Constant(np.array(0.5, np.float32)), TensorType((), "float32"))
         return self.call(kind, [self.call("add", [self.call("abs", [x]), margin])])
 
     def broadcast_partner(self, x: _Value) -> _Value:
@@ -132,7 +134,7 @@ class _Builder:
         same = [v for v in self.visible() if v.ty.shape == x.ty.shape and v is not x]
         if same and self.chance(0.5):
             return self.pick(same)
-        shape = list(x.ty.shape)
+        shape = list(x.ty.static_shape)
         drop = int(self.rng.integers(0, len(shape) + 1))
         shape = [1 if self.chance(0.3) else d for d in shape[drop:]]
         return self.const(tuple(shape))
@@ -144,7 +146,7 @@ class _Builder:
             x, y = y, x
         op = self.pick(["add", "subtract", "multiply", "maximum", "minimum", "divide"])
         if op == "divide":
-            one = _Value(Constant(np.float32(1.0)), TensorType((), "float32"))
+            one = _Value(Constant(np.array(1.0, np.float32)), TensorType((), "float32"))
             y = self.call("add", [self.call("abs", [y]), one])
         return self.call(op, [x, y])
 
@@ -175,20 +177,21 @@ class _Builder:
     def concat(self) -> _Value:
         x = self.ranked()
         axis = int(self.rng.integers(0, x.ty.ndim))
-        shape = list(x.ty.shape)
+        shape = list(x.ty.static_shape)
         shape[axis] = int(self.rng.integers(1, 4))
-        y = self.const(tuple(shape))  # type: ignore[arg-type]
+        y = self.const(tuple(shape))
         opdef = registry.get("concatenate")
         attrs = opdef.normalize_attrs({"axis": axis})
         ty = opdef.relation((TupleType((x.ty, y.ty)),), attrs)
-        return _Value(Call(opdef.op, (Tuple((x.expr, y.expr)),), attrs), ty)  # type: ignore
+        assert isinstance(ty, TensorType), ty
+        return _Value(Call(opdef.op, (Tuple((x.expr, y.expr)),), attrs), ty)
 
     def dense(self) -> _Value:
         x = self.operand()
         if x.ty.ndim != 2:
             x = self.call("reshape", [x], newshape=[1, -1])
         units = int(self.rng.integers(1, 6))
-        w = self.const((units, int(x.ty.shape[1])), -0.5, 0.5)
+        w = self.const((units, x.ty.static_shape[1]), -0.5, 0.5)
         out = self.call("nn.dense", [x, w])
         if self.chance(0.6):
             out = self.call("nn.bias_add", [out, self.const((units,))], axis=-1)
@@ -197,12 +200,12 @@ class _Builder:
     def conv(self) -> _Value:
         x = self.operand()
         if x.ty.ndim != 4:
-            n = int(np.prod(x.ty.shape))
+            n = int(np.prod(x.ty.static_shape))
             x = self.call("reshape", [x], newshape=[1, 1, 1, n])
-        c = int(x.ty.shape[1])
+        c = x.ty.static_shape[1]
         out_c = int(self.rng.integers(1, 4))
         pad = int(self.rng.integers(0, 2))
-        fits = min(int(x.ty.shape[2]), int(x.ty.shape[3])) + 2 * pad  # the window must fit
+        fits = min(x.ty.static_shape[2], x.ty.static_shape[3]) + 2 * pad  # the window must fit
         k = int(self.rng.integers(1, min(3, fits + 1)))
         w = self.const((out_c, c, k, k), -0.5, 0.5)
         out = self.call("nn.conv2d", [x, w], padding=[pad, pad, pad, pad])
@@ -223,7 +226,7 @@ class _Builder:
         """``if (sum(x) > 0) { f(x) } else { g(x) }`` with both branches of x's type."""
         x = self.operand()
         total = self.call("sum", [x])
-        zero = _Value(Constant(np.float32(0.0)), TensorType((), "float32"))
+        zero = _Value(Constant(np.array(0.0, np.float32)), TensorType((), "float32"))
         cond = self.call("greater", [total, zero])
         arms = []
         for _ in range(2):
@@ -273,7 +276,7 @@ class _Builder:
 
     def _broadcasts(self, a: TensorType, b: TensorType) -> bool:
         try:
-            return np.broadcast_shapes(a.shape, b.shape) == a.shape  # type: ignore[arg-type]
+            return np.broadcast_shapes(a.static_shape, b.static_shape) == a.static_shape
         except ValueError:
             return False
 
@@ -306,10 +309,11 @@ class _Builder:
         inputs = []
         for _ in range(int(self.rng.integers(1, 4))):
             shape = self.shape()
-            v = Var(self.fresh("x"), TensorType(shape, "float32"))
+            ty = TensorType(shape, "float32")
+            v = Var(self.fresh("x"), ty)
             params.append(v)
             inputs.append(self.rng.standard_normal(shape).astype("float32"))
-            self.scope.values.append(_Value(v, v.type_annotation))  # type: ignore[arg-type]
+            self.scope.values.append(_Value(v, ty))
         actions: list[tuple[float, Callable[[], _Value]]] = [
             (3, self.unary), (3, self.binary), (1, self.select), (2, self.reduce),
             (2, self.reshape), (1, self.concat), (1, self.dense), (1, self.conv),
@@ -338,4 +342,6 @@ def result_type(mod: IRModule) -> Type:
     """The result type of ``@main`` (type-checks the module)."""
     from kiln.infer import infer_types
 
-    return infer_types(mod)["main"].checked_type.ret_type  # type: ignore[attr-defined]
+    fty = infer_types(mod)["main"].checked_type
+    assert isinstance(fty, FuncType)
+    return fty.ret_type

@@ -11,6 +11,7 @@ parameters, and awkward variable names. It is meant for properties such as
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,7 +72,7 @@ VAR_NAMES = ("x", "x", "y", "x1", "data", "_", "", "0", "1x", "let", "fn", "True
              "a-b", "w/b", "%", "é", "inff", "p0")
 TYPE_VAR_NAMES = ("A", "B", "A", "T", "float32", "Tensor", "List", "_", "fn", "a b", "int8x4")
 ATTR_KEYS = ("Primitive", "Inline", "Compiler", "global_symbol", "relay.reshape_only", "n")
-_STR = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=8)
+_STR = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=8)
 _FLOAT = st.floats(allow_nan=False, width=64)
 
 
@@ -134,7 +135,7 @@ class _Env:
     tvars: list[TypeVar] = field(default_factory=list)
     pool: list[Expr] = field(default_factory=list)
 
-    def child(self, vars: list[Var] = (), tvars: list[TypeVar] = ()) -> _Env:  # type: ignore[assignment]
+    def child(self, vars: Sequence[Var] = (), tvars: Sequence[TypeVar] = ()) -> _Env:
         return _Env(self.vars + list(vars), self.tvars + list(tvars), list(self.pool))
 
 

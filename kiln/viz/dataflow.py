@@ -14,6 +14,7 @@ The walk keeps its own stack: programs are thousands of let bindings deep.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 from kiln.errors import Error
 from kiln.ir.expr import (
@@ -80,7 +81,7 @@ def type_label(ty: Type | None) -> str:
     return "" if ty is None else type_text(ty)
 
 
-def _is_primitive(op: Expr) -> bool:
+def _is_primitive(op: Expr) -> TypeGuard[Function]:
     return isinstance(op, Function) and bool(op.attrs.get("Primitive", 0))
 
 
@@ -159,12 +160,12 @@ class _Builder:
                     self.graph.groups.append(Group(f"fused #{inner}"))
                     self.scopes[inner] = sc
                     self.calls[key] = inner
-                    for p, a in zip(fn.params, e.args):  # type: ignore[union-attr]
+                    for p, a in zip(fn.params, e.args):
                         self.env[(inner, id(p))] = self.value[(sc, id(a))]
-                    stack += [(e, 2, sc), (fn.body, 0, inner)]  # type: ignore[union-attr]
+                    stack += [(e, 2, sc), (fn.body, 0, inner)]
                 else:
                     inner = self.calls[key]
-                    self.value[key] = self.value[(inner, id(fn.body))]  # type: ignore[union-attr]
+                    self.value[key] = self.value[(inner, id(fn.body))]
             elif isinstance(e, Call | Tuple):
                 kids = list(e.args) if isinstance(e, Call) else list(e.fields)
                 if stage == 0:
