@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kiln.ir.dtype import dtype_of
 from kiln.ir.ty import TensorType
+from kiln.loops.ir import static_shape
 
 C_TYPES = {
     "bool": "uint8_t", "int8": "int8_t", "int16": "int16_t", "int32": "int32_t",
@@ -47,7 +49,7 @@ class CTensor:
     @property
     def shape(self) -> tuple[int, ...]:
         # Static: emit_program refuses symbolic shapes before any CTensor is made.
-        return tuple(d for d in self.type.shape if isinstance(d, int))
+        return static_shape(self.type)
 
     @property
     def count(self) -> int:
@@ -55,7 +57,7 @@ class CTensor:
 
     @property
     def nbytes(self) -> int:
-        return self.count * np.dtype(self.type.dtype).itemsize
+        return self.count * dtype_of(self.type.dtype).itemsize
 
     @property
     def c_type(self) -> str:
