@@ -174,9 +174,9 @@ def require_rank(t: TensorType, what: str, rank: int) -> None:
         )
 
 
-def pair(value: object, where: str) -> tuple[int, int]:
+def pair(value: int | Sequence[int], where: str) -> tuple[int, int]:
     """An `Attr` convert: one int or two ints as a pair (strides, dilation, kernel sizes)."""
-    v = (value,) if isinstance(value, int) else tuple(value)  # type: ignore[arg-type]
+    v = (value,) if isinstance(value, int) else tuple(value)
     if len(v) == 1:
         v = (v[0], v[0])
     if len(v) != 2:
@@ -184,12 +184,12 @@ def pair(value: object, where: str) -> tuple[int, int]:
     return (int(v[0]), int(v[1]))
 
 
-def padding4(value: object, where: str) -> tuple[int, int, int, int]:
+def padding4(value: int | Sequence[int], where: str) -> tuple[int, int, int, int]:
     """An `Attr` convert: 2-D padding of 1, 2 or 4 ints as (top, left, bottom, right).
 
     One number pads every side; two are (top, left), repeated for (bottom, right).
     """
-    v = (value,) if isinstance(value, int) else tuple(value)  # type: ignore[arg-type]
+    v = (value,) if isinstance(value, int) else tuple(value)
     if len(v) == 1:
         v = v * 4
     elif len(v) == 2:
@@ -206,7 +206,7 @@ def as_array(value: object, dtype: str) -> np.ndarray:
     return np.asarray(value).astype(dtype, copy=False)
 
 
-def trunc_divide(a: np.ndarray, b: object) -> np.ndarray:
+def trunc_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Integer division rounding toward zero (C's ``/``); the caller rules out division by 0."""
     q = np.floor_divide(a, b)
     # floor and truncation differ when the remainder is nonzero and the signs differ

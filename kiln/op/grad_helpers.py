@@ -49,7 +49,7 @@ def static_shape(e: Expr, op: str) -> tuple[int, ...]:
         raise Error(
             f"the gradient of {op} needs the static shape of its argument, but it has type {t}"
         )
-    return t.shape  # type: ignore[return-value]
+    return t.static_shape
 
 
 def scalar(value: float, dt: str) -> Constant:
@@ -117,6 +117,7 @@ def element_count(data: Expr, axes: Sequence[int]) -> Expr:
     """How many elements of ``data`` each reduced element covers, as a keepdims tensor/scalar."""
     t = tensor_type(data)
     sizes = [t.shape[a] for a in axes]
-    if all(isinstance(s, int) for s in sizes):
-        return scalar(float(np.prod(sizes, dtype=np.int64)), t.dtype)
+    known = [s for s in sizes if isinstance(s, int)]
+    if len(known) == len(sizes):
+        return scalar(float(np.prod(known, dtype=np.int64)), t.dtype)
     return call("sum", call("ones_like", data), axis=list(axes), keepdims=True)

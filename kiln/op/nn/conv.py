@@ -501,6 +501,13 @@ conv2d_transpose = register(
 )
 
 
+def _kernel_size(attrs: Conv2DBackwardWeightAttrs) -> tuple[int, int]:
+    """The kernel size, which conv2d_backward_weight requires (nothing else gives it)."""
+    if attrs.kernel_size is None:
+        raise TypeCheckError("nn.conv2d_backward_weight needs kernel_size")
+    return attrs.kernel_size
+
+
 def _backward_weight_relation(
     arg_types: Sequence[Type], attrs: Conv2DBackwardWeightAttrs
 ) -> Type | None:
@@ -517,9 +524,7 @@ def _backward_weight_relation(
     require_dtype(data, "data", "float")
     require_rank(grad, "grad (NCHW)", 4)
     require_rank(data, "data (NCHW)", 4)
-    if attrs.kernel_size is None:
-        raise TypeCheckError("nn.conv2d_backward_weight needs kernel_size")
-    kh, kw = pair(attrs.kernel_size, "kernel_size")
+    kh, kw = _kernel_size(attrs)
     strides = pair(attrs.strides, "strides")
     dilation = pair(attrs.dilation, "dilation")
     check_window_attrs((kh, kw), strides, dilation)
@@ -558,7 +563,7 @@ def _conv2d_backward_weight(
     top, left, bottom, right = padding4(attrs.padding, "padding")
     x = np.pad(x.astype(acc), ((0, 0), (0, 0), (top, bottom), (left, right)))
     g = g.astype(acc)
-    kernel = pair(attrs.kernel_size, "kernel_size")
+    kernel = _kernel_size(attrs)
     windows = windows_2d(
         x, kernel, pair(attrs.strides, "strides"), pair(attrs.dilation, "dilation")
     )  # (N, C, OH, OW, kh, kw)
@@ -578,7 +583,7 @@ def _backward_weight_grad(c: Call, g: Expr) -> list[Expr | None]:
     op = "nn.conv2d_backward_weight"
     _, _, oh, ow = gh.static_shape(grad, op)
     attrs = Conv2DBackwardWeightAttrs.view(c.attrs)
-    kernel = pair(attrs.kernel_size, "kernel_size")
+    kernel = _kernel_size(attrs)
     return [
         call("nn.conv2d", data, g, **_geometry(attrs)),
         _data_adjoint(grad, g, data, (oh, ow), kernel, attrs, op),

@@ -25,7 +25,7 @@ import numpy as np
 
 from kiln.errors import TypeCheckError
 from kiln.ir.attrs import Attrs
-from kiln.ir.ty import ANY, TensorType, Type
+from kiln.ir.ty import ANY, Dim, TensorType, Type
 from kiln.loops import oplib
 from kiln.loops.compute import BufferTensor, Tensor, reduce
 from kiln.loops.ir import Binary, Cast
@@ -39,6 +39,7 @@ from kiln.op.common import (
     shape_str,
     tensor_args,
 )
+from kiln.op.nn.conv import Conv2DAttrs
 from kiln.op.registry import Attr, OpPattern, register
 
 
@@ -57,14 +58,19 @@ def unpack_dense_weight(wp: np.ndarray, units: int, k: int) -> np.ndarray:
     return wp.transpose(0, 2, 1).reshape(tiles * nr, kp)[:units, :k]
 
 
-def _units(attrs: Attrs, packed_shape: Sequence) -> object:
+class DensePackedAttrs(Attrs):
+    __slots__ = ()
+    units: int | None
+
+
+def _units(attrs: DensePackedAttrs, packed_shape: Sequence[Dim]) -> Dim:
     if attrs.units is not None:
         return attrs.units
     tiles, _, nr = packed_shape
     return tiles * nr if isinstance(tiles, int) and isinstance(nr, int) else ANY
 
 
-def _relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+def _relation(arg_types: Sequence[Type], attrs: DensePackedAttrs) -> Type | None:
     args = tensor_args(arg_types, ("data", "weight"))
     if args is None:
         return None
@@ -76,31 +82,36 @@ def _relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
         raise TypeCheckError("data must have at least one dimension, but is a scalar")
     tiles, kp, nr = weight.shape
     units, k = _units(attrs, weight.shape), data.shape[-1]
-    if all(isinstance(d, int) for d in (tiles, kp, nr, k)):
-        if kp < k or not (tiles - 1) * nr < units <= tiles * nr:  # type: ignore[operator]
+    if isinstance(tiles, int) and isinstance(kp, int) and isinstance(nr, int) \
+            and isinstance(k, int):
+        assert isinstance(units, int)  # given, or tiles * nr
+        if kp < k or not (tiles - 1) * nr < units <= tiles * nr:
             raise TypeCheckError(
                 f"a packed weight of shape {shape_str(weight.shape)} cannot hold {units} units "
                 f"of {k} inputs (data of shape {shape_str(data.shape)})")
     else:
         check_dims_equal(kp, k, "the packed weight's K does not match data")
-    return TensorType((*data.shape[:-1], units), data.dtype)  # type: ignore[arg-type]
+    return TensorType((*data.shape[:-1], units), data.dtype)
 
 
-def _compute(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+def _compute(arrays: list[np.ndarray], attrs: DensePackedAttrs) -> np.ndarray:
     x, wp = np.asarray(arrays[0]), np.asarray(arrays[1])
     out = x.dtype.name
     acc = "float32" if out == "float16" else out
-    w = unpack_dense_weight(wp, _units(attrs, wp.shape), x.shape[-1])  # type: ignore
+    units = _units(attrs, wp.shape)
+    assert isinstance(units, int)  # an array's shape is static
+    w = unpack_dense_weight(wp, units, x.shape[-1])
     return as_array(np.matmul(x.astype(acc), w.astype(acc).T), out)
 
 
-def _lower(inputs: list, attrs: Attrs, out: Type) -> Tensor:
+def _lower(inputs: list, attrs: DensePackedAttrs, out_type: Type) -> Tensor:
     from kiln.loops import linear_kernels as fast
 
+    out = oplib.out_tensor_type(out_type)
     x, wp = inputs
-    units = out.shape[-1]  # type: ignore[attr-defined]
+    units = out.static_shape[-1]
     if isinstance(wp, BufferTensor) and fast.usable(x.dtype, x.shape, wp.shape):
-        t = fast.dense_prepacked(x, wp.buffer, units, out.shape, out.dtype)  # type: ignore
+        t = fast.dense_prepacked(x, wp.buffer, units, out.static_shape, out.dtype)
         if t is not None:
             return t
     # A plain reduction reading the panels (other dtypes, or a layout this build would not
@@ -114,13 +125,14 @@ def _lower(inputs: list, attrs: Attrs, out: Type) -> Tensor:
         return Binary("mul", oplib.convert(a, acc), oplib.convert(b, acc))
 
     fin = None if acc == x.dtype else (lambda v, o: Cast(x.dtype, v))
-    return reduce(out.shape, out.dtype, (x.shape[-1],), "add", body,  # type: ignore
+    return reduce(out.static_shape, out.dtype, (x.shape[-1],), "add", body,
                   oplib.dtype_const(0, acc), fin, acc)
 
 
 dense_packed = register(
     "nn.dense_packed",
     inputs=("data", "weight"),
+    attrs_type=DensePackedAttrs,
     attrs=(Attr("units", None, kind="int", optional=True,
                 doc="output size (the panels are padded); None: tiles × lanes"),),
     relation=_relation,
@@ -155,28 +167,32 @@ def unpack_conv_weight(wp: np.ndarray, channels: int, in_per_group: int,
     return rows[:, :og, :in_per_group * kh * kw].reshape(channels, in_per_group, kh, kw)
 
 
-def _conv_geometry(data: TensorType, weight: TensorType, attrs: Attrs) -> TensorType | None:
+def _conv_geometry(
+    data: TensorType, weight: TensorType, attrs: Conv2DAttrs
+) -> TensorType | None:
     """The OIHW weight type the panels stand for (None while shapes are unknown)."""
     if attrs.channels is None or attrs.kernel_size is None:
         raise TypeCheckError("nn.conv2d_packed needs its channels and kernel_size attributes")
     require_rank(data, "data (NCHW)", 4)
     require_rank(weight, "packed weight (groups, tiles, k, lanes)", 4)
-    groups, tiles, kp, mr = weight.shape
-    c, channels, (kh, kw) = data.shape[1], attrs.channels, attrs.kernel_size
-    if not all(isinstance(d, int) for d in (groups, tiles, kp, mr, c)):
+    channels, (kh, kw) = attrs.channels, attrs.kernel_size
+    dims = (*weight.shape, data.shape[1])
+    known = [d for d in dims if isinstance(d, int)]
+    if len(known) < len(dims):
         return None
-    if groups != attrs.groups or c % groups or channels % groups:  # type: ignore[operator]
+    groups, tiles, kp, mr, c = known
+    if groups != attrs.groups or c % groups or channels % groups:
         raise TypeCheckError(f"a packed weight of shape {shape_str(weight.shape)} does not "
                              f"fit groups={attrs.groups} over {c} channels")
-    og, cg = channels // groups, c // groups  # type: ignore[operator]
-    if not (tiles - 1) * mr < og <= tiles * mr or kp < cg * kh * kw:  # type: ignore[operator]
+    og, cg = channels // groups, c // groups
+    if not (tiles - 1) * mr < og <= tiles * mr or kp < cg * kh * kw:
         raise TypeCheckError(
             f"a packed weight of shape {shape_str(weight.shape)} cannot hold {channels} output "
             f"channels of {cg}×{kh}×{kw} taps")
-    return TensorType((channels, cg, kh, kw), weight.dtype)  # type: ignore[arg-type]
+    return TensorType((channels, cg, kh, kw), weight.dtype)
 
 
-def _conv_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+def _conv_relation(arg_types: Sequence[Type], attrs: Conv2DAttrs) -> Type | None:
     from kiln.op.nn.conv import _conv2d_relation
 
     args = tensor_args(arg_types, ("data", "weight"))
@@ -187,38 +203,42 @@ def _conv_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
     return None if oihw is None else _conv2d_relation([args[0], oihw], attrs)
 
 
-def _conv_compute(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+def _conv_compute(arrays: list[np.ndarray], attrs: Conv2DAttrs) -> np.ndarray:
     from kiln.op.nn.conv import _conv2d
 
     x, wp = np.asarray(arrays[0]), np.asarray(arrays[1])
-    w = unpack_conv_weight(wp, attrs.channels, x.shape[1] // attrs.groups,  # type: ignore
-                           attrs.kernel_size)  # type: ignore[arg-type]
+    channels, kernel = attrs.channels, attrs.kernel_size
+    assert channels is not None and kernel is not None  # the relation requires both
+    w = unpack_conv_weight(wp, channels, x.shape[1] // attrs.groups, kernel)
     return _conv2d([x, w], attrs)
 
 
-def _conv_lower(inputs: list, attrs: Attrs, out: Type) -> Tensor:
+def _conv_lower(inputs: list, attrs: Conv2DAttrs, out_type: Type) -> Tensor:
     from kiln.loops import conv_kernels, gemm
     from kiln.loops.compute import compute
     from kiln.op.nn.conv import _conv2d_lower
 
+    out = oplib.out_tensor_type(out_type)
     x, wp = inputs
+    channels, kernel = attrs.channels, attrs.kernel_size
+    assert channels is not None and kernel is not None  # the relation requires both
     groups, _, _, mr = wp.shape
-    kh, kw = attrs.kernel_size  # type: ignore[misc]
+    kh, kw = kernel
     cg = x.shape[1] // groups
-    og = attrs.channels // groups  # type: ignore[operator]
+    og = channels // groups
 
     def element(o: LExpr, c: LExpr, ky: LExpr, kx: LExpr) -> LExpr:
         # the OIHW weight read out of its panels
         r, p = o % og, (c * kh + ky) * kw + kx
         return wp(o // og, r // mr, p, r % mr)
 
-    w = compute((attrs.channels, cg, kh, kw), wp.dtype, element)
+    w = compute((channels, cg, kh, kw), wp.dtype, element)
     if isinstance(wp, BufferTensor) and gemm.supported(x.dtype) and x.dtype == out.dtype \
-            and min(x.shape) > 0:  # type: ignore[attr-defined]
+            and min(x.shape) > 0:
         return conv_kernels.implicit_gemm(
-            x, w, attrs.strides, attrs.padding[:2], attrs.dilation, groups,  # type: ignore
-            out.shape, out.dtype, a_packed=wp.buffer)  # type: ignore[attr-defined]
-    return _conv2d_lower([x, w], attrs, out)
+            x, w, attrs.strides, attrs.padding[:2], attrs.dilation, groups,
+            out.static_shape, out.dtype, a_packed=wp.buffer)
+    return _conv2d_lower([x, w], attrs, out_type)
 
 
 def _conv_attrs() -> tuple[Attr, ...]:
@@ -230,6 +250,7 @@ def _conv_attrs() -> tuple[Attr, ...]:
 conv2d_packed = register(
     "nn.conv2d_packed",
     inputs=("data", "weight"),
+    attrs_type=Conv2DAttrs,
     attrs=_conv_attrs(),
     relation=_conv_relation,
     compute=_conv_compute,
