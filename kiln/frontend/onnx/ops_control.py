@@ -299,16 +299,16 @@ def _scan(ctx: NodeContext, state_values: list[Value], seqs: list[Value], in_axe
           for k, a in enumerate(accs))))
     go = op.less(i.expr, const_like(steps, "int64"))
     fn = Function(params, If(go, Let(r, body_e, again), Tuple(tuple(params[1:]))),
-                  ret_type=result_type)  # type: ignore[arg-type]
+                  ret_type=result_type)
     start = Call(fvar, (Constant(np.asarray(0, "int64")), *(v.expr for v in state_values),
                         *(_empty_acc(t) for t in scan_types)))  # type: ignore[arg-type]
     out = ctx.let(Let(fvar, fn, start), "scan_out")
     results: list[Expr] = [TupleGetItem(out, k) for k in range(n_state)]
     for k, t in enumerate(scan_types):
-        acc = op.reshape(TupleGetItem(out, n_state + k), newshape=[steps, *t.shape])  # type: ignore
-        axis = out_axes[k] % (len(t.shape) + 1)  # type: ignore[attr-defined]
+        acc = op.reshape(TupleGetItem(out, n_state + k), newshape=[steps, *t.shape])
+        axis = out_axes[k] % (len(t.shape) + 1)
         if axis:
-            perm = list(range(1, axis + 1)) + [0] + list(range(axis + 1, len(t.shape) + 1))  # type: ignore
+            perm = list(range(1, axis + 1)) + [0] + list(range(axis + 1, len(t.shape) + 1))
             acc = op.transpose(acc, axes=perm)
         results.append(acc)
     return results

@@ -73,7 +73,7 @@ def batch_norm(n: AtenCall, x: Expr, weight: Expr | None, bias: Expr | None,
     if training or mean is None or var is None:
         raise n.error("batch norm in training mode normalizes with the batch's statistics; "
                       "call model.eval() before importing")
-    return norm.batch_norm(n, x, weight, bias, mean, var, momentum, eps)[0]  # type: ignore
+    return norm.batch_norm(n, x, weight, bias, mean, var, momentum, eps)[0]
 
 
 @converter("aten.instance_norm.default")
@@ -82,7 +82,7 @@ def instance_norm(n: AtenCall, x: Expr, weight: Expr | None, bias: Expr | None,
                   eps: float, _cudnn: bool = True) -> Expr:
     if use_input_stats or mean is None or var is None:  # each sample's own statistics
         return norm.normalize(n, x, list(range(2, n.rank(x))), weight, bias, eps)
-    return norm.batch_norm(n, x, weight, bias, mean, var, momentum, eps)[0]  # type: ignore
+    return norm.batch_norm(n, x, weight, bias, mean, var, momentum, eps)[0]
 
 
 @converter("aten.group_norm.default")
@@ -91,14 +91,14 @@ def group_norm(n: AtenCall, x: Expr, groups: int, weight: Expr | None = None,
     shape = n.static_shape(x, "group_norm")
     rest = prod(shape[2:])
     out = norm.group_norm(n, x, weight, bias, shape[0], shape[1], rest, groups, eps)
-    return out[0]  # type: ignore[return-value]
+    return out[0]
 
 
 @converter("aten.max_pool2d.default")
 def max_pool2d(n: AtenCall, x: Expr, kernel: Sequence[int], stride: Sequence[int] = (),
                padding: Sequence[int] = (0,), dilation: Sequence[int] = (1,),
                ceil_mode: bool = False) -> Expr:
-    return conv.max_pool2d(n, x, kernel, stride, padding, dilation, ceil_mode)[0]  # type: ignore
+    return conv.max_pool2d(n, x, kernel, stride, padding, dilation, ceil_mode)[0]
 
 
 @converter("aten.flatten.using_ints")

@@ -99,8 +99,8 @@ def _batched(n: AtenCall, a: Expr, b: Expr) -> Expr:
         if tuple(own) != tuple(batch):
             if not all(isinstance(d, int) for d in batch):
                 raise n.error("matmul with broadcast symbolic batch dimensions is not supported")
-            x = broadcast_to(x, shape=[*batch, rows, cols])  # type: ignore[list-item]
-        return x if len(batch) == 1 else reshape(x, newshape=[-1, rows, cols])  # type: ignore
+            x = broadcast_to(x, shape=[*batch, rows, cols])
+        return x if len(batch) == 1 else reshape(x, newshape=[-1, rows, cols])
 
     if not all(isinstance(d, int) for d in (m, k, k2, p)):
         raise n.error("matmul needs static matrix sizes")
