@@ -128,6 +128,7 @@ def torch_time(fn: Callable, x: np.ndarray, y: np.ndarray, count: int, repeat: i
 def resnet18_kernels() -> list[Kernel]:
     from kiln.ir.traverse import post_order
     from kiln.loops.lower import lower_primitive
+    from kiln.ssa.kernels import constants_as_params
     from kiln.testing.models import resnet18
     from kiln.transform.bind_params import bind_params
 
@@ -136,7 +137,8 @@ def resnet18_kernels() -> list[Kernel]:
     kernels = []
     for node in post_order(mod["main"]):
         if isinstance(node, kiln.Function) and node.attrs.get("Primitive"):
-            kernels.append(lower_primitive(node, f"fused{len(kernels)}"))
+            fn, _ = constants_as_params(node)  # weights become parameters, as lift-constants does
+            kernels.append(lower_primitive(fn, f"fused{len(kernels)}"))
     return kernels
 
 

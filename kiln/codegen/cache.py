@@ -20,6 +20,7 @@ import hashlib
 import os
 import struct
 import tempfile
+import weakref
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 
@@ -119,11 +120,20 @@ def _atom(value: object) -> str:
     return f"{type(value).__name__}:{value!r}"
 
 
+# A kernel is immutable: its fingerprint is computed once (the canonical text of a large
+# kernel — decomposed transcendentals, a GEMM — takes milliseconds, and a build asks for it
+# for the cache key, the symbol and the library).
+_FINGERPRINTS: weakref.WeakKeyDictionary[Kernel, str] = weakref.WeakKeyDictionary()
+
+
 def fingerprint(kernel: Kernel) -> str:
     """SHA-256 (hex) of the kernel's content and kiln's codegen version."""
-    h = hashlib.sha256(CODEGEN_VERSION.encode())
-    h.update(canonical_text(kernel).encode())
-    return h.hexdigest()
+    done = _FINGERPRINTS.get(kernel)
+    if done is None:
+        h = hashlib.sha256(CODEGEN_VERSION.encode())
+        h.update(canonical_text(kernel).encode())
+        done = _FINGERPRINTS[kernel] = h.hexdigest()
+    return done
 
 
 def kernel_symbol(kernel: Kernel, fp: str | None = None) -> str:
