@@ -136,7 +136,8 @@ def apply_rule(call: Call, out_grad: Expr, original: Call) -> list[Expr | None]:
     ``call`` has typed variables for arguments and the forward result type as its type;
     ``original`` is the call in the program being differentiated (for messages).
     """
-    name = call.op.name  # type: ignore[attr-defined]
+    assert isinstance(call.op, Op)  # gradient rules are looked up for operator calls only
+    name = call.op.name
     opdef = registry.get(name)
     span = original.span
     where = "" if span is not None and span.source is not None else f" ({describe(original)})"

@@ -215,7 +215,9 @@ def differentiate(spec: GradSpec) -> Function:
                 for i, f in enumerate(n.fields):
                     target = resolve(f)
                     if id(target) in active:
-                        ty = n.checked_type.fields[i]  # type: ignore[attr-defined]
+                        tuple_type = n.checked_type
+                        assert isinstance(tuple_type, TupleType)  # the type of a Tuple node
+                        ty = tuple_type.fields[i]
                         for leaf in float_leaves(ty):
                             parts = adjoints.parts[id(n)].get((i, *leaf), [])
                             for p in parts:
@@ -227,11 +229,11 @@ def differentiate(spec: GradSpec) -> Function:
                     for p in parts:
                         adjoints.add(target, (n.index, *leaf), ty, p)
 
-    grads = []
+    param_grads: list[Expr] = []
     for i in spec.wrt:
         p = fn.params[i]
         total = adjoints.total(p, p, p.checked_type)
-        grads.append(lets.bind(total, f"d_{p.name_hint}", p.checked_type))
-    body = lets.build(spec.assemble(forward[id(result)], grads))
+        param_grads.append(lets.bind(total, f"d_{p.name_hint}", p.checked_type))
+    body = lets.build(spec.assemble(forward[id(result)], param_grads))
     return Function(spec.params(), body)
 

@@ -113,11 +113,13 @@ class _Transform:
         done = self.memo.get(id(e))
         if done is not None:
             return done
+        out: Expr
         match e:
             case Var():
-                out = self.ad.var_map.get(e)
-                if out is None:
+                bound = self.ad.var_map.get(e)
+                if bound is None:
                     raise InternalError(f"variable %{e.name_hint} has no transformed binding")
+                out = bound
             case Constant():
                 out = pair(e, e.checked_type)
             case GlobalVar():

@@ -331,7 +331,7 @@ class _Inferer:
 
     def visit_call(self, c: Call, span: Span | None) -> Visit:
         if isinstance(c.op, Op):
-            return (yield from self.visit_op_call(c, span))
+            return (yield from self.visit_op_call(c, c.op, span))
         if c.attrs:
             raise TypeCheckError(
                 f"only operator calls take attributes; this call of {describe(c.op)} has "
@@ -363,11 +363,8 @@ class _Inferer:
                        span_of(c.args[i], span), c)
         return ft.ret_type
 
-    def visit_op_call(self, c: Call, span: Span | None) -> Visit:
-        opdef = registry.lookup(c.op.name)  # type: ignore[attr-defined]
-        if opdef is None:
-            registry.get(c.op.name, span)  # raises with a suggestion  # type: ignore
-        assert opdef is not None
+    def visit_op_call(self, c: Call, op: Op, span: Span | None) -> Visit:
+        opdef = registry.get(op.name, span)  # an unknown name raises with a suggestion
         if len(c.args) != opdef.num_inputs:
             raise TypeCheckError(
                 f"{opdef.name} takes {opdef.num_inputs} argument(s) ({', '.join(opdef.inputs)}) "
@@ -526,7 +523,8 @@ class _Inferer:
             if t is None:
                 raise InternalError(f"inference left a {type(node).__name__} untyped", node.span)
             ty = self.final(node, t)
-            kids = [new.get(id(k)) for k in children(node)]
+            # Children are rebuilt before their parent; an operator is typed per call below.
+            kids = [k if isinstance(k, Op) else new[id(k)] for k in children(node)]
             match node:
                 case Constant():
                     out: Expr = Constant(node.data, span=node.span, checked_type_=ty)
@@ -591,7 +589,11 @@ def infer_types(obj: IRModule | Expr, mod: IRModule | None = None) -> Any:
             ft = trampoline(inf.visit(fn, fn.span))
             inf.unify(inf.global_types[gv.name], ft, f"the type of @{gv.name}", fn.span)
         inf.solve()
-        funcs = {gv: inf.rebuild(fn) for gv, fn in obj.functions.items()}
+        funcs: dict[GlobalVar, Function] = {}
+        for gv, fn in obj.functions.items():
+            typed_fn = inf.rebuild(fn)
+            assert isinstance(typed_fn, Function)  # rebuild keeps the kind of node
+            funcs[gv] = typed_fn
         return IRModule(funcs, obj.type_definitions)._mark_typed()
     if isinstance(obj, Expr):
         inf = _Inferer(mod)

@@ -146,19 +146,19 @@ class Unifier:
             return self._unify_func(a, b)
         if type(a) is not type(b):
             raise Mismatch()
-        if isinstance(a, TupleType):
-            if len(a.fields) != len(b.fields):  # type: ignore[attr-defined]
+        if isinstance(a, TupleType) and isinstance(b, TupleType):
+            if len(a.fields) != len(b.fields):
                 raise Mismatch(f" (a tuple of {len(a.fields)} fields against one of "
-                               f"{len(b.fields)})")  # type: ignore[attr-defined]
-            fields = [self.unify(x, y) for x, y in zip(a.fields, b.fields)]  # type: ignore
+                               f"{len(b.fields)})")
+            fields = [self.unify(x, y) for x, y in zip(a.fields, b.fields)]
             return _same_or(a, fields, a.fields) or TupleType(tuple(fields))
-        if isinstance(a, TypeCall):
-            if a.func != b.func or len(a.args) != len(b.args):  # type: ignore[attr-defined]
+        if isinstance(a, TypeCall) and isinstance(b, TypeCall):
+            if a.func != b.func or len(a.args) != len(b.args):
                 raise Mismatch()
-            args = [self.unify(x, y) for x, y in zip(a.args, b.args)]  # type: ignore
+            args = [self.unify(x, y) for x, y in zip(a.args, b.args)]
             return _same_or(a, args, a.args) or TypeCall(a.func, tuple(args))
-        if isinstance(a, RefType):
-            value = self.unify(a.value, b.value)  # type: ignore[attr-defined]
+        if isinstance(a, RefType) and isinstance(b, RefType):
+            value = self.unify(a.value, b.value)
             return a if value is a.value else RefType(value)
         if isinstance(a, (TypeVar, GlobalTypeVar)):
             if a == b:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 from kiln.errors import Error
 
@@ -54,7 +54,8 @@ class DType:
         if width not in _WIDTHS[kind]:
             raise Error(f"unsupported dtype {s!r}: {kind} comes in "
                         f"{', '.join(str(w) for w in _WIDTHS[kind])} bits")
-        return DType(kind, width, 1 if lanes is None else int(lanes))  # type: ignore[arg-type]
+        # _SPELLING admits only the four kinds.
+        return DType(cast(Kind, kind), width, 1 if lanes is None else int(lanes))
 
     def __str__(self) -> str:
         name = "bool" if self.kind == "bool" else f"{self.kind}{self.bits}"

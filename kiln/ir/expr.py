@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
 
@@ -85,7 +85,7 @@ class Expr:
             raise Error(f"tuple projection needs an integer index, got {index!r}")
         return TupleGetItem(self, index)
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> NoReturn:
         # Without this, __getitem__ would make every expression an endless sequence.
         raise TypeError("kiln expressions are not iterable; project tuple fields with e[i]")
 
@@ -231,10 +231,10 @@ class Function(Expr):
     @property
     def func_type_annotation(self) -> FuncType | None:
         """The function's type when every parameter and the result are annotated."""
-        if self.ret_type is None or any(p.type_annotation is None for p in self.params):
+        arg_types = tuple(p.type_annotation for p in self.params if p.type_annotation is not None)
+        if self.ret_type is None or len(arg_types) < len(self.params):
             return None
-        arg_types = tuple(p.type_annotation for p in self.params)
-        return FuncType(arg_types, self.ret_type, self.type_params)  # type: ignore[arg-type]
+        return FuncType(arg_types, self.ret_type, self.type_params)
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -8,7 +8,7 @@ bound type variables is `kiln.structural_equal`.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
@@ -196,7 +196,7 @@ class GlobalTypeVar(Type):
         """``List[A]`` as a `TypeCall`."""
         if not isinstance(args, tuple):
             args = (args,)
-        return TypeCall(self, args)  # type: ignore[arg-type]
+        return TypeCall(self, args)
 
 
 
@@ -243,7 +243,8 @@ def tensor_type(shape: object, dtype: object = "float32") -> TensorType:
     """A tensor type from loose inputs: any sequence of dims and any dtype spelling."""
     if isinstance(shape, (int, np.integer)):
         shape = (shape,)
-    return TensorType(tuple(shape), as_dtype(dtype))  # type: ignore[arg-type]
+    # TensorType reads each dimension with as_dim, which refuses what is not one.
+    return TensorType(tuple(cast("Iterable[Dim]", shape)), as_dtype(dtype))
 
 
 def is_complete(ty: Type) -> bool:
