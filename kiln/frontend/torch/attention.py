@@ -42,7 +42,8 @@ def scaled_dot_product_attention(n: AtenCall, q: Expr, k: Expr, v: Expr,
     dtype = n.out.dtype
     qs, ks, vs = n.shape(q), n.shape(k), n.shape(v)
     length, depth, source = qs[-2], qs[-1], ks[-2]
-    if not all(isinstance(d, int) for d in (length, depth, source, vs[-1])):
+    if not (isinstance(length, int) and isinstance(depth, int) and isinstance(source, int)
+            and isinstance(vs[-1], int)):
         raise n.error("attention needs static sequence lengths and feature sizes")
     lead = n.out.shape[:-2]
     if enable_gqa and qs[-3] != ks[-3]:  # grouped-query attention: repeat the key/value heads

@@ -17,8 +17,8 @@ def _filled(n: AtenCall, value: object, like: Expr | None = None) -> Expr:
     if isinstance(value, Expr):
         raise n.error("a fill value computed by the model is not supported")
     fill = n.tensor(value, dtype)
-    if all(isinstance(d, int) for d in n.out.shape):
-        return full(fill, shape=n.out.shape, dtype=dtype)
+    if n.out.is_static:
+        return full(fill, shape=n.out.static_shape, dtype=dtype)
     if like is not None and tuple(n.shape(like)) == tuple(n.out.shape):
         return full_like(like if n.dtype(like) == dtype else cast(like, dtype=dtype), fill)
     raise n.error(f"a tensor of symbolic shape {n.out.shape} made from sizes is not supported")

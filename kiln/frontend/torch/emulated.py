@@ -14,6 +14,8 @@ which is fine for the modest sizes they usually meet.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from kiln.frontend.torch.registry import AtenCall, axis, converter
@@ -71,7 +73,8 @@ def upsample_bilinear2d(n: AtenCall, x: Expr, _size: object, align_corners: bool
     return _bilinear(n, x, align_corners, [scale_h, scale_w])
 
 
-def _bilinear(n: AtenCall, x: Expr, align_corners: bool, scales: list[float | None]) -> Expr:
+def _bilinear(n: AtenCall, x: Expr, align_corners: bool,
+              scales: Sequence[float | None]) -> Expr:
     shape = n.static_shape(x, "upsample_bilinear2d")
     if len(shape) != 4:
         raise n.error("upsample_bilinear2d needs NCHW data")

@@ -193,7 +193,7 @@ class _Importer:
             elif node.op == "output":
                 body = self._output(node)
         assert body is not None, "an exported graph always has an output node"
-        fn = Function([*self.inputs, *self.weights], body)
+        fn = Function((*self.inputs, *self.weights), body)
         try:
             mod = infer_types(IRModule.from_expr(fn))
         except TypeCheckError as e:
@@ -241,6 +241,9 @@ class _Importer:
             raise Error(f"{_where(node)}: kiln cannot import a {spec.kind.name.lower()} input")
         if not node.users:
             return  # e.g. BatchNorm's num_batches_tracked
+        if not isinstance(val, torch.Tensor):
+            raise InternalError(f"{_where(node)}: the exported program records no tensor for "
+                                "this weight")
         tensor = (self.ep.constants[spec.target] if spec.kind == InputKind.CONSTANT_TENSOR
                   or spec.target not in self.ep.state_dict else self.ep.state_dict[spec.target])
         array = self._array(tensor, node)
@@ -292,7 +295,9 @@ class _Importer:
 
     def _getitem(self, node: torch.fx.Node) -> None:
         source, index = node.args
-        value = self.env[source][index]  # type: ignore[index]
+        if not isinstance(source, torch.fx.Node):
+            raise InternalError(f"{_where(node)}: getitem of {source!r}, not of a node")
+        value = self.env[source][index]
         if isinstance(value, Missing) and node.users:
             raise Error(f"{_where(source)}: the model uses its {value.what}, which kiln does not "
                         f"compute (through %{node.name})")
@@ -328,6 +333,8 @@ class _Importer:
 
     def _output(self, node: torch.fx.Node) -> Expr:
         values = node.args[0]
+        if not isinstance(values, (tuple, list)):
+            raise InternalError(f"{_where(node)}: the output node holds {values!r}, not a sequence")
         specs = self.ep.graph_signature.output_specs
         kept = [self._output_value(v) for v, spec in zip(values, specs)
                 if spec.kind == OutputKind.USER_OUTPUT]

@@ -7,6 +7,8 @@ Linear) drop the transpose instead of transposing twice.
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 from kiln.frontend.torch.registry import AtenCall, converter, is_transpose_2d
 from kiln.ir import Call, Expr, Op
 from kiln.op import (
@@ -20,11 +22,12 @@ from kiln.op import (
     sum,
     transpose,
 )
+from kiln.op.shape import TransposeAttrs
 
 
 def _dense(a: Expr, b: Expr) -> Expr:
     """``a @ b`` for a matrix ``b``, as nn.dense of b's transpose."""
-    weight = b.args[0] if is_transpose_2d(b) else transpose(b, axes=[1, 0])  # type: ignore
+    weight = b.args[0] if is_transpose_2d(b) else transpose(b, axes=[1, 0])
     return nn.dense(a, weight)
 
 
@@ -60,15 +63,15 @@ def mm(n: AtenCall, a: Expr, b: Expr) -> Expr:
     return _dense(a, b)
 
 
-def _is_batch_transpose(x: Expr) -> bool:
+def _is_batch_transpose(x: Expr) -> TypeGuard[Call]:
     return (isinstance(x, Call) and x.op == Op("transpose")
-            and tuple(x.attrs["axes"] or ()) == (0, 2, 1))
+            and tuple(TransposeAttrs.view(x.attrs).axes or ()) == (0, 2, 1))
 
 
 @converter("aten.bmm.default")
 def bmm(n: AtenCall, a: Expr, b: Expr) -> Expr:
     if _is_batch_transpose(b):
-        return nn.batch_matmul(a, b.args[0], transpose_b=True)  # type: ignore[attr-defined]
+        return nn.batch_matmul(a, b.args[0], transpose_b=True)
     return nn.batch_matmul(a, b, transpose_b=False)
 
 

@@ -31,8 +31,11 @@ from kiln.op import max as max_
 from kiln.op import min as min_
 from kiln.op import sum as sum_
 
+# torch's dim argument: one axis, several, or None / [] for all of them
+Dims = int | Sequence[int] | None
 
-def _axes(n: AtenCall, x: Expr, dim: int | Sequence[int] | None) -> list[int] | None:
+
+def _axes(n: AtenCall, x: Expr, dim: Dims) -> list[int] | None:
     if dim is None:
         return None
     dims = [dim] if isinstance(dim, int) else list(dim)
@@ -43,9 +46,9 @@ def _axes(n: AtenCall, x: Expr, dim: int | Sequence[int] | None) -> list[int] | 
 
 
 def _reduction(fn: Callable[..., Expr]) -> Callable[..., Expr]:
-    def convert(n: AtenCall, x: Expr, dim: object = None, keepdim: bool = False,
+    def convert(n: AtenCall, x: Expr, dim: Dims = None, keepdim: bool = False,
                 *_: object) -> Expr:
-        axes = _axes(n, x, dim)  # type: ignore[arg-type]
+        axes = _axes(n, x, dim)
         return fn(n.tensor(x, n.out.dtype), axis=axes, keepdims=bool(keepdim))
 
     return convert
@@ -92,16 +95,16 @@ def _truth(n: AtenCall, x: Expr) -> Expr:
 
 @converter("aten.any.dim", "aten.any.dims", "aten.any.default",
            "aten.all.dim", "aten.all.dims", "aten.all.default")
-def any_all(n: AtenCall, x: Expr, dim: object = None, keepdim: bool = False) -> Expr:
+def any_all(n: AtenCall, x: Expr, dim: Dims = None, keepdim: bool = False) -> Expr:
     fn = any_ if n.target.startswith("aten.any") else all_
-    out = fn(_truth(n, x), axis=_axes(n, x, dim), keepdims=bool(keepdim))  # type: ignore[arg-type]
+    out = fn(_truth(n, x), axis=_axes(n, x, dim), keepdims=bool(keepdim))
     return out if n.out.dtype == "bool" else cast(out, dtype=n.out.dtype)
 
 
 @converter("aten.var.correction")
-def var(n: AtenCall, x: Expr, dim: object = None, correction: float | None = None,
+def var(n: AtenCall, x: Expr, dim: Dims = None, correction: float | None = None,
         keepdim: bool = False) -> Expr:
-    axes = _axes(n, x, dim)  # type: ignore[arg-type]
+    axes = _axes(n, x, dim)
     shape = n.static_shape(x, "var")
     count = 1
     for a in axes if axes is not None else range(len(shape)):
@@ -114,11 +117,11 @@ def var(n: AtenCall, x: Expr, dim: object = None, correction: float | None = Non
 
 
 @converter("aten.linalg_vector_norm.default")
-def vector_norm(n: AtenCall, x: Expr, ord: float = 2, dim: object = None, keepdim: bool = False,
+def vector_norm(n: AtenCall, x: Expr, ord: float = 2, dim: Dims = None, keepdim: bool = False,
                 dtype: str | None = None) -> Expr:
     """``‖x‖_p`` over ``dim``: (Σ|x|ᵖ)^(1/p), with p = 2, 1, ±inf and 0 spelled out."""
     out = n.out.dtype
-    axes = _axes(n, x, dim)  # type: ignore[arg-type]
+    axes = _axes(n, x, dim)
     keep = bool(keepdim)
     x = n.tensor(x, out)
     p = float(ord)

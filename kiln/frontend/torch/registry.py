@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import torch
@@ -28,6 +28,7 @@ from kiln.errors import Error
 from kiln.ir import ANY, Call, Constant, Expr, Op, SymDim, TensorType, const
 from kiln.ir.ty import DTYPES, Dim
 from kiln.op import cast, reshape
+from kiln.op.shape import TransposeAttrs
 
 Converter = Callable[..., Any]
 CONVERTERS: dict[str, Converter] = {}
@@ -149,16 +150,18 @@ class AtenCall:
     def static_shape(self, x: Expr, what: str = "this operator") -> tuple[int, ...]:
         """An argument's shape, which must be known in full."""
         shape = self.shape(x)
-        if not all(isinstance(d, int) for d in shape):
+        dims = tuple(d for d in shape if isinstance(d, int))
+        if len(dims) != len(shape):
             raise self.error(f"{what} needs a static shape, but its input has shape {shape}")
-        return shape  # type: ignore[return-value]
+        return dims
 
     def static_out(self, what: str = "this operator") -> tuple[int, ...]:
         """The result's shape, which must be known in full."""
         shape = self.out.shape
-        if not all(isinstance(d, int) for d in shape):
+        dims = tuple(d for d in shape if isinstance(d, int))
+        if len(dims) != len(shape):
             raise self.error(f"{what} needs a static shape, but its result has shape {shape}")
-        return shape  # type: ignore[return-value]
+        return dims
 
     # --- building ---------------------------------------------------------------------------
 
@@ -179,13 +182,13 @@ class AtenCall:
 
     def promoted(self, a: object, b: object) -> str:
         """The dtype torch computes a binary elementwise operation of ``a`` and ``b`` in."""
-        result = torch.result_type(self._probe(a), self._probe(b))  # type: ignore[arg-type]
+        result = torch.result_type(self._probe(a), self._probe(b))
         name = kiln_dtype(result)
         if name is None:
             raise self.error(f"kiln has no dtype {result}")
         return name
 
-    def _probe(self, value: object) -> object:
+    def _probe(self, value: object) -> torch.Tensor | bool | int | float | complex:
         # Promotion depends on the dtype, on whether a tensor is 0-d, and on a number's kind.
         if isinstance(value, Expr):
             t = self.type(value)
@@ -193,7 +196,9 @@ class AtenCall:
         if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
             raise self.error(f"a symbolic size ({value}) is used as a tensor value, which kiln "
                              "cannot express; export with static shapes")
-        return value
+        if isinstance(value, (bool, int, float, complex)):
+            return value
+        raise self.error(f"expected a tensor or a number, got {value!r}")
 
     def reshape(self, x: Expr, target: Sequence[Any]) -> Expr:
         """``x`` reshaped to torch sizes ``target`` (ints and SymInts), in Relay's codes.
@@ -238,7 +243,7 @@ def axis(dim: int, rank: int, n: AtenCall) -> int:
     return dim % r
 
 
-def is_transpose_2d(x: Expr) -> bool:
+def is_transpose_2d(x: Expr) -> TypeGuard[Call]:
     """Whether ``x`` is ``transpose(w, axes=[1, 0])`` (torch's ``w.t()`` before a matmul)."""
     return (isinstance(x, Call) and x.op == Op("transpose")
-            and tuple(x.attrs["axes"] or (1, 0)) == (1, 0))
+            and tuple(TransposeAttrs.view(x.attrs).axes or (1, 0)) == (1, 0))

@@ -14,7 +14,7 @@ then steps through time with the recurrent product, the gates cut apart with ``s
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from kiln.frontend.torch.registry import AtenCall, converter
 from kiln.ir import Expr, const
@@ -34,8 +34,20 @@ from kiln.op import (
 )
 
 State = tuple[Expr, ...]
+
+
+class Weights(NamedTuple):
+    """One layer's and direction's parameters, in torch's order (biases and w_hr optional)."""
+
+    w_ih: Expr
+    w_hh: Expr
+    b_ih: Expr | None
+    b_hh: Expr | None
+    w_hr: Expr | None = None  # proj_size's projection of the hidden state (LSTM only)
+
+
 # (input projection at one step, state, the direction's weights) -> (output, new state)
-Step = Callable[[Expr, State, list[Expr]], tuple[Expr, State]]
+Step = Callable[[Expr, State, Weights], tuple[Expr, State]]
 
 
 def _chunks(x: Expr, count: int) -> list[Expr]:
@@ -48,20 +60,20 @@ def _dense(x: Expr, w: Expr, b: Expr | None) -> Expr:
     return y if b is None else nn.bias_add(y, b, axis=-1)
 
 
-def _lstm_step(xw: Expr, state: State, w: list[Expr]) -> tuple[Expr, State]:
+def _lstm_step(xw: Expr, state: State, w: Weights) -> tuple[Expr, State]:
     h, c = state
-    i, f, g, o = _chunks(add(xw, nn.dense(h, w[1])), 4)
+    i, f, g, o = _chunks(add(xw, nn.dense(h, w.w_hh)), 4)
     c = add(multiply(sigmoid(f), c), multiply(sigmoid(i), tanh(g)))
     h = multiply(sigmoid(o), tanh(c))
-    if len(w) > 4 and w[4] is not None:  # proj_size: the hidden state is projected
-        h = nn.dense(h, w[4])
+    if w.w_hr is not None:  # proj_size: the hidden state is projected
+        h = nn.dense(h, w.w_hr)
     return h, (h, c)
 
 
-def _gru_step(xw: Expr, state: State, w: list[Expr]) -> tuple[Expr, State]:
+def _gru_step(xw: Expr, state: State, w: Weights) -> tuple[Expr, State]:
     (h,) = state
     xr, xz, xn = _chunks(xw, 3)
-    hr, hz, hn = _chunks(_dense(h, w[1], w[3]), 3)
+    hr, hz, hn = _chunks(_dense(h, w.w_hh, w.b_hh), 3)
     r, z = sigmoid(add(xr, hr)), sigmoid(add(xz, hz))
     cand = tanh(add(xn, multiply(r, hn)))
     h = add(multiply(subtract(const(1.0, "float32"), z), cand), multiply(z, h))
@@ -69,18 +81,20 @@ def _gru_step(xw: Expr, state: State, w: list[Expr]) -> tuple[Expr, State]:
 
 
 def _rnn_step(activation: Callable[[Expr], Expr]) -> Step:
-    def step(xw: Expr, state: State, w: list[Expr]) -> tuple[Expr, State]:
-        h = activation(add(xw, nn.dense(state[0], w[1])))
+    def step(xw: Expr, state: State, w: Weights) -> tuple[Expr, State]:
+        h = activation(add(xw, nn.dense(state[0], w.w_hh)))
         return h, (h,)
 
     return step
 
 
-def _projection(kind: str, x: Expr, w: list[Expr]) -> Expr:
+def _projection(kind: str, x: Expr, w: Weights) -> Expr:
     """The input's share of every gate, for the whole sequence at once."""
-    w_ih, b_ih, b_hh = w[0], w[2], w[3]
+    w_ih, b_ih, b_hh = w.w_ih, w.b_ih, w.b_hh
     if kind == "gru" or b_ih is None:  # GRU adds b_hh inside its reset gate
         return _dense(x, w_ih, b_ih)
+    # torch gives both biases or neither, so b_hh is here when b_ih is
+    assert b_hh is not None
     return nn.bias_add(nn.dense(x, w_ih), add(b_ih, b_hh), axis=-1)
 
 
@@ -109,9 +123,8 @@ def _run(n: AtenCall, kind: str, x: Expr, states: list[Expr], params: Sequence[E
         outputs = []
         for d in range(dirs):
             k = layer * dirs + d
-            w = list(params[k * per:(k + 1) * per])
-            if not has_biases:
-                w = [w[0], w[1], None, None, *w[2:]]  # type: ignore[list-item]
+            p = params[k * per:(k + 1) * per]
+            w = Weights(*p) if has_biases else Weights(p[0], p[1], None, None, *p[2:])
             xw = _projection(kind, x, w)
             at = split(xw, indices_or_sections=steps, axis=0)
             state: State = tuple(s[k] for s in init)
@@ -126,7 +139,7 @@ def _run(n: AtenCall, kind: str, x: Expr, states: list[Expr], params: Sequence[E
         x = squeeze(x, axis=[1])
     elif batch_first:
         x = transpose(x, axes=[1, 0, 2])
-    ends = [stack(f, axis=0) for f in final]
+    ends: list[Expr] = [stack(f, axis=0) for f in final]
     if unbatched:
         ends = [squeeze(e, axis=[1]) for e in ends]
     return x, ends
@@ -163,8 +176,8 @@ def gru(n: AtenCall, x: Expr, hx: Expr, params: list[Expr], has_biases: bool, la
 @converter("aten.lstm_cell.default")
 def lstm_cell(n: AtenCall, x: Expr, hx: list[Expr], w_ih: Expr, w_hh: Expr,
               b_ih: Expr | None = None, b_hh: Expr | None = None) -> list[Expr]:
-    w = [w_ih, w_hh, b_ih, b_hh]
-    _, (h, c) = _lstm_step(_projection("lstm", x, w), (hx[0], hx[1]), w)  # type: ignore
+    w = Weights(w_ih, w_hh, b_ih, b_hh)
+    _, (h, c) = _lstm_step(_projection("lstm", x, w), (hx[0], hx[1]), w)
     return [h, c]
 
 
@@ -173,6 +186,6 @@ def gru_cell(n: AtenCall, x: Expr, hx: Expr, w_ih: Expr, w_hh: Expr, b_ih: Expr 
              b_hh: Expr | None = None) -> Expr:
     kind = n.target.split(".")[1].removesuffix("_cell")
     step = {"gru": _gru_step, "rnn_tanh": _rnn_step(tanh), "rnn_relu": _rnn_step(nn.relu)}[kind]
-    w = [w_ih, w_hh, b_ih, b_hh]
-    h, _ = step(_projection(kind, x, w), (hx,), w)  # type: ignore[arg-type]
+    w = Weights(w_ih, w_hh, b_ih, b_hh)
+    h, _ = step(_projection(kind, x, w), (hx,), w)
     return h
