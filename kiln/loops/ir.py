@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from kiln.errors import InternalError
 from kiln.ir.dtype import dtype_of
-from kiln.ir.ty import DTYPES, TensorType
+from kiln.ir.ty import DTYPES
 
 INDEX = "int64"
 
@@ -34,20 +34,6 @@ _ids = itertools.count()
 def _check_dtype(dtype: str) -> None:
     if dtype not in DTYPES:
         raise InternalError(f"loop IR: unknown dtype {dtype!r}")
-
-
-def static_shape(t: TensorType) -> tuple[int, ...]:
-    """The shape of a tensor type whose dimensions are all integers (a kernel's, a buffer's).
-
-    Lowering and the back end meet only static tensor types (symbolic kernels are made static
-    before they are lowered), so a symbolic dimension here is a compiler bug.
-    """
-    out = []
-    for d in t.shape:
-        if not isinstance(d, int):
-            raise InternalError(f"{t} is not of static shape")
-        out.append(d)
-    return tuple(out)
 
 
 # --- buffers and variables ---------------------------------------------------------------------

@@ -45,7 +45,6 @@ from kiln.loops.ir import (
     Seq,
     Stmt,
     Store,
-    static_shape,
 )
 from kiln.loops.ir import Var as LVar
 from kiln.loops.schedule import loop_nest, lowering_target, target_scope
@@ -83,13 +82,13 @@ def _param_buffers(fn: Function) -> tuple[list[Buffer], list[Lowered]]:
             fields = []
             for j, f in enumerate(t.fields):
                 ft = _static_tensor(f, f"field {j} of parameter %{p.name_hint}")
-                b = Buffer(f"p{i}_{j}", static_shape(ft), ft.dtype)
+                b = Buffer(f"p{i}_{j}", ft.static_shape, ft.dtype)
                 buffers.append(b)
                 fields.append(BufferTensor(b))
             values.append(tuple(fields))
         else:
             tt = _static_tensor(t, f"parameter %{p.name_hint}")
-            b = Buffer(f"p{i}", static_shape(tt), tt.dtype)
+            b = Buffer(f"p{i}", tt.static_shape, tt.dtype)
             buffers.append(b)
             values.append(BufferTensor(b))
     return buffers, values
@@ -241,7 +240,7 @@ class _Lowering:
         if not isinstance(fn_type, FuncType):
             raise InternalError(f"primitive function {self.name} is typed {fn_type}")
         out_types = _types(fn_type.ret_type)
-        out_bufs = [Buffer(f"out{i}", static_shape(ty), ty.dtype)
+        out_bufs = [Buffer(f"out{i}", ty.static_shape, ty.dtype)
                     for i, ty in enumerate(out_types)]
         # A reduce/extern result read by several outputs is computed once, into a buffer.
         shared = [t for t in outs if isinstance(t, MaterializedTensor)]

@@ -38,7 +38,6 @@ from kiln.loops.ir import (
     Select,
     Stmt,
     Unary,
-    static_shape,
 )
 from kiln.loops.ir import binary as ir_binary
 from kiln.loops.schedule import NestSchedule, loop_nest
@@ -67,7 +66,7 @@ def unary(fn: str | Callable[[Expr], Expr]) -> LowerFn:
     def lower(inputs: list[Tensor], attrs: Any, out_type: Type) -> Tensor:
         out = out_tensor_type(out_type)
         (x,) = inputs
-        return compute(static_shape(out), out.dtype, lambda *i: scalar(x(*i)))
+        return compute(out.static_shape, out.dtype, lambda *i: scalar(x(*i)))
 
     return lower
 
@@ -79,7 +78,7 @@ def binary(fn: str | Callable[[Expr, Expr], Expr]) -> LowerFn:
     def lower(inputs: list[Tensor], attrs: Any, out_type: Type) -> Tensor:
         out = out_tensor_type(out_type)
         a, b = inputs
-        shape = static_shape(out)
+        shape = out.static_shape
 
         def element(*i: Expr) -> Expr:
             return scalar(a(*broadcast_indices(a.shape, shape, i)),
@@ -135,7 +134,7 @@ def reduction(
 
     def lower(inputs: list[Tensor], attrs: Any, out_type: Type) -> Tensor:
         out = out_tensor_type(out_type)
-        shape = static_shape(out)
+        shape = out.static_shape
         (x,) = inputs
         axes = reduced_axes(x.ndim, attrs["axis"], attrs["exclude"])
         extents = [x.shape[k] for k in axes]
@@ -342,7 +341,7 @@ def zeros_if_empty(rule: LowerFn) -> LowerFn:
         types = out_type.fields if isinstance(out_type, TupleType) else (out_type,)
         fields = [out_tensor_type(t) for t in types]
         if all(0 in t.shape for t in fields):
-            made = tuple(compute(static_shape(t), t.dtype,
+            made = tuple(compute(t.static_shape, t.dtype,
                                  lambda *i, t=t: dtype_const(0, t.dtype)) for t in fields)
             return made if is_tuple else made[0]
         return rule(inputs, attrs, out_type)

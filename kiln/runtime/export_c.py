@@ -17,7 +17,6 @@ import numpy as np
 
 from kiln.ir.dtype import dtype_of
 from kiln.ir.ty import TensorType
-from kiln.loops.ir import static_shape
 
 C_TYPES = {
     "bool": "uint8_t", "int8": "int8_t", "int16": "int16_t", "int32": "int32_t",
@@ -49,7 +48,7 @@ class CTensor:
     @property
     def shape(self) -> tuple[int, ...]:
         # Static: emit_program refuses symbolic shapes before any CTensor is made.
-        return static_shape(self.type)
+        return self.type.static_shape
 
     @property
     def count(self) -> int:

@@ -29,7 +29,6 @@ from kiln.ir.ty import (
     TypeCall,
     substitute,
 )
-from kiln.loops.ir import static_shape
 from kiln.ssa.ir import Program
 from kiln.text.printer import type_text
 
@@ -180,7 +179,7 @@ def static_signature(types: Sequence[Type]) -> Signature | None:
     for t in types:
         if not isinstance(t, TensorType) or not t.is_static:
             return None
-        out.append((static_shape(t), _DTYPES[t.dtype]))
+        out.append((t.static_shape, _DTYPES[t.dtype]))
     return tuple(out)
 
 

@@ -31,7 +31,6 @@ from kiln.codegen.program import STATUS_SHIFT, NotStatic, ProgramCode, emit_prog
 from kiln.codegen.target import check_runnable, machine
 from kiln.errors import Error, InternalError
 from kiln.ir.ty import TensorType, TupleType, Type
-from kiln.loops.ir import static_shape
 from kiln.runtime.compiler import NATIVE, KernelSet
 from kiln.runtime.executor import register_executor
 from kiln.runtime.vm import Specializer, _rebuild
@@ -85,7 +84,7 @@ class NativeExecutor:
         self._n_in = len(code.inputs)
         self._ins_type = ctypes.c_void_p * max(self._n_in, 1)
         self._outs_type = ctypes.c_void_p * max(len(code.outputs), 1)
-        self._outputs = [(static_shape(t), np.dtype(t.dtype)) for t in code.outputs]
+        self._outputs = [(t.static_shape, np.dtype(t.dtype)) for t in code.outputs]
         self._ret_type: Type = program.main.ret_type
         self._tuple_result = isinstance(self._ret_type, TupleType)
         self._simple = all(isinstance(p.type, TensorType) for p in program.main.params)

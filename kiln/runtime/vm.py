@@ -27,7 +27,6 @@ import numpy as np
 from kiln.errors import EvalError, InternalError
 from kiln.eval.values import ConstructorValue, RefValue
 from kiln.ir.ty import TensorType, TupleType, Type
-from kiln.loops.ir import static_shape
 from kiln.runtime.kernel import KernelFunction
 from kiln.ssa.ir import Function, Instr, KernelDecl, Program, Value
 
@@ -205,7 +204,7 @@ class VM:
                 t = ins.type
                 if not isinstance(t, TensorType):
                     raise InternalError(f"VM: alloc of a {t}")
-                shape = static_shape(t)
+                shape = t.static_shape
                 dtype = np.dtype(t.dtype)
                 offset = a.get("offset")
                 if offset is None:

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from kiln.errors import InternalError
 from kiln.ir.dtype import dtype_of
 from kiln.ir.ty import TensorType, Type
-from kiln.loops.ir import static_shape
 from kiln.ssa.analysis import Liveness, reverse_post_order
 from kiln.ssa.ir import Function, Instr, Program, Value
 
@@ -39,7 +38,7 @@ def tensor_bytes(t: Type) -> int:
     if not isinstance(t, TensorType):
         raise InternalError(f"{t} is not a tensor type")
     n = dtype_of(t.dtype).itemsize
-    for d in static_shape(t):
+    for d in t.static_shape:
         n *= d
     return n
 
