@@ -219,10 +219,11 @@ class NodeContext:
     def shape(self, i: int) -> tuple[int, ...]:
         """The static shape of input ``i``; an error when a dimension is not a number."""
         shape = self.t(i).shape
-        if not all(isinstance(d, int) for d in shape):
+        dims = tuple(d for d in shape if isinstance(d, int))
+        if len(dims) != len(shape):
             raise self.error(f"{self.op_type} needs input {i} to have a static shape, but it "
                              f"has shape ({', '.join(str(d) for d in shape)})")
-        return tuple(shape)  # type: ignore[arg-type]
+        return dims
 
     def const(self, i: int) -> np.ndarray | None:
         """The array of input ``i`` when known at import time (None otherwise, or missing)."""

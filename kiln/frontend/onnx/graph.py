@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import onnx
 
-from kiln.errors import Error, EvalError
+from kiln.errors import Error, EvalError, InternalError
 from kiln.eval import interpret
 from kiln.frontend.onnx.context import NodeContext, Value, describe_node, in_context, type_of
 from kiln.frontend.onnx.functions import convert_function_call, function_body
@@ -207,8 +207,7 @@ class GraphImporter:
                     and not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                                 for a in node.attribute))
         if foldable:
-            inputs = [None if v is None else Value(Constant(v.const), v.type, v.const)
-                      for v in inputs]
+            inputs = [None if v is None else _folded(v) for v in inputs]
         ctx = NodeContext(node, index, inputs, opset, self)
         try:
             result = conv.fn(ctx)
@@ -231,8 +230,10 @@ class GraphImporter:
                 outputs = [TupleGetItem(tup, k) for k in range(len(ty.fields))]
             else:
                 outputs = [result]
+        elif isinstance(result, Iterable):
+            outputs = list(result)
         else:
-            outputs = list(result)  # type: ignore[call-overload]
+            raise InternalError(f"{where}: the converter returned {result!r}, not expressions")
         for k, name in enumerate(node.output):
             if not name:
                 continue
@@ -257,6 +258,12 @@ class GraphImporter:
         return body
 
 
+def _folded(v: Value) -> Value:
+    """A foldable value as a constant expression (foldable: its array is known)."""
+    assert v.const is not None
+    return Value(Constant(v.const), v.type, v.const)
+
+
 def _first_name(node: onnx.NodeProto) -> str:
     return next((o for o in node.output if o), node.op_type)
 
@@ -264,7 +271,7 @@ def _first_name(node: onnx.NodeProto) -> str:
 def _small_tensor(ty: object) -> bool:
     if not isinstance(ty, TensorType) or not ty.is_static:
         return False
-    return int(np.prod(ty.shape, dtype=np.int64)) <= FOLD_LIMIT  # type: ignore[arg-type]
+    return int(np.prod(ty.static_shape, dtype=np.int64)) <= FOLD_LIMIT
 
 
 def _cycle_message(nodes: Sequence[onnx.NodeProto], deps: list[set[int]], done: set[int]) -> str:

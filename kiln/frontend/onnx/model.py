@@ -264,7 +264,7 @@ def import_model(model: ModelLike, *, params_as: str = "params",
         v = Var(names.fresh(info.name), ty)
         inputs.append(v)
         input_names.append(info.name)
-        importer.define(info.name, Value(v, v.type_annotation))  # type: ignore[arg-type]
+        importer.define(info.name, Value(v, ty))
     weights: list[tuple[Var, np.ndarray]] = []
     for t in graph.initializer:
         array = tensor_to_array(t, f"initializer {t.name!r}")
@@ -295,7 +295,7 @@ def import_model(model: ModelLike, *, params_as: str = "params",
     body = importer.finish(outputs, "the graph")
     used = set(free_vars(body))
     kept = [(v, a) for v, a in weights if v in used]
-    fn = Function([*inputs, *(v for v, _ in kept)], body)
+    fn = Function((*inputs, *(v for v, _ in kept)), body)
     try:
         mod = infer_types(IRModule.from_expr(fn))
     except Error as err:

@@ -117,16 +117,27 @@ def _typed_var(ctx: NodeContext, name: str, t: Type) -> Value:
     return Value(Var(ctx.graph.names.fresh(name), t), t)
 
 
+def _var(v: Value) -> Var:
+    """The variable of a value made by `_typed_var` (a function's parameter)."""
+    assert isinstance(v.expr, Var)
+    return v.expr
+
+
+def _tensor_type(ctx: NodeContext, t: Type, what: str) -> TensorType:
+    if not isinstance(t, TensorType):
+        raise ctx.error(f"{what} must be a tensor, not {t}")
+    return t
+
+
 def _append(acc: Expr, item: Expr, reverse: bool = False) -> Expr:
     row = op.expand_dims(item, axis=0)
     return op.concatenate([row, acc] if reverse else [acc, row], axis=0)
 
 
 def _empty_acc(t: TensorType) -> Expr:
-    shape = [0, *t.shape]
-    if not all(isinstance(d, int) for d in shape):
+    if not t.is_static:
         raise Error("a scan output of unknown element shape")
-    return Constant(np.zeros(shape, dtype=t.dtype))
+    return Constant(np.zeros((0, *t.static_shape), dtype=t.dtype))
 
 
 @converter("Loop", since=1)
@@ -158,12 +169,12 @@ def _loop_recursive(ctx: NodeContext, body: onnx.GraphProto, n_state: int) -> li
         state_types = widened
     else:
         raise ctx.error("the loop-carried values change type from one iteration to the next")
-    scan_types = out_types[1 + n_state:]
-    accs = [_typed_var(ctx, f"scan{k}", TensorType((ANY, *t.shape), t.dtype))  # type: ignore
+    scan_types = [_tensor_type(ctx, t, "a scan output") for t in out_types[1 + n_state:]]
+    accs = [_typed_var(ctx, f"scan{k}", TensorType((ANY, *t.shape), t.dtype))
             for k, t in enumerate(scan_types)]
     result_type = TupleType(tuple([*state_types, *(a.type for a in accs)]))
     fvar = Var(ctx.graph.names.fresh("loop"), None)
-    params = [i.expr, c.expr, *(s.expr for s in states), *(a.expr for a in accs)]
+    params = tuple(_var(v) for v in (i, c, *states, *accs))
     r = Var(ctx.graph.names.fresh("body_out"), None)
     one = const_like(1, "int64")
     again = Call(fvar, (
@@ -175,11 +186,11 @@ def _loop_recursive(ctx: NodeContext, body: onnx.GraphProto, n_state: int) -> li
     if trip_count is not None:
         go = op.logical_and(op.less(i.expr, _scalar(op.cast(trip_count, dtype="int64"))), go)
     stop = Tuple(tuple(params[2:]))
-    fn = Function(params, If(go, Let(r, body_e, again), stop), ret_type=result_type)  # type: ignore
+    fn = Function(params, If(go, Let(r, body_e, again), stop), ret_type=result_type)
     cond0 = _scalar(ctx.x(1)) if ctx.has(1) else Constant(np.asarray(True))
     inits = [ctx.x(2 + k) for k in range(n_state)]
     start = Call(fvar, (Constant(np.asarray(0, "int64")), cond0, *inits,
-                        *(_empty_acc(t) for t in scan_types)))  # type: ignore[arg-type]
+                        *(_empty_acc(t) for t in scan_types)))
     del where
     out = ctx.let(Let(fvar, fn, start), "loop_out")
     return [TupleGetItem(out, k) for k in range(n_state + len(accs))]
@@ -249,9 +260,9 @@ def scan_8(ctx: NodeContext) -> list[Expr]:
     per_batch: list[list[Expr]] = []
     for b in range(batch):
         row = const_like(b, "int64")
-        pick = [Value(op.take(v.expr, row, axis=0),
-                      TensorType(v.type.shape[1:], v.type.dtype))  # type: ignore[attr-defined]
-                for v in [*states, *seqs]]
+        pick = [Value(op.take(v.expr, row, axis=0), TensorType(t.shape[1:], t.dtype))
+                for v in [*states, *seqs]
+                for t in [_tensor_type(ctx, v.type, "a Scan-8 input")]]
         outs = _scan(ctx, pick[:n_state], pick[n_state:], [0] * m, in_dirs)
         per_batch.append([ctx.let(e, "scan_batch") for e in outs])
     return [op.stack([outs[k] for outs in per_batch], axis=0)
@@ -263,35 +274,36 @@ def _scan(ctx: NodeContext, state_values: list[Value], seqs: list[Value], in_axe
     """Scan-9 and later: ``seqs`` scanned along ``in_axes``, carrying ``state_values``."""
     body = ctx.subgraph("body")
     n_state = len(state_values)
-    axes = [a % len(s.type.shape) for a, s in zip(in_axes, seqs)]  # type: ignore[attr-defined]
-    lengths = {s.type.shape[a] for s, a in zip(seqs, axes)}  # type: ignore[attr-defined]
-    if len(lengths) != 1 or not isinstance(next(iter(lengths)), int):
+    seq_types = [_tensor_type(ctx, s.type, "a scanned input") for s in seqs]
+    axes = [a % len(t.shape) for a, t in zip(in_axes, seq_types)]
+    lengths = {t.shape[a] for t, a in zip(seq_types, axes)}
+    length = next(iter(lengths)) if len(lengths) == 1 else None
+    if not isinstance(length, int):
         raise ctx.error("the scanned axes must have one static length, not "
                         f"{sorted(map(str, lengths))}")
-    steps = int(next(iter(lengths)))
+    steps = length
     state_types = [v.type for v in state_values]
     i = _typed_var(ctx, "i", TensorType((), "int64"))
     states = [_typed_var(ctx, f"state{k}", t) for k, t in enumerate(state_types)]
     slices = []
-    for s, a, d in zip(seqs, axes, in_dirs):
+    for s, st, a, d in zip(seqs, seq_types, axes, in_dirs):
         index = op.subtract(const_like(steps - 1, "int64"), i.expr) if d else i.expr
         item = op.take(s.expr, index, axis=a, mode="clip")
-        st = s.type
-        t = TensorType(tuple(x for j, x in enumerate(st.shape) if j != a), st.dtype)  # type: ignore
-        slices.append(Value(item, t))
+        slices.append(Value(item, TensorType(tuple(x for j, x in enumerate(st.shape) if j != a),
+                                             st.dtype)))
     body_e, out_types = graph_expr(ctx, body, [*states, *slices], as_tuple=True)
     for t, o in zip(state_types, out_types[:n_state]):
         if t != o:
             raise ctx.error(f"a scan state changes type from {t} to {o}")
-    scan_types = out_types[n_state:]
+    scan_types = [_tensor_type(ctx, t, "a scan output") for t in out_types[n_state:]]
     out_dirs = list(ctx.attr("scan_output_directions", [0] * len(scan_types)))
     out_axes = list(ctx.attr("scan_output_axes", [0] * len(scan_types)))
-    accs = [_typed_var(ctx, f"scan{k}", TensorType((ANY, *t.shape), t.dtype))  # type: ignore
+    accs = [_typed_var(ctx, f"scan{k}", TensorType((ANY, *t.shape), t.dtype))
             for k, t in enumerate(scan_types)]
     result_type = TupleType(tuple([*state_types, *(a.type for a in accs)]))
     fvar = Var(ctx.graph.names.fresh("scan"), None)
     r = Var(ctx.graph.names.fresh("body_out"), None)
-    params = [i.expr, *(s.expr for s in states), *(a.expr for a in accs)]
+    params = tuple(_var(v) for v in (i, *states, *accs))
     again = Call(fvar, (
         op.add(i.expr, const_like(1, "int64")),
         *(TupleGetItem(r, k) for k in range(n_state)),
@@ -301,7 +313,7 @@ def _scan(ctx: NodeContext, state_values: list[Value], seqs: list[Value], in_axe
     fn = Function(params, If(go, Let(r, body_e, again), Tuple(tuple(params[1:]))),
                   ret_type=result_type)
     start = Call(fvar, (Constant(np.asarray(0, "int64")), *(v.expr for v in state_values),
-                        *(_empty_acc(t) for t in scan_types)))  # type: ignore[arg-type]
+                        *(_empty_acc(t) for t in scan_types)))
     out = ctx.let(Let(fvar, fn, start), "scan_out")
     results: list[Expr] = [TupleGetItem(out, k) for k in range(n_state)]
     for k, t in enumerate(scan_types):

@@ -25,15 +25,18 @@ from kiln.ir.expr import Constant, Expr
 
 
 def _matrices(n_in: int, n: int, inverse: bool, onesided: bool
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
-    """(A, B, C, D, output length): out_re = A re + B im, out_im = C re + D im."""
+              ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray] | None, int]:
+    """(A, B, (C, D), output length): out_re = A re + B im, out_im = C re + D im.
+
+    (C, D) is None when the output is real (the inverse of a one-sided transform).
+    """
     if inverse and onesided:
         k = np.arange(n_in)[None, :]
         j = np.arange(n)[:, None]
         theta = 2 * np.pi * j * k / n
         weight = np.where((k == 0) | ((n % 2 == 0) & (k == n // 2)), 1.0, 2.0)
         weight = np.where(k > n // 2, 0.0, weight)  # numpy's irfft reads n//2 + 1 entries
-        return weight * np.cos(theta) / n, -weight * np.sin(theta) / n, None, None, n
+        return weight * np.cos(theta) / n, -weight * np.sin(theta) / n, None, n
     out_len = n // 2 + 1 if onesided and not inverse else n
     k = np.arange(out_len)[:, None]
     j = np.arange(n_in)[None, :]
@@ -41,8 +44,8 @@ def _matrices(n_in: int, n: int, inverse: bool, onesided: bool
     cos, sin = np.cos(theta), np.sin(theta)
     cos, sin = np.where(j < n, cos, 0.0), np.where(j < n, sin, 0.0)  # cut to n samples
     if inverse:
-        return cos / n, -sin / n, sin / n, cos / n, out_len
-    return cos, sin, -sin, cos, out_len
+        return cos / n, -sin / n, (sin / n, cos / n), out_len
+    return cos, sin, (-sin, cos), out_len
 
 
 def dft(ctx: NodeContext, axis: int, n: int | None) -> Expr:
@@ -63,7 +66,7 @@ def dft(ctx: NodeContext, axis: int, n: int | None) -> Expr:
     if n <= 0:
         raise ctx.error(f"dft_length must be positive, not {n}")
     dtype = ctx.dtype(0)
-    a, b, c, d, out_len = _matrices(n_in, n, inverse, onesided)
+    a, b, imag, out_len = _matrices(n_in, n, inverse, onesided)
     x = cast(ctx.x(0), "float64")  # sums of n terms: float64 keeps float32 results exact
     # Move the signal axis last, the complex axis just before it.
     batch = [q for q in range(rank - 1) if q != axis]
@@ -79,7 +82,8 @@ def dft(ctx: NodeContext, axis: int, n: int | None) -> Expr:
 
     out_re = apply(a, re) if im is None else op.add(apply(a, re), apply(b, im))
     results = [out_re]
-    if c is not None:
+    if imag is not None:
+        c, d = imag
         results.append(apply(c, re) if im is None else op.add(apply(c, re), apply(d, im)))
     out = op.stack(results, axis=1)  # (rows, parts, out_len)
     out = op.reshape(out, newshape=[*(shape[q] for q in batch), len(results), out_len])

@@ -91,8 +91,9 @@ def grid_sample(ctx: NodeContext) -> Expr:
     axes: list[list[tuple[Expr, Expr, Expr | None]]] = []  # per axis: (index, weight, valid)
     for i, size in enumerate(sizes):
         g = op.take(grid, const_like(k - 1 - i, "int64"), axis=len(gshape) - 1)
-        pos = (op.multiply(op.divide(op.add(g, c(1.0)), c(2.0)), c(size - 1)) if align else
-               op.divide(op.subtract(op.multiply(op.add(g, c(1.0)), c(size)), c(1.0)), c(2.0)))
+        pos: Expr = (
+            op.multiply(op.divide(op.add(g, c(1.0)), c(2.0)), c(size - 1)) if align else
+            op.divide(op.subtract(op.multiply(op.add(g, c(1.0)), c(size)), c(1.0)), c(2.0)))
         lo, hi = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
         if mode == "nearest":
             pos = round_half_even(pos, gdtype)
@@ -116,17 +117,17 @@ def grid_sample(ctx: NodeContext) -> Expr:
         base = op.floor(pos)
         frac = op.subtract(pos, base)
         if mode == "nearest":
-            taps = [(pos, op.ones_like(pos))]
+            taps: list[tuple[Expr, Expr]] = [(pos, op.ones_like(pos))]
         elif mode == "linear":
             taps = [(base, op.subtract(c(1.0), frac)), (op.add(base, c(1.0)), frac)]
         else:
             weights = _cubic(frac, gdtype)
             taps = [(op.add(base, c(float(d))), w) for d, w in zip((-1, 0, 1, 2), weights)]
-        entries = []
-        for index, weight in taps:
+        entries: list[tuple[Expr, Expr, Expr | None]] = []
+        for index, tap_weight in taps:
             fixed, valid = pixel(index)
             # Truncation toward zero, as the reference's int() (reflected values are >= -0.5).
-            entries.append((cast(fixed, "int64"), weight, valid))
+            entries.append((cast(fixed, "int64"), tap_weight, valid))
         axes.append(entries)
     # X as (N * spatial, C): row n * S + flat index.
     spatial = int(np.prod(sizes))
@@ -137,7 +138,7 @@ def grid_sample(ctx: NodeContext) -> Expr:
                             .astype("int64"))
     total: Expr | None = None
     for combo in itertools.product(*axes):
-        flat = batch_offset
+        flat: Expr = batch_offset
         weight: Expr | None = None
         for (index, w, valid), stride in zip(combo, strides):
             flat = op.add(flat, op.multiply(index, const_like(stride, "int64")))

@@ -33,8 +33,17 @@ _UNARY: dict[str, Callable[[Expr], Expr]] = {
 }
 # The operators that ONNX added after opset 1, from their first version.
 _FIRST = {"Sin": 7, "Cos": 7, "Erf": 9, "Sign": 9, "LessOrEqual": 12, "GreaterOrEqual": 12}
-for _name, _fn in _UNARY.items():
-    converter(_name, since=_FIRST.get(_name, 1))(lambda ctx, f=_fn: f(ctx.x(0)))
+
+
+def _unary(fn: Callable[[Expr], Expr]) -> Callable[[NodeContext], Expr]:
+    def convert(ctx: NodeContext) -> Expr:
+        return fn(ctx.x(0))
+
+    return convert
+
+
+for _name, _unary_fn in _UNARY.items():
+    converter(_name, since=_FIRST.get(_name, 1))(_unary(_unary_fn))
 
 
 def scalar(ctx: NodeContext, value: float, i: int = 0) -> Expr:
@@ -130,8 +139,17 @@ _BINARY: dict[str, Callable[[Expr, Expr], Expr]] = {
     "Or": op.logical_or,
     "Xor": op.not_equal,  # on bools
 }
-for _name, _fn in _BINARY.items():
-    converter(_name, since=_FIRST.get(_name, 1))(lambda ctx, f=_fn: f(ctx.x(0), ctx.x(1)))
+
+
+def _binary(fn: Callable[[Expr, Expr], Expr]) -> Callable[[NodeContext], Expr]:
+    def convert(ctx: NodeContext) -> Expr:
+        return fn(ctx.x(0), ctx.x(1))
+
+    return convert
+
+
+for _name, _binary_fn in _BINARY.items():
+    converter(_name, since=_FIRST.get(_name, 1))(_binary(_binary_fn))
 
 
 @converter("Pow", since=1)

@@ -114,15 +114,14 @@ def _conv3d(ctx: NodeContext, x: Expr, w: Expr, shape: tuple[int, ...],
                       const_like(0, ctx.dtype(0)))
     taps = [op.strided_slice(x, begin=[k * dd], end=[k * dd + (out_d - 1) * sd + 1],
                              strides=[sd], axes=[2]) for k in range(kd)]
-    stacked = op.stack(taps, axis=2)  # (N, C, kd, D', H, W)
+    stacked: Expr = op.stack(taps, axis=2)  # (N, C, kd, D', H, W)
     h, wd = shape[3], shape[4]
     stacked = op.transpose(stacked, axes=[0, 3, 1, 2, 4, 5])
     stacked = reshape(stacked, [nb * out_d, c * kd, h, wd])
     w2 = reshape(w, [o, cg * kd, wshape[3], wshape[4]])
-    y = op.nn.conv2d(stacked, w2, strides=strides[1:], dilation=dilations[1:], groups=groups,
-                     padding=[pads[1], pads[2], pads[4], pads[5]])
-    yt = ctx.tensor_type(y)
-    oh, ow = int(yt.shape[2]), int(yt.shape[3])  # type: ignore[arg-type]
+    y: Expr = op.nn.conv2d(stacked, w2, strides=strides[1:], dilation=dilations[1:],
+                           groups=groups, padding=[pads[1], pads[2], pads[4], pads[5]])
+    oh, ow = ctx.tensor_type(y).static_shape[2:4]  # static, as the input shape is
     y = reshape(y, [nb, out_d, o, oh, ow])
     return op.transpose(y, axes=[0, 2, 1, 3, 4])
 
@@ -213,7 +212,8 @@ def pool(ctx: NodeContext, kind: str, x: Expr, shape: tuple[int, ...], kernel: l
     """Max or average pooling over the spatial axes of an N-C-spatial tensor (1-3 of them)."""
     n = len(shape) - 2
     if n == 2:
-        return _pool2d(kind, x, kernel, strides, dilations, pads, ceil, include_pad, shape[2:])
+        return _pool2d(kind, x, kernel, strides, dilations, pads, ceil, include_pad,
+                       (shape[2], shape[3]))
     if n == 1:
         y = _pool2d(kind, op.expand_dims(x, axis=2), [1, kernel[0]], [1, strides[0]],
                     [1, dilations[0]], [0, pads[0], 0, pads[1]], ceil, include_pad,

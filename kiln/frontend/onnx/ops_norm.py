@@ -81,7 +81,7 @@ def layer_norm(ctx: NodeContext) -> list[Expr | None]:
     centered = op.subtract(wide, mean)
     var = op.mean(op.multiply(centered, centered), axis=axes, keepdims=True)
     inv = op.rsqrt(op.add(var, const_like(eps, stash)))
-    normed = op.multiply(centered, inv)
+    normed: Expr = op.multiply(centered, inv)
     if stash != dtype:
         normed = cast(normed, dtype)
     y = op.multiply(normed, ctx.x(1))

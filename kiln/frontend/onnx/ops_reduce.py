@@ -54,9 +54,11 @@ def _axes(ctx: NodeContext, from_input: bool) -> list[int] | None:
 
 def _reduce(ctx: NodeContext, axes: list[int], keep: bool) -> Expr:
     name, x, dtype = ctx.op_type, ctx.x(0), ctx.dtype(0)
-    shape = ctx.t(0).shape
-    if any(shape[a] == 0 for a in axes) and all(isinstance(d, int) for d in shape):
-        out = [1 if k in axes else d for k, d in enumerate(shape) if keep or k not in axes]
+    t = ctx.t(0)
+    shape = t.shape
+    if any(shape[a] == 0 for a in axes) and t.is_static:
+        out = [1 if k in axes else d for k, d in enumerate(t.static_shape)
+               if keep or k not in axes]
         return Constant(np.full(out, _EMPTY[name](dtype), dtype=dtype))
     floating = dtype_of(dtype).is_float
     match name:
@@ -65,7 +67,11 @@ def _reduce(ctx: NodeContext, axes: list[int], keep: bool) -> Expr:
         case "ReduceMean":
             if floating:
                 return op.mean(x, axis=axes, keepdims=keep)
-            count = math.prod(int(shape[a]) for a in axes)  # type: ignore[arg-type]
+            reduced = [shape[a] for a in axes]
+            if not all(isinstance(d, int) for d in reduced):
+                raise ctx.error(f"{name} of {dtype} needs the reduced dimensions to be known, "
+                                f"not ({', '.join(str(d) for d in reduced)})")
+            count = math.prod(d for d in reduced if isinstance(d, int))
             return op.divide(op.sum(x, axis=axes, keepdims=keep), const_like(count, dtype))
         case "ReduceProd":
             return op.prod(x, axis=axes, keepdims=keep)

@@ -141,7 +141,7 @@ def apply_axis(x: Expr, shape: list[int], axis: int, w: np.ndarray, outside: np.
     rows = int(np.prod([shape[d] for d in perm[:-1]], dtype=np.int64))
     compute = dtype if dtype in ("float32", "float64") else "float32"
     flat = op.reshape(cast(moved, compute), newshape=[rows, shape[axis]])
-    y = op.nn.dense(flat, Constant(w.astype(compute)))
+    y: Expr = op.nn.dense(flat, Constant(w.astype(compute)))
     if outside.any():
         y = op.add(y, Constant(np.where(outside, extrapolation, 0.0).astype(compute)))
     n_out = w.shape[0]

@@ -117,8 +117,9 @@ def recurrent(ctx: NodeContext, kind: str) -> list[Expr]:
                           newshape=[seq, batch, gates * hidden])
         if ctx.has(3):
             b = _row(ctx.x(3), d)
-            wb = op.strided_slice(b, begin=[0], end=[gates * hidden], axes=[0])
-            rb = op.strided_slice(b, begin=[gates * hidden], end=[2 * gates * hidden], axes=[0])
+            wb: Expr = op.strided_slice(b, begin=[0], end=[gates * hidden], axes=[0])
+            rb: Expr = op.strided_slice(b, begin=[gates * hidden], end=[2 * gates * hidden],
+                                        axes=[0])
         else:
             wb = rb = const_like(np.zeros(gates * hidden), dtype)
         proj = op.add(proj, wb)
@@ -170,7 +171,7 @@ def _gru(ctx: NodeContext, xt: Expr, rec: Expr, h: Expr, r: Expr, rb: Expr, hidd
     z = f(_clip(op.add(_gate(xt, 0, hidden), _gate(rec, 0, hidden)), clip))
     reset = f(_clip(op.add(_gate(xt, 1, hidden), _gate(rec, 1, hidden)), clip))
     if ctx.attr("linear_before_reset", 0):
-        cand = op.add(_gate(xt, 2, hidden), op.multiply(reset, _gate(rec, 2, hidden)))
+        cand: Expr = op.add(_gate(xt, 2, hidden), op.multiply(reset, _gate(rec, 2, hidden)))
     else:
         rh = op.strided_slice(r, begin=[2 * hidden], end=[3 * hidden], axes=[0])
         rbh = op.strided_slice(rb, begin=[2 * hidden], end=[3 * hidden], axes=[0])
@@ -196,7 +197,7 @@ def _lstm(ctx: NodeContext, xt: Expr, rec: Expr, c: Expr, peep: Expr | None, hid
 
     i = f(_clip(op.add(pre(0), peephole(0, c)), clip))
     if ctx.attr("input_forget", 0):
-        forget = op.subtract(const_like(1.0, dtype), i)
+        forget: Expr = op.subtract(const_like(1.0, dtype), i)
     else:
         forget = f(_clip(op.add(pre(2), peephole(2, c)), clip))
     cand = g(_clip(pre(3), clip))

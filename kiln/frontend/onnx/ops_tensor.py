@@ -117,12 +117,13 @@ def range_(ctx: NodeContext) -> Expr:
 
 
 def onnx_reshape(ctx: NodeContext, x: Expr, shape: list[int], allowzero: int) -> Expr:
-    ishape = ctx.t(0).shape
-    if all(isinstance(d, int) for d in ishape):
-        out = [int(ishape[k]) if d == 0 and not allowzero else d for k, d in enumerate(shape)]
+    t = ctx.t(0)
+    if t.is_static:
+        ishape = t.static_shape
+        out = [ishape[k] if d == 0 and not allowzero else d for k, d in enumerate(shape)]
         if -1 in out:
             known = math.prod(d for d in out if d != -1)
-            total = math.prod(ishape)  # type: ignore[arg-type]
+            total = math.prod(ishape)
             if known == 0 or total % known:
                 raise ctx.error(f"cannot reshape a tensor of shape {tuple(ishape)} to {shape}")
             out[out.index(-1)] = total // known
@@ -219,7 +220,8 @@ def _split(ctx: NodeContext, sizes: list[int] | None) -> list[Expr]:
         sizes = [min(step, n - k * step) for k in range(parts)]
     if sum(sizes) != n or any(s < 0 for s in sizes):
         raise ctx.error(f"split sizes {sizes} do not add up to dimension {axis} ({n})")
-    outs, start = [], 0
+    outs: list[Expr] = []
+    start = 0
     for s in sizes:
         outs.append(op.strided_slice(ctx.x(0), begin=[start], end=[start + s], axes=[axis]))
         start += s
@@ -292,9 +294,9 @@ def dropout(ctx: NodeContext) -> list[Expr]:
             raise RandomOutput(f"{ctx.where}: kiln imports Dropout for inference: in training "
                                "mode it drops random elements, which kiln does not do")
     x = ctx.x(0)
-    shape = ctx.t(0).shape
-    mask = (op.ones_like(cast(x, "bool")) if not all(isinstance(d, int) for d in shape)
-            else Constant(np.ones(tuple(shape), dtype=bool)))  # type: ignore[arg-type]
+    t = ctx.t(0)
+    mask = (Constant(np.ones(t.static_shape, dtype=bool)) if t.is_static
+            else op.ones_like(cast(x, "bool")))
     return [x, mask]
 
 
