@@ -47,7 +47,7 @@ class Tensor:
             shape, dtype = key, "float32"
         else:
             shape, dtype = (key,), "float32"
-        return tensor_type(tuple(shape), dtype)  # type: ignore[arg-type]
+        return tensor_type(tuple(shape), dtype)
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,8 @@ class ScriptFunction:
 
     Made by ``@kiln.script``. Staging reads the source once, on first use.
     """
+
+    __name__: str  # with __qualname__, __doc__ and the rest: copied from fn by update_wrapper
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.python = fn

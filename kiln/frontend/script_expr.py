@@ -16,7 +16,7 @@ import dataclasses
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -314,7 +314,12 @@ class ExprStager:
             raise self.error("~ is not supported in a kiln script; use not or "
                              "kiln.op.logical_not", node)
         if isinstance(v, Static) and isinstance(v.value, NUMBERS):
-            return Static(-v.value if isinstance(node.op, ast.USub) else not v.value)
+            value = v.value
+            if not isinstance(node.op, ast.USub):
+                return Static(not value)
+            if isinstance(value, np.bool_):  # numpy refuses it as well
+                raise self.error("- of a numpy bool is not supported; use not", node)
+            return Static(-value)
         name = "negative" if isinstance(node.op, ast.USub) else "logical_not"
         return self.op_call(name, [v], node)
 
@@ -349,6 +354,13 @@ class ExprStager:
         for v in values[1:]:
             out = self.op_call(name, [out, v], node)
         return out
+
+    def truth(self, cond: Static, node: ast.expr) -> bool:
+        """A condition known while staging, read as Python reads it."""
+        if not isinstance(cond.value, (*NUMBERS, type(None), str, tuple)):
+            raise self.error(f"cannot decide an if on {describe(cond.value)} while staging",
+                             node)
+        return bool(cond.value)
 
     def ifexp(self, node: ast.IfExp) -> Value:
         cond = self.expr(node.test)
@@ -413,8 +425,10 @@ class ExprStager:
         for k in node.keywords:
             if k.arg is None:
                 raise self.error("**kwargs in calls are not supported in a kiln script", k)
-        args = [(self.expr(a), a) for a in node.args]
-        kwargs = {k.arg: (self.expr(k.value), k.value) for k in node.keywords}
+        args: list[tuple[Value, ast.AST]] = [(self.expr(a), a) for a in node.args]
+        kwargs: dict[str, tuple[Value, ast.AST]] = {
+            k.arg: (self.expr(k.value), k.value) for k in node.keywords
+            if k.arg is not None}  # all are: **kwargs was refused above
         if isinstance(f, ScriptFunction):
             if kwargs:
                 raise self.error("call scripted functions with positional arguments", node)
@@ -487,7 +501,7 @@ def _rank(t: Type) -> int | None:
     return t.ndim if isinstance(t, TensorType) else None
 
 
-def _is_builder(f: object) -> bool:
+def _is_builder(f: object) -> TypeGuard[Callable[..., Any]]:
     """Functions that build kiln expressions from staged values: kiln.op's, and kiln.const."""
     module = getattr(f, "__module__", None) or ""
     if module == "kiln.op.registry":

@@ -35,7 +35,6 @@ from kiln.frontend.script_expr import (
     assigned_names,
 )
 from kiln.frontend.script_values import (
-    NUMBERS,
     Static,
     Value,
     compatible,
@@ -80,6 +79,12 @@ def close_lets(lets: list[Binding], body: Expr) -> Expr:
     for v, value, span in reversed(lets):
         body = Let(v, value, body, span=span)
     return body
+
+
+def _annotation(v: Var) -> Type:
+    """The type of a variable the stager made with one (its loop counter and parameters)."""
+    assert v.type_annotation is not None
+    return v.type_annotation
 
 
 def has_return(stmts: list[ast.stmt]) -> bool:
@@ -131,7 +136,7 @@ class Stager(ExprStager):
         if ret is not None and not compatible(ret, self.type_of(result)):
             raise TypeCheckError(
                 f"{self.fn_name} is declared to return {ret} but returns "
-                f"{self.type_of(result)}", self.span(self.node.returns))  # type: ignore[arg-type]
+                f"{self.type_of(result)}", self.span(self.node.returns or self.node))
         return close_lets(lets or [], result)
 
     def inline(self, args: list[tuple[Value, ast.AST]], node: ast.Call,
@@ -209,10 +214,10 @@ class Stager(ExprStager):
             case ast.AnnAssign(target=target, annotation=ann, value=value):
                 if value is None or not isinstance(target, ast.Name):
                     raise self.error("an annotated assignment must give a name a value", s)
-                t = self.static_type(ann, f"'{target.id}'")
-                e = to_expr(self.expr(value), self.span(value), like=t)
-                if not compatible(t, self.type_of(e)):
-                    raise TypeCheckError(f"'{target.id}' is declared {t} but is given "
+                declared = self.static_type(ann, f"'{target.id}'")
+                e = to_expr(self.expr(value), self.span(value), like=declared)
+                if not compatible(declared, self.type_of(e)):
+                    raise TypeCheckError(f"'{target.id}' is declared {declared} but is given "
                                          f"{self.type_of(e)}", self.span(value))
                 self.assign(target, e, s, frame)
             case ast.If():
@@ -298,12 +303,6 @@ class Stager(ExprStager):
         self.merged_if(s, cond, frame)
         return None
 
-    def truth(self, cond: Static, node: ast.expr) -> bool:
-        if not isinstance(cond.value, (*NUMBERS, type(None), str, tuple)):
-            raise self.error(f"cannot decide an if on {describe(cond.value)} while staging",
-                             node)
-        return bool(cond.value)
-
     def merged_if(self, s: ast.If, cond: Expr, frame: Frame) -> None:
         """Both branches fall through: the If returns the variables they assign."""
         span = self.span(s)
@@ -368,7 +367,8 @@ class Stager(ExprStager):
         bounds = [self.expr(a) for a in it.args]
         if len(bounds) == 1:
             bounds.insert(0, Static(0))
-        step_value = self.expr(it.args[2]).value if len(it.args) == 3 else 1  # type: ignore
+        step = self.expr(it.args[2]) if len(it.args) == 3 else Static(1)
+        step_value = step.value if isinstance(step, Static) else None
         if isinstance(step_value, bool) or not isinstance(step_value, int) or step_value == 0:
             raise self.error("the step of range must be a nonzero Python int", it.args[-1])
         arg_nodes = it.args if len(it.args) > 1 else [it.args[0], it.args[0]]
@@ -413,7 +413,7 @@ class Stager(ExprStager):
         all_params = ([counter] if counter is not None else []) + params
         ret = TupleType(tuple(types))
         loop_var = Var("loop" if counter is not None else "while_loop",
-                       FuncType(tuple(p.type_annotation for p in all_params), ret),  # type: ignore
+                       FuncType(tuple(_annotation(p) for p in all_params), ret),
                        span=span)
         inner = frame.child(returns=False, context=context)
         inner.env.update(zip(carried, params))
@@ -430,8 +430,9 @@ class Stager(ExprStager):
             found = self.type_of(e)
             if not compatible(t, found):
                 hint = ""
-                if isinstance(frame.env[name], Static):
-                    hint = (f" (it starts as the Python value {frame.env[name].value!r}: start "
+                before = frame.env[name]
+                if isinstance(before, Static):
+                    hint = (f" (it starts as the Python value {before.value!r}: start "
                             "it as a tensor of the right shape, such as kiln.op.zeros_like(...))")
                 raise TypeCheckError(
                     f"loop-carried variable '{name}' is {t} before the loop but {found} after "

@@ -15,11 +15,12 @@ Two kinds reach the importer:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol, cast
 
 import onnx
 import onnx.defs
+import onnx.inliner
 
 from kiln.errors import Error
 from kiln.frontend.onnx.context import ONNX_TYPES, Value, in_context
@@ -40,6 +41,31 @@ def expand_functions(model: onnx.ModelProto, opsets: dict[str, int]) -> onnx.Mod
         raise Error(f"cannot inline the model's local functions: {exc}") from None
 
 
+class _FunctionSchema(Protocol):
+    """The function bodies of an `onnx.defs.OpSchema`.
+
+    onnx's C++ extension has these members (onnx 1.23: ``get_*`` return the serialized
+    FunctionProto), but its type stub does not declare them.
+    """
+
+    @property
+    def has_function(self) -> bool: ...
+    @property
+    def has_context_dependent_function(self) -> bool: ...
+    @property
+    def function_opset_versions(self) -> list[int]: ...
+    @property
+    def context_dependent_function_opset_versions(self) -> list[int]: ...
+    def get_function_with_opset_version(self, version: int, /) -> bytes: ...
+    def get_context_dependent_function_with_opset_version(
+            self, version: int, node: bytes, input_types: Sequence[bytes], /) -> bytes: ...
+
+
+def _functions(schema: onnx.defs.OpSchema) -> _FunctionSchema:
+    # Every OpSchema has these members at run time; only the stub lacks them (see above).
+    return cast(_FunctionSchema, schema)
+
+
 def _schema(op_type: str, domain: str, opset: int) -> onnx.defs.OpSchema | None:
     try:
         return onnx.defs.get_schema(op_type, opset, domain)
@@ -50,7 +76,10 @@ def _schema(op_type: str, domain: str, opset: int) -> onnx.defs.OpSchema | None:
 def has_function(op_type: str, domain: str, opset: int) -> bool:
     """Whether ONNX defines the operator, at this opset, by a function body."""
     schema = _schema(op_type, domain, opset)
-    return schema is not None and (schema.has_function or schema.has_context_dependent_function)
+    if schema is None:
+        return False
+    functions = _functions(schema)
+    return functions.has_function or functions.has_context_dependent_function
 
 
 def _pick(versions: list[int], opset: int) -> int:
@@ -70,9 +99,10 @@ def function_body(node: onnx.NodeProto, opset: int,
                   inputs: list[Value | None]) -> onnx.FunctionProto | None:
     """The body ONNX defines for a node's operator (None when it defines none)."""
     domain = normalize_domain(node.domain)
-    schema = _schema(node.op_type, domain, opset)
-    if schema is None:
+    found = _schema(node.op_type, domain, opset)
+    if found is None:
         return None
+    schema = _functions(found)
     body = onnx.FunctionProto()
     if schema.has_context_dependent_function:
         version = _pick(list(schema.context_dependent_function_opset_versions), opset)
@@ -154,8 +184,8 @@ def convert_function_call(importer: GraphImporter, node: onnx.NodeProto, body: o
     from kiln.frontend.onnx.graph import GraphImporter
 
     opsets = {normalize_domain(o.domain): int(o.version) for o in body.opset_import}
-    for d, v in importer.opsets.items():
-        opsets.setdefault(d, v)
+    for d, version in importer.opsets.items():
+        opsets.setdefault(d, version)
     child = GraphImporter(opsets, importer.names)
     child.bindings = importer.bindings  # one let chain
     prefix = next((o for o in node.output if o), node.op_type) + "__"
