@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kiln.errors import Error, SourceFile, Span
+from kiln.errors import Error, InternalError, SourceFile, Span
 from kiln.ir import Function, IRModule, TensorType, tensor_type
 
 
@@ -50,6 +50,11 @@ class Tensor:
         return tensor_type(tuple(shape), dtype)
 
 
+# The syntax nodes that carry a source position (lineno, col_offset and their ends).
+_POSITIONED = (ast.expr, ast.stmt, ast.arg, ast.keyword, ast.excepthandler, ast.alias,
+               ast.pattern)
+
+
 @dataclass(frozen=True)
 class ParsedSource:
     """The AST of a function and what is needed to turn AST positions into file spans."""
@@ -62,10 +67,12 @@ class ParsedSource:
 
     def span(self, node: ast.AST) -> Span:
         """The file span of an AST node (1-based columns, counted in characters)."""
-        line = node.lineno  # type: ignore[attr-defined]
-        end_line = node.end_lineno or line  # type: ignore[attr-defined]
-        col = self._column(line, node.col_offset)  # type: ignore[attr-defined]
-        end_col = self._column(end_line, node.end_col_offset or 0)  # type: ignore[attr-defined]
+        if not isinstance(node, _POSITIONED):
+            raise InternalError(f"a {type(node).__name__} node has no source position")
+        line = node.lineno
+        end_line = node.end_lineno or line
+        col = self._column(line, node.col_offset)
+        end_col = self._column(end_line, node.end_col_offset or 0)
         off = self.line_offset
         return Span(self.source, line + off, col + 1, end_line + off, end_col + 1)
 

@@ -343,12 +343,13 @@ class ExprStager:
 
     def logical(self, op: ast.boolop, values: list[Value], node: ast.AST) -> Value:
         """``and``/``or``: Python's on values known while staging, else logical_and/or."""
-        if all(isinstance(v, Static) for v in values):
-            out = values[0]
-            for v in values[1:]:
-                if bool(out.value) == isinstance(op, ast.And):  # type: ignore[union-attr]
-                    out = v
-            return out
+        statics = [v for v in values if isinstance(v, Static)]
+        if len(statics) == len(values):
+            known = statics[0]
+            for s in statics[1:]:
+                if bool(known.value) == isinstance(op, ast.And):
+                    known = s
+            return known
         name = "logical_and" if isinstance(op, ast.And) else "logical_or"
         out = values[0]
         for v in values[1:]:
@@ -377,8 +378,9 @@ class ExprStager:
 
     def sequence(self, node: ast.Tuple | ast.List) -> Value:
         values = [self.expr(e) for e in node.elts]
-        if all(isinstance(v, Static) for v in values):
-            return Static(tuple(v.value for v in values))  # type: ignore[union-attr]
+        statics = [v.value for v in values if isinstance(v, Static)]
+        if len(statics) == len(values):
+            return Static(tuple(statics))
         span = self.span(node)
         return Tuple(tuple(to_expr(v, span) for v in values), span=span)
 
@@ -386,8 +388,10 @@ class ExprStager:
         base = self.expr(node.value)
         index = self.expr(node.slice)
         if isinstance(base, Static) and isinstance(index, Static):
+            # Any Python value: indexed as Python would, what it refuses is caught below.
+            container: Any = base.value
             try:
-                return Static(base.value[index.value])  # type: ignore[index]
+                return Static(container[index.value])
             except Error as e:
                 raise self.error(e.message, node) from None
             except (TypeError, IndexError, KeyError, ValueError) as e:

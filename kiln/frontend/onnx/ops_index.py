@@ -266,7 +266,9 @@ def _wrap_pad(ctx: NodeContext, x: Expr, before: list[int], after: list[int]) ->
     for a, (b, e) in enumerate(zip(before, after)):
         if not b and not e:
             continue
-        n = int(shape[a])  # type: ignore[arg-type]
+        n = shape[a]
+        if not isinstance(n, int):
+            raise ctx.error(f"wrap padding needs dimension {a} to be known, not {n}")
         idx = np.arange(-b, n + e) % n
         x = op.take(x, Constant(idx.astype("int64")), axis=a)
     return x

@@ -224,12 +224,11 @@ def pool(ctx: NodeContext, kind: str, x: Expr, shape: tuple[int, ...], kernel: l
         hw = _pool2d(kind, reshape(x, [nb, c * d, h, w]), kernel[1:], strides[1:],
                      dilations[1:], [pads[1], pads[2], pads[4], pads[5]], ceil, include_pad,
                      (h, w))
-        t = ctx.tensor_type(hw)
-        oh, ow = int(t.shape[2]), int(t.shape[3])  # type: ignore[arg-type]
+        oh, ow = ctx.tensor_type(hw).static_shape[2:4]  # static, as the input shape is
         y = _pool2d(kind, reshape(hw, [nb, c, d, oh * ow]), [kernel[0], 1], [strides[0], 1],
                     [dilations[0], 1], [pads[0], 0, pads[3], 0], ceil, include_pad,
                     (d, oh * ow))
-        od = int(ctx.tensor_type(y).shape[2])  # type: ignore[arg-type]
+        od = ctx.tensor_type(y).static_shape[2]
         return reshape(y, [nb, c, od, oh, ow])
     raise ctx.error(f"kiln converts 1-, 2- and 3-D pooling, not {n}-D")
 
@@ -308,19 +307,21 @@ def matmul(ctx: NodeContext, a: Expr, b: Expr) -> Expr:
         return op.squeeze(matmul(ctx, a, op.expand_dims(b, axis=1)), axis=[-1])
     if len(bsh) == 2:
         return op.nn.dense(a, op.transpose(b))  # any rank of a: dense acts on its last axis
-    if not all(isinstance(d, int) for d in (*ash, *bsh)):
+    at, bt = ctx.tensor_type(a), ctx.tensor_type(b)
+    if not (at.is_static and bt.is_static):
         raise ctx.error("a batched MatMul needs static shapes")
-    abatch, bbatch = tuple(ash[:-2]), tuple(bsh[:-2])
-    batch = tuple(np.broadcast_shapes(abatch, bbatch))  # type: ignore[arg-type]
+    sa, sb = at.static_shape, bt.static_shape
+    abatch, bbatch = sa[:-2], sb[:-2]
+    batch = tuple(np.broadcast_shapes(abatch, bbatch))
     count = math.prod(batch)
     if abatch != batch:
-        a = op.broadcast_to(a, shape=[*batch, *ash[-2:]])
+        a = op.broadcast_to(a, shape=[*batch, *sa[-2:]])
     if bbatch != batch:
-        b = op.broadcast_to(b, shape=[*batch, *bsh[-2:]])
-    a3 = reshape(a, [count, *ash[-2:]])  # type: ignore[list-item]
-    b3 = reshape(b, [count, *bsh[-2:]])  # type: ignore[list-item]
+        b = op.broadcast_to(b, shape=[*batch, *sb[-2:]])
+    a3 = reshape(a, [count, *sa[-2:]])
+    b3 = reshape(b, [count, *sb[-2:]])
     y = op.nn.batch_matmul(a3, b3, transpose_b=False)
-    return reshape(y, [*batch, ash[-2], bsh[-1]])  # type: ignore[list-item]
+    return reshape(y, [*batch, sa[-2], sb[-1]])
 
 
 @converter("MatMul", since=1)
