@@ -35,6 +35,7 @@ test-slow: $(VENV)/.installed-test
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check kiln tests benchmarks examples
+	$(BIN)/mypy
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/frontend.py
