@@ -13,18 +13,25 @@ from kiln.errors import Error
 
 if TYPE_CHECKING:
     from kiln.runtime.build import Executable
+    from kiln.transform import PassContext, PassInstrument, PassTimingInstrument
+
+
+def pass_context(args: argparse.Namespace, timing: PassTimingInstrument) -> PassContext:
+    """The PassContext the options ask for: opt level, disabled passes, --time (into
+    ``timing``), --dump-before/--dump-after (to stderr), --debug (verify after each pass)."""
+    from kiln.transform import DumpIR, PassContext
+
+    instruments: list[PassInstrument] = [timing] if args.time else []
+    if args.dump_before or args.dump_after:
+        instruments.append(DumpIR(args.dump_before or [], args.dump_after or [], sys.stderr))
+    disabled = [n for n in (args.disable or "").split(",") if n]
+    return PassContext(opt_level=args.opt_level, disabled_pass=disabled, instruments=instruments,
+                       debug=getattr(args, "debug", False))
 
 
 def cmd_optimize(args: argparse.Namespace) -> int:
     from kiln.text import astext
-    from kiln.transform import (
-        DumpIR,
-        PassContext,
-        PassInstrument,
-        PassTimingInstrument,
-        Sequential,
-        get_pass,
-    )
+    from kiln.transform import PassTimingInstrument, Sequential, get_pass
     from kiln.transform import list_passes as all_passes
     from kiln.transform.bind_params import bind_params
     from kiln.transform.pipeline import optimize
@@ -39,12 +46,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     model = read_model(args.model, args, "optimize", Progress(args.progress))
     mod, params = model.module, model.params
     timing = PassTimingInstrument()
-    instruments: list[PassInstrument] = [timing] if args.time else []
-    if args.dump_before or args.dump_after:
-        instruments.append(DumpIR(args.dump_before or [], args.dump_after or [], sys.stderr))
-    disabled = [n for n in (args.disable or "").split(",") if n]
-    with PassContext(opt_level=args.opt_level, disabled_pass=disabled, instruments=instruments,
-                     debug=getattr(args, "debug", False)):
+    with pass_context(args, timing):
         if args.passes:
             if params:
                 mod = bind_params(mod, params)
@@ -76,7 +78,7 @@ def list_build_passes() -> str:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from kiln.transform import DumpIR, PassContext, PassInstrument, PassTimingInstrument
+    from kiln.transform import PassTimingInstrument
 
     if args.list_passes:
         print(list_build_passes())
@@ -87,12 +89,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     model = read_model(args.model, args, "build", progress)
     progress.step("building")
     timing = PassTimingInstrument()
-    instruments: list[PassInstrument] = [timing] if args.time else []
-    if args.dump_before or args.dump_after:
-        instruments.append(DumpIR(args.dump_before or [], args.dump_after or [], sys.stderr))
-    disabled = [n for n in (args.disable or "").split(",") if n]
-    with PassContext(opt_level=args.opt_level, disabled_pass=disabled, instruments=instruments,
-                     debug=getattr(args, "debug", False)):
+    with pass_context(args, timing):
         exe = build_model(model, args)
     if args.time:
         print(timing.render(), file=sys.stderr)

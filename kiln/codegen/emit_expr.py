@@ -40,6 +40,7 @@ from kiln.loops.ir import (
     Select,
     Unary,
     Var,
+    operands,
 )
 
 Memo = dict[int, ir.Value]
@@ -76,7 +77,7 @@ class ExprEmitter:
             if id(e) not in self.expanded:
                 self.expanded[id(e)] = (e, expand(e.op, e.a))
             return (self.expanded[id(e)][1],)
-        return _children(e)
+        return operands(e)
 
     def address(self, buf: Buffer, indices: tuple[Expr, ...], memo: Memo) -> ir.Value:
         """The address of ``buf[indices]`` (row-major; the verifier proved it in bounds,
@@ -170,20 +171,3 @@ class ExprEmitter:
 
     def _bitcast(self, e: Bitcast, memo: Memo) -> ir.Value:
         return self.b.bitcast(memo[id(e.a)], value_type(e.dtype, e.lanes))
-
-
-def _children(e: Expr) -> tuple[Expr, ...]:
-    match e:
-        case Load(indices=idx):
-            return idx
-        case Binary(a=a, b=b):
-            return (a, b)
-        case Unary(a=a) | Cast(a=a) | Bitcast(a=a):
-            return (a,)
-        case Select(cond=c, a=a, b=b):
-            return (c, a, b)
-        case Broadcast(value=v):
-            return (v,)
-        case FMA(a=a, b=b, c=c):
-            return (a, b, c)
-    return ()

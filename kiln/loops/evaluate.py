@@ -44,6 +44,7 @@ from kiln.loops.ir import (
     Store,
     Unary,
     Var,
+    operands,
 )
 
 
@@ -141,7 +142,7 @@ class _Machine:
                 memo[id(e)] = self._node(e, memo)
                 continue
             stack.append((e, True))
-            stack.extend((c, False) for c in _children(e) if id(c) not in memo)
+            stack.extend((c, False) for c in operands(e) if id(c) not in memo)
         return memo[id(root)]
 
     def _node(self, e: Expr, m: dict[int, np.ndarray]) -> np.ndarray:
@@ -214,21 +215,6 @@ class _Machine:
                 raise InternalError(f"loop evaluator: unknown statement {type(s).__name__}")
 
 
-def _children(e: Expr) -> tuple[Expr, ...]:
-    match e:
-        case Load(indices=idx):
-            return idx
-        case Binary(a=a, b=b):
-            return (a, b)
-        case Unary(a=a) | Cast(a=a) | Bitcast(a=a):
-            return (a,)
-        case Select(cond=c, a=a, b=b):
-            return (c, a, b)
-        case Broadcast(value=v):
-            return (v,)
-        case FMA(a=a, b=b, c=c):
-            return (a, b, c)
-    return ()
 
 
 def _sentinel(b: Buffer) -> np.ndarray:

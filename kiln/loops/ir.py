@@ -379,6 +379,25 @@ def const(value: int | float | bool, dtype: str) -> Const:
     return Const(value, dtype)
 
 
+def operands(e: Expr) -> tuple[Expr, ...]:
+    """The expressions ``e`` is computed from, in field order (none for constants and
+    variables): the one place that knows each expression's fields, for every walk."""
+    match e:
+        case Load(indices=idx):
+            return idx
+        case Binary(a=a, b=b):
+            return (a, b)
+        case Unary(a=a) | Cast(a=a) | Bitcast(a=a):
+            return (a,)
+        case Select(cond=c, a=a, b=b):
+            return (c, a, b)
+        case Broadcast(value=v):
+            return (v,)
+        case FMA(a=a, b=b, c=c):
+            return (a, b, c)
+    return ()
+
+
 # --- statements --------------------------------------------------------------------------------
 
 
