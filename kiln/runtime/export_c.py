@@ -66,7 +66,8 @@ class CTensor:
         """``data, float32[2, 64], 128 elements`` (and the model's name when it differs)."""
         shape = ", ".join(str(d) for d in self.shape)
         note = f"; {_NOTES[self.type.dtype]}" if self.type.dtype in _NOTES else ""
-        named = self.c_name if self.c_name == self.name else f"{self.c_name} ({self.name!r})"
+        named = (self.c_name if self.c_name == self.name else
+                 f"{self.c_name} ({comment_text(self.name)})")
         return f"{named}, {self.type.dtype}[{shape}], {self.count} elements{note}"
 
 
@@ -83,6 +84,13 @@ def c_identifier(text: str, taken: set[str]) -> str:
         n += 1
     taken.add(name)
     return name
+
+
+def comment_text(text: str) -> str:
+    """``text`` quoted for a C block comment: a model's names are untrusted, and one holding
+    ``*/`` would otherwise end the comment and put its own code in the generated source (and
+    ``/*`` inside a comment is a warning compilers may be asked to treat as an error)."""
+    return c_string(text).replace("/*", "/\\*").replace("*/", "*\\/")
 
 
 def c_string(text: str) -> str:

@@ -4,6 +4,7 @@ reference interpreter — on this machine, and for aarch64 under qemu when the c
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -111,6 +112,21 @@ def test_an_mlp_runs_from_c_like_the_interpreter(tmp_path: Path) -> None:
     assert "#define MLP_INPUT_0_COUNT 128" in header and "#define MLP_OUTPUT_0_BYTES 80" in header
     x = rand(2, 64, seed=5)
     check(run_c(lib, [x]), kiln.interpret(mod, x, params=params))
+
+
+@needs_cc
+def test_hostile_tensor_names_cannot_write_c_code(tmp_path: Path) -> None:
+    """A model's names reach the header only as C identifiers, string literals and comments
+    that they cannot close."""
+    mod, params = mlp(batch=2, sizes=(16, 8, 4))
+    evil = 'x */ int pwned(void) { return 1; } /* "\\'
+    lib = export_library(mod, tmp_path / "evil.so", params=params, input_names=[evil],
+                         output_names=["y\n#define BAD 1"])
+    header = lib.header.read_text()
+    outside_literals = re.sub(r'"(?:\\.|[^"\\])*"', '""', header)
+    assert "int pwned(" not in outside_literals and "#define BAD" not in outside_literals
+    x = rand(2, 16, seed=7)
+    check(run_c(lib, [x]), kiln.interpret(mod, x, params=params))  # it still compiles and runs
 
 
 @needs_cc
