@@ -20,7 +20,21 @@ from kiln.errors import Error
 from kiln.ir.expr import Call, Expr, Function, GlobalVar, Var, const, if_, tuple_, var
 from kiln.ir.module import IRModule
 from kiln.ir.ty import TupleType, tensor_type
-from kiln.op import add, clip, less, multiply, nn, reshape, sigmoid, split, take, tanh, transpose
+from kiln.op import (
+    add,
+    broadcast_to,
+    clip,
+    concatenate,
+    less,
+    multiply,
+    nn,
+    reshape,
+    sigmoid,
+    split,
+    take,
+    tanh,
+    transpose,
+)
 from kiln.op import erf as _erf
 
 
@@ -303,4 +317,84 @@ def transformer_encoder(batch: int = 1, seq: int = 128, d_model: int = 256, head
         down = linear(up, f"{p}_linear2", ff, d_model)
         h = nn.layer_norm(add(h, down), w(f"{p}_norm2_weight", (d_model,), "ones"),
                           w(f"{p}_norm2_bias", (d_model,), "small"))
+    return w.module([x], reshape(h, newshape=(batch, seq, d_model)))
+
+
+def _pre_norm_layer(w: _Weights, h: Expr, p: str, batch: int, seq: int, d_model: int,
+                    heads: int, ff: int, mask: Expr | None) -> Expr:
+    """One pre-norm encoder layer on (batch·seq, d_model), with GELU and an optional additive
+    attention mask: ``h + attn(norm1(h))``, then ``h + linear2(gelu(linear1(norm2(h))))``.
+
+    Its weights are ``{p}_*`` with ``transformer_encoder``'s names, so that the twin is an
+    ``nn.TransformerEncoderLayer(norm_first=True, activation="gelu")``.
+    """
+    d = d_model // heads
+    a = nn.layer_norm(h, w(f"{p}_norm1_weight", (d_model,), "ones"),
+                      w(f"{p}_norm1_bias", (d_model,), "small"))
+    qkv = split(_linear(w, a, f"{p}_in_proj", d_model, 3 * d_model), indices_or_sections=3,
+                axis=1)
+    q, k, v = (_heads_first(qkv[j], batch, seq, heads, d) for j in range(3))
+    scores = nn.batch_matmul(multiply(q, const(1.0 / math.sqrt(d))), k)
+    if mask is not None:
+        scores = add(scores, mask)
+    ctx = nn.batch_matmul(nn.softmax(scores, axis=-1), v, transpose_b=False)
+    ctx = reshape(transpose(reshape(ctx, newshape=(batch, heads, seq, d)), axes=(0, 2, 1, 3)),
+                  newshape=(batch * seq, d_model))
+    h = add(h, _linear(w, ctx, f"{p}_out_proj", d_model, d_model))
+    m = nn.layer_norm(h, w(f"{p}_norm2_weight", (d_model,), "ones"),
+                      w(f"{p}_norm2_bias", (d_model,), "small"))
+    up = _gelu(_linear(w, m, f"{p}_linear1", d_model, ff))
+    return add(h, _linear(w, up, f"{p}_linear2", ff, d_model))
+
+
+def vit_block(batch: int = 1, image: int = 224, patch: int = 16, d_model: int = 384,
+              heads: int = 6, ff: int = 1536, layers: int = 4, classes: int = 1000,
+              seed: int = 0) -> tuple[IRModule, dict[str, np.ndarray]]:
+    """A ViT-style classifier (Dosovitskiy et al.) on (batch, 3, image, image); returns logits.
+
+    The image is cut into (image/patch)² patches by a stride-``patch`` convolution
+    (``patch_embed_weight`` (d_model, 3, patch, patch), ``patch_embed_bias``), a learned
+    ``class_token`` (1, 1, d_model) is put in front and ``pos_embed`` (1, 1 + patches, d_model)
+    added; then ``layers`` pre-norm encoder layers with GELU (weights ``layer{i}_*`` named as in
+    ``transformer_encoder``), a final layer norm (``norm_weight``/``norm_bias``) and a linear
+    head (``head_weight`` (classes, d_model), ``head_bias``) on the class token.
+    """
+    w = _Weights(seed)
+    x = var("data", shape=(batch, 3, image, image))
+    patches = (image // patch) ** 2
+    seq = patches + 1
+    t = nn.conv2d(x, w("patch_embed_weight", (d_model, 3, patch, patch)),
+                  strides=(patch, patch), channels=d_model, kernel_size=(patch, patch))
+    t = nn.bias_add(t, w("patch_embed_bias", (d_model,), "small"), axis=1)
+    t = transpose(reshape(t, newshape=(batch, d_model, patches)), axes=(0, 2, 1))
+    cls = broadcast_to(w("class_token", (1, 1, d_model), "small"), shape=(batch, 1, d_model))
+    h: Expr = add(concatenate(tuple_(cls, t), axis=1),
+                  w("pos_embed", (1, seq, d_model), "small"))
+    h = reshape(h, newshape=(batch * seq, d_model))
+    for i in range(layers):
+        h = _pre_norm_layer(w, h, f"layer{i}", batch, seq, d_model, heads, ff, None)
+    h = nn.layer_norm(h, w("norm_weight", (d_model,), "ones"),
+                      w("norm_bias", (d_model,), "small"))
+    first = take(reshape(h, newshape=(batch, seq, d_model)), const(0), axis=1)
+    return w.module([x], _linear(w, first, "head", d_model, classes))
+
+
+def gpt_block(batch: int = 1, seq: int = 128, d_model: int = 256, heads: int = 4,
+              ff: int = 1024, layers: int = 1, seed: int = 0
+              ) -> tuple[IRModule, dict[str, np.ndarray]]:
+    """GPT-style decoder layers on embeddings (batch, seq, d_model), output of the same shape.
+
+    Each layer is pre-norm with causal self-attention (a position attends to itself and the
+    ones before it: the scores get a constant lower-triangular mask, -1e9 above the diagonal)
+    and a GELU MLP; weights ``layer{i}_*`` named as in ``transformer_encoder``; then a final
+    layer norm ``norm_weight``/``norm_bias``, as GPT-2's ``ln_f``.
+    """
+    w = _Weights(seed)
+    x = var("data", shape=(batch, seq, d_model))
+    mask = const(np.triu(np.full((seq, seq), -1e9, "float32"), k=1))
+    h: Expr = reshape(x, newshape=(batch * seq, d_model))
+    for i in range(layers):
+        h = _pre_norm_layer(w, h, f"layer{i}", batch, seq, d_model, heads, ff, mask)
+    h = nn.layer_norm(h, w("norm_weight", (d_model,), "ones"),
+                      w("norm_bias", (d_model,), "small"))
     return w.module([x], reshape(h, newshape=(batch, seq, d_model)))

@@ -30,6 +30,44 @@ def _copy(param: Any, value: np.ndarray) -> None:
         param.copy_(torch.from_numpy(np.ascontiguousarray(value, dtype=np.float32)))
 
 
+def _encoder_layer(params: dict[str, np.ndarray], p: str, heads: int, norm_first: bool,
+                   activation: str) -> Any:
+    """An ``nn.TransformerEncoderLayer`` (batch first, no dropout) holding the weights
+    ``{p}_in_proj_weight``, ... that kiln/testing/models.py's encoder layers name."""
+    from torch import nn
+
+    ff, d_model = params[f"{p}_linear1_weight"].shape
+    layer = nn.TransformerEncoderLayer(d_model, heads, dim_feedforward=ff, dropout=0.0,
+                                       activation=activation, batch_first=True,
+                                       norm_first=norm_first)
+    for kiln_name, param in (
+        ("in_proj_weight", layer.self_attn.in_proj_weight),
+        ("in_proj_bias", layer.self_attn.in_proj_bias),
+        ("out_proj_weight", layer.self_attn.out_proj.weight),
+        ("out_proj_bias", layer.self_attn.out_proj.bias),
+        ("linear1_weight", layer.linear1.weight),
+        ("linear1_bias", layer.linear1.bias),
+        ("linear2_weight", layer.linear2.weight),
+        ("linear2_bias", layer.linear2.bias),
+        ("norm1_weight", layer.norm1.weight),
+        ("norm1_bias", layer.norm1.bias),
+        ("norm2_weight", layer.norm2.weight),
+        ("norm2_bias", layer.norm2.bias),
+    ):
+        _copy(param, params[f"{p}_{kiln_name}"])
+    return layer
+
+
+def _layer_norm(params: dict[str, np.ndarray], name: str) -> Any:
+    """``nn.LayerNorm`` (eps 1e-5) holding ``{name}_weight`` and ``{name}_bias``."""
+    from torch import nn
+
+    norm = nn.LayerNorm(params[f"{name}_weight"].shape[0], eps=1e-5)
+    _copy(norm.weight, params[f"{name}_weight"])
+    _copy(norm.bias, params[f"{name}_bias"])
+    return norm
+
+
 @functools.cache
 def _classes() -> SimpleNamespace:
     """The nn.Module classes, defined once torch is imported."""
@@ -200,8 +238,52 @@ def _classes() -> SimpleNamespace:
                 x = layer(x)
             return x
 
+    class ViT(nn.Module):
+        def __init__(self, params: dict, heads: int) -> None:
+            super().__init__()
+            d_model, _, patch, _ = params["patch_embed_weight"].shape
+            self.embed = nn.Conv2d(3, d_model, patch, stride=patch)
+            _copy(self.embed.weight, params["patch_embed_weight"])
+            _copy(self.embed.bias, params["patch_embed_bias"])
+            self.class_token = nn.Parameter(torch.from_numpy(params["class_token"].copy()))
+            self.pos_embed = nn.Parameter(torch.from_numpy(params["pos_embed"].copy()))
+            layers, i = [], 0
+            while f"layer{i}_in_proj_weight" in params:
+                layers.append(_encoder_layer(params, f"layer{i}", heads, True, "gelu"))
+                i += 1
+            self.layers = nn.ModuleList(layers)
+            self.norm = _layer_norm(params, "norm")
+            self.head = nn.Linear(d_model, params["head_weight"].shape[0])
+            _copy(self.head.weight, params["head_weight"])
+            _copy(self.head.bias, params["head_bias"])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            t = self.embed(x).flatten(2).transpose(1, 2)
+            cls = self.class_token.expand(t.shape[0], -1, -1)
+            h = torch.cat((cls, t), dim=1) + self.pos_embed
+            for layer in self.layers:
+                h = layer(h)
+            return self.head(self.norm(h)[:, 0])
+
+    class GPT(nn.Module):
+        def __init__(self, params: dict, heads: int) -> None:
+            super().__init__()
+            layers, i = [], 0
+            while f"layer{i}_in_proj_weight" in params:
+                layers.append(_encoder_layer(params, f"layer{i}", heads, True, "gelu"))
+                i += 1
+            self.layers = nn.ModuleList(layers)
+            self.norm = _layer_norm(params, "norm")
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seq = x.shape[1]
+            mask = torch.triu(torch.full((seq, seq), float("-inf")), diagonal=1)
+            for layer in self.layers:
+                x = layer(x, src_mask=mask, is_causal=True)
+            return self.norm(x)
+
     return SimpleNamespace(ResNet18=ResNet18, MobileNetV2=MobileNetV2, MLP=MLP, LSTM=LSTM,
-                           TransformerEncoder=TransformerEncoder)
+                           TransformerEncoder=TransformerEncoder, ViT=ViT, GPT=GPT)
 
 
 def torch_mlp(params: dict[str, np.ndarray]) -> Any:
@@ -232,6 +314,18 @@ def torch_transformer_encoder(params: dict[str, np.ndarray], heads: int,
     return _classes().TransformerEncoder(params, heads, activation).eval()
 
 
+def torch_vit_block(params: dict[str, np.ndarray], heads: int) -> Any:
+    """The twin of ``models.vit_block``: Conv2d patches, class token, pre-norm GELU
+    ``nn.TransformerEncoderLayer``s, LayerNorm, a Linear head on the class token."""
+    return _classes().ViT(params, heads).eval()
+
+
+def torch_gpt_block(params: dict[str, np.ndarray], heads: int) -> Any:
+    """The twin of ``models.gpt_block``: pre-norm GELU ``nn.TransformerEncoderLayer``s called
+    with a causal mask (``is_causal=True``), then LayerNorm."""
+    return _classes().GPT(params, heads).eval()
+
+
 def run_torch(module: Any, *inputs: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
     """Run a twin on numpy inputs in inference mode; numpy out (a tuple for tuple results)."""
     import torch
@@ -243,5 +337,5 @@ def run_torch(module: Any, *inputs: np.ndarray) -> np.ndarray | tuple[np.ndarray
     return out.numpy()
 
 
-__all__ = ["run_torch", "torch_lstm", "torch_mlp", "torch_mobilenet_v2", "torch_resnet18",
-           "torch_transformer_encoder"]
+__all__ = ["run_torch", "torch_gpt_block", "torch_lstm", "torch_mlp", "torch_mobilenet_v2",
+           "torch_resnet18", "torch_transformer_encoder", "torch_vit_block"]

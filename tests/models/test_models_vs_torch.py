@@ -36,11 +36,13 @@ from kiln.target import Target
 from kiln.testing import models
 from kiln.testing.torch_models import (
     run_torch,
+    torch_gpt_block,
     torch_lstm,
     torch_mlp,
     torch_mobilenet_v2,
     torch_resnet18,
     torch_transformer_encoder,
+    torch_vit_block,
 )
 
 pytest.importorskip("torch")
@@ -126,6 +128,22 @@ def test_transformer_encoder_4_layers(seq, d_model, heads, ff, activation):
                                              ff=ff, layers=4, activation=activation)
     check(mod, params, torch_transformer_encoder(params, heads, activation),
           random_input((2, seq, d_model)))
+
+
+def test_vit_block():
+    mod, params = models.vit_block(batch=2, image=32, patch=8, d_model=32, heads=4, ff=64,
+                                   layers=2, classes=10)
+    check(mod, params, torch_vit_block(params, 4), random_input((2, 3, 32, 32)))
+
+
+def test_gpt_block_is_causal():
+    mod, params = models.gpt_block(batch=2, seq=16, d_model=32, heads=4, ff=64, layers=2)
+    twin, x = torch_gpt_block(params, 4), random_input((2, 16, 32))
+    check(mod, params, twin, x)
+    later = x.copy()
+    later[:, -1] += 1.0  # the last position changes: no earlier one may see it
+    exe = kiln.build(mod, params=params)
+    np.testing.assert_allclose(exe(later)[:, :-1], exe(x)[:, :-1], rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.skipif(not native_available() or not has_libgomp(), reason="needs libgomp")
