@@ -244,6 +244,9 @@ class KernelDecl:
     static), a new declaration holds its loop IR as ``kernel`` and no longer the function; a
     kernel of symbolic shape keeps its function, and is lowered by the same passes for each
     concrete shape it meets at run time (kiln/runtime/backend.py, `specialize_kernel`).
+    ``location`` is where its work was written, for profiles and messages: ``file:line:col``
+    of the first operator call of the fused function that has a source span (None when none
+    has: an ONNX import, a program built in Python).
     """
 
     name: str
@@ -252,6 +255,7 @@ class KernelDecl:
     func: RelayFunction | None = None
     kernel: Kernel | None = None
     ops: tuple[str, ...] = ()
+    location: str | None = None
 
     @property
     def is_static(self) -> bool:

@@ -44,6 +44,15 @@ def _ops(fn: Function) -> tuple[str, ...]:
                  if isinstance(n, Call) and isinstance(n.op, Op))
 
 
+def source_location(fn: Function) -> str | None:
+    """``file:line:col`` of the first operator call of ``fn`` (in evaluation order) that has
+    a source span, or None when none has."""
+    for n in post_order(fn.body):
+        if isinstance(n, Call) and isinstance(n.op, Op) and n.span is not None:
+            return str(n.span)
+    return None
+
+
 def param_tensor_types(t: Type, what: str) -> list[TensorType]:
     """A kernel parameter's tensors: a tensor, or a tuple of tensors passed field by field."""
     if isinstance(t, TensorType):
@@ -111,8 +120,9 @@ def _ret_type(typed: Function) -> Type:
     return t.ret_type
 
 
-def declaration(name: str, typed: Function) -> KernelDecl:
-    """The declaration of kernel ``name`` computing typed primitive function ``typed``."""
+def declaration(name: str, typed: Function, location: str | None = None) -> KernelDecl:
+    """The declaration of kernel ``name`` computing typed primitive function ``typed``,
+    written at ``location`` (default: the source span of its first operator call)."""
     inputs: list[TensorType] = []
     for p in typed.params:
         inputs += param_tensor_types(p.checked_type, f"kernel parameter %{p.name_hint}")
@@ -120,7 +130,8 @@ def declaration(name: str, typed: Function) -> KernelDecl:
     outputs = flatten_tensor_types(ret)
     if outputs is None:
         raise Error(f"a fused function returns {ret}; kernels return tensors")
-    return KernelDecl(name, tuple(inputs), tuple(outputs), typed, None, _ops(typed))
+    return KernelDecl(name, tuple(inputs), tuple(outputs), typed, None, _ops(typed),
+                      location if location is not None else source_location(typed))
 
 
 def constants_as_params(fn: Function) -> tuple[Function, list[Constant]]:
@@ -156,7 +167,8 @@ def lift_constants(program: Program) -> Program:
             consts: list[Constant] = []
         else:
             fn, consts = constants_as_params(decl.func)
-            table_decl = _share(table, fn, lambda: declaration(name, fn))  # noqa: B023
+            table_decl = _share(table, fn,
+                                lambda: declaration(name, fn, decl.location))  # noqa: B023
         lifted[name] = (table_decl, consts)
     out.kernels = {d.name: d for d, _ in lifted.values()}
     index = {id(data): i for i, data in enumerate(out.constants)}
@@ -233,4 +245,4 @@ def specialize_decl(decl: KernelDecl, shapes: tuple[tuple[int, ...], ...]) -> Ke
         raise InternalError(f"kernel @{decl.name} no longer returns tensors at {shapes}")
     dims = "_".join("x".join(str(d) for d in s) for s in shapes)
     return KernelDecl(f"{decl.name}__{dims}", tuple(inputs), tuple(outputs), concrete, None,
-                      decl.ops)
+                      decl.ops, decl.location)

@@ -192,6 +192,8 @@ def write_program(prog: Program, relay_text: Any = None) -> dict[str, Any]:
     for k in prog.kernels.values():
         entry = {"name": k.name, "inputs": [types(t) for t in k.inputs],
                  "outputs": [types(t) for t in k.outputs], "ops": list(k.ops), "func": None}
+        if k.location is not None:
+            entry["location"] = k.location
         if not k.is_static and k.func is not None and relay_text is not None:
             entry["func"] = relay_text(k.func)
         kernels.append(entry)
@@ -293,8 +295,11 @@ def _read_program(doc: Any, constants: list[np.ndarray], parse_relay: Any) -> Pr
         if k.get("func") is not None:
             _need(parse_relay is not None, "a dynamic kernel with no way to read it")
             func = parse_relay(_str(k["func"], "a kernel function"))
+        location = k.get("location")  # optional: files written before it existed lack it
+        if location is not None:
+            location = _str(location, "a kernel's source location")
         _need(name not in prog.kernels, f"kernel {name} twice")
-        prog.kernels[name] = KernelDecl(name, ins, outs, func, None, ops)
+        prog.kernels[name] = KernelDecl(name, ins, outs, func, None, ops, location)
     for f in _list(doc.get("functions"), "the function list"):
         fn = _read_function(f, ty)
         _need(fn.name not in prog.functions, f"function {fn.name} twice")
