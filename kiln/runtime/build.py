@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln.errors import Error
 from kiln.ir.expr import Expr
@@ -33,6 +33,9 @@ from kiln.ssa.ir import KernelDecl, Program
 from kiln.ssa.memory import MemoryPlan
 from kiln.target import Target
 from kiln.transform.pass_manager import PassContext, PassInfo, PassInstrument
+
+if TYPE_CHECKING:
+    from kiln.runtime.profile import Profile
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,22 @@ class Executable:
             backend=self.kernels.backend,
             executor=getattr(self.executor, "name", type(self.executor).__name__),
         )
+
+    def profile(self, *args: Any, repeat: int | None = None, **kwargs: Any) -> Profile:
+        """Where the time of a call on these arguments goes: per kernel, its calls, time,
+        share, FLOPs and GFLOP/s, fused operators and source location (kiln/runtime/profile.py).
+
+        ``repeat`` profiled runs (default: about half a second's worth, 3 to 200), after one
+        warm-up; `print` the result for a table, or read its ``rows``.
+        """
+        from kiln.runtime.profile import profile_executable
+
+        if repeat is not None and (isinstance(repeat, bool) or not isinstance(repeat, int)
+                                   or repeat < 1):
+            raise Error(f"repeat must be a positive integer, got {repeat!r}")
+        values = bind_arguments(self._names, self._types, self.program.entry, args, kwargs,
+                                self.program)
+        return profile_executable(self, values, repeat)
 
     def save(self, path: str | Path) -> None:
         """Write the executable to one file: `kiln.load` runs it without compiling."""
