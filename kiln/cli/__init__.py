@@ -9,6 +9,7 @@
     kiln optimize --passes fold-constant,fuse-ops model.rly -o out.rly
     kiln optimize --list                          every pass, with its opt level
     kiln build model.rly -o model.kiln            compile to an executable file
+    kiln bench model.onnx --profile               latency, and the time of every kernel
     kiln export model.onnx -o model.so            a C-callable shared library and model.h
 
 One file per subcommand. Errors are one line on stderr and a non-zero exit status: 1 for a
@@ -22,8 +23,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from kiln.cli import bench, export, graph, import_cmd, run, show
 from kiln.cli import compile as compile_cmd
-from kiln.cli import export, graph, import_cmd, run, show
 from kiln.errors import Error, InternalError
 
 
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     graph.add_parser(sub)
     compile_cmd.add_parsers(sub)
     export.add_parser(sub)
+    bench.add_parser(sub)
     return parser
 
 
