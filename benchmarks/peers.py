@@ -1,0 +1,540 @@
+"""kiln against ONNX Runtime and PyTorch eager, same weights, one process: idle and one core busy.
+
+Workloads (kiln/testing/models.py builders and their torch twins, built at run time): MLP
+784-512-512-10 at batch 1 and 64, ResNet-18 and MobileNetV2 at batch 1 224×224, the LSTM loop
+of ``models.lstm`` (32 steps), ``nn.LSTM`` imported into kiln by ``kiln.frontend.from_torch``,
+a 4-layer transformer encoder (seq 128, d 256), a ViT-style classifier (ViT-S/16 width, 4
+layers), GPT-style causal decoder layers (GPT-2 small width, 2 layers, seq 128), a matmul
+1024³ (numpy/OpenBLAS in that row too) and a single 3×3 convolution, 64 channels, 56×56.
+
+For each: kiln is ``kiln.build(mod, params=params)`` on ``--threads`` threads; PyTorch is the
+twin holding the same arrays, eager, ``torch.inference_mode()``, ``torch.set_num_threads``;
+ONNX Runtime runs that twin exported with ``torch.onnx.export(..., dynamo=False)``,
+``intra_op_num_threads`` the same, all graph optimizations. The three (four) must agree before
+anything is timed. Then they are timed interleaved, in rounds as benchmarks/models.py does (a
+pause, an untimed call, a block of INNER timed calls of each in turn), and the table gives the
+median and p90 of each, kiln/ORT and kiln/torch, and the geomean of kiln/ORT.
+
+Conditions: ``idle`` (nothing else from this script), and ``busy``: one child process spins a
+Python loop, pinned nowhere, for the whole timing, and is stopped in a ``finally``. A runtime
+whose workers wait for each other at a barrier suffers most there.
+
+Also: "alternating with numpy": an MLP batch 64 with its weights as arguments, called
+alternately with the same computation in numpy (OpenBLAS, whose idle threads spin), against
+kiln's time called alone, in 5 runs.
+
+    .venv/bin/python benchmarks/peers.py [--threads 2] [--repeat 30] [--only mlp1,matmul]
+        [--conditions idle,busy] [--unset-openblas]
+    .venv/bin/python benchmarks/peers.py --quick       # reduced sizes, few repeats: a smoke run
+
+numpy's OpenBLAS reads its environment when it loads, so the script runs itself again when it
+must change it: ``OPENBLAS_NUM_THREADS`` set to ``--threads`` if unset, and with
+``--unset-openblas``, without ``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE`` (which force
+OpenBLAS's Haswell kernels on newer CPUs and slow numpy). On a machine shared with other work
+every figure is noisy: compare the runtimes within a row, never an absolute time across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import kiln
+from kiln.codegen import num_threads, set_num_threads
+from kiln.ir.expr import Function, var
+from kiln.ir.module import IRModule
+from kiln.op import nn
+from kiln.testing import models, torch_models
+
+INNER = 5  # timed calls per block
+RTOL = 1e-4  # agreement, relative to the largest expected magnitude (tests/models' tolerance)
+CASE_SECONDS = 60.0  # cap on one workload's timing in one condition
+OPENBLAS_OVERRIDES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+REEXEC_MARK = "KILN_PEERS_REEXECUTED"
+
+
+@dataclass
+class Case:
+    """One workload: the kiln builder, its torch twin and the input shape.
+
+    ``import_twin``: kiln compiles the twin imported by ``from_torch`` instead of the builder's
+    module (whose weights the twin holds). ``numpy``: the same computation in numpy, timed too.
+    """
+
+    key: str
+    title: str
+    model: Callable[[], tuple[IRModule, dict[str, np.ndarray]]]
+    twin: Callable[[dict[str, np.ndarray]], Any]
+    input_shape: tuple[int, ...]
+    import_twin: bool = False
+    numpy: Callable[[dict[str, np.ndarray], np.ndarray], Callable[[], Any]] | None = None
+
+
+def _matmul(n: int, seed: int = 0) -> tuple[IRModule, dict[str, np.ndarray]]:
+    """``data`` (n, n) by ``weight``ᵀ (n, n): ``nn.dense``, what ``nn.Linear`` computes."""
+    x, w = var("data", shape=(n, n)), var("weight", shape=(n, n))
+    value = np.random.default_rng(seed).standard_normal((n, n)).astype("float32") / math.sqrt(n)
+    return IRModule.from_expr(Function((x, w), nn.dense(x, w))), {"weight": value}
+
+
+def _conv(channels: int, size: int, seed: int = 0) -> tuple[IRModule, dict[str, np.ndarray]]:
+    """One 3×3 convolution, stride 1, padding 1, ``channels`` in and out, batch 1, no bias."""
+    x = var("data", shape=(1, channels, size, size))
+    w = var("weight", shape=(channels, channels, 3, 3))
+    body = nn.conv2d(x, w, padding=(1, 1), channels=channels, kernel_size=(3, 3))
+    scale = math.sqrt(2.0 / (9 * channels))
+    value = (np.random.default_rng(seed).standard_normal((channels, channels, 3, 3)) * scale)
+    return IRModule.from_expr(Function((x, w), body)), {"weight": value.astype("float32")}
+
+
+def _holding(layer: Any, weight: np.ndarray) -> Any:
+    """A torch layer with ``weight`` copied into its weight, in eval mode."""
+    import torch
+
+    with torch.no_grad():
+        layer.weight.copy_(torch.from_numpy(weight))
+    return layer.eval()
+
+
+def _torch_linear(params: dict[str, np.ndarray]) -> Any:
+    from torch import nn as tnn
+
+    n_out, n_in = params["weight"].shape
+    return _holding(tnn.Linear(n_in, n_out, bias=False), params["weight"])
+
+
+def _torch_conv(params: dict[str, np.ndarray]) -> Any:
+    from torch import nn as tnn
+
+    c_out, c_in, k, _ = params["weight"].shape
+    return _holding(tnn.Conv2d(c_in, c_out, k, padding=k // 2, bias=False), params["weight"])
+
+
+def _numpy_matmul(params: dict[str, np.ndarray], x: np.ndarray) -> Callable[[], Any]:
+    w_t = params["weight"].T  # a transposed view: OpenBLAS's sgemm takes it as it is
+    return lambda: x @ w_t
+
+
+def cases(quick: bool) -> list[Case]:
+    image = 64 if quick else 224
+    width = 0.5 if quick else 1.0
+    lstm_size = 128 if quick else 256
+    tr = dict(seq=32, d_model=64, heads=4, ff=256) if quick else \
+        dict(seq=128, d_model=256, heads=4, ff=1024)
+    vit = dict(image=64, patch=16, d_model=128, heads=4, ff=512, layers=2) if quick else \
+        dict(image=224, patch=16, d_model=384, heads=6, ff=1536, layers=4)
+    gpt = dict(seq=32, d_model=128, heads=4, ff=512, layers=2) if quick else \
+        dict(seq=128, d_model=768, heads=12, ff=3072, layers=2)
+    n = 256 if quick else 1024
+    conv_c, conv_hw = (32, 28) if quick else (64, 56)
+
+    def lstm() -> tuple[IRModule, dict[str, np.ndarray]]:
+        return models.lstm(steps=32, input=lstm_size, hidden=lstm_size)
+
+    return [
+        Case("mlp1", "MLP 784-512-512-10, batch 1", lambda: models.mlp(batch=1),
+             torch_models.torch_mlp, (1, 784)),
+        Case("mlp64", "MLP 784-512-512-10, batch 64", lambda: models.mlp(batch=64),
+             torch_models.torch_mlp, (64, 784)),
+        Case("resnet18", f"ResNet-18, batch 1, {image}²",
+             lambda: models.resnet18(image=image), torch_models.torch_resnet18,
+             (1, 3, image, image)),
+        Case("mobilenet_v2", f"MobileNetV2 (width {width}), batch 1, {image}²",
+             lambda: models.mobilenet_v2(image=image, width=width),
+             lambda p: torch_models.torch_mobilenet_v2(p, width=width), (1, 3, image, image)),
+        Case("lstm", f"LSTM loop {lstm_size}-{lstm_size}, 32 steps", lstm,
+             torch_models.torch_lstm, (32, 1, lstm_size)),
+        Case("nn_lstm", f"nn.LSTM {lstm_size}-{lstm_size}, 32 steps (from_torch)", lstm,
+             torch_models.torch_lstm, (32, 1, lstm_size), import_twin=True),
+        Case("transformer", "transformer encoder, 4 layers, seq {seq}, d {d_model}".format(**tr),
+             lambda: models.transformer_encoder(layers=4, **tr),
+             lambda p: torch_models.torch_transformer_encoder(p, tr["heads"]),
+             (1, tr["seq"], tr["d_model"])),
+        Case("vit", "ViT-style, {layers} layers, d {d_model}, {image}², patch {patch}".format(
+             **vit), lambda: models.vit_block(**vit),
+             lambda p: torch_models.torch_vit_block(p, vit["heads"]),
+             (1, 3, vit["image"], vit["image"])),
+        Case("gpt", "GPT-style causal, {layers} layers, seq {seq}, d {d_model}".format(**gpt),
+             lambda: models.gpt_block(**gpt),
+             lambda p: torch_models.torch_gpt_block(p, gpt["heads"]),
+             (1, gpt["seq"], gpt["d_model"])),
+        Case("matmul", f"matmul {n}³", lambda: _matmul(n), _torch_linear, (n, n),
+             numpy=_numpy_matmul),
+        Case("conv", f"conv2d {conv_c}×{conv_hw}×{conv_hw} 3×3", lambda: _conv(conv_c, conv_hw),
+             _torch_conv, (1, conv_c, conv_hw, conv_hw)),
+    ]
+
+
+def onnx_session(twin: Any, x: np.ndarray, threads: int) -> Callable[[], Any]:
+    """ONNX Runtime on the twin exported with the TorchScript exporter (to bytes)."""
+    import warnings
+
+    import onnxruntime as ort
+    import torch
+
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(twin, (torch.from_numpy(x),), buffer, dynamo=False,
+                          input_names=["data"], opset_version=17)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(buffer.getvalue(), options,
+                                   providers=["CPUExecutionProvider"])
+    outputs = [o.name for o in session.get_outputs()]
+    return lambda: session.run(outputs, {"data": x})
+
+
+def max_error(got: Any, want: Any) -> float:
+    """The largest difference relative to the largest expected magnitude."""
+    got = got if isinstance(got, (tuple, list)) else (got,)
+    want = want if isinstance(want, (tuple, list)) else (want,)
+    return max(float(np.abs(np.asarray(g) - w).max() / max(1.0, np.abs(w).max()))
+               for g, w in zip(got, want))
+
+
+@dataclass
+class Workload:
+    """A case built for every runtime and checked: ready to time."""
+
+    case: Case
+    runners: dict[str, Callable[[], Any]] = field(default_factory=dict)
+    errors: dict[str, float] = field(default_factory=dict)
+    build_s: float = 0.0
+    executor: str = ""
+    skipped: str = ""  # why it is not timed
+
+
+def prepare(case: Case, threads: int) -> Workload:
+    """Build kiln, the twin and ORT for a case and check that they agree with the twin."""
+    import torch
+
+    work = Workload(case)
+    mod, params = case.model()
+    x = np.random.default_rng(1).standard_normal(case.input_shape).astype("float32")
+    twin = case.twin(params)
+    tx = torch.from_numpy(x)
+    if case.import_twin:
+        from kiln.frontend import from_torch
+
+        try:
+            mod, params = from_torch(twin, (tx,))
+        except Exception as e:  # noqa: BLE001 - reported as the reason to skip the row
+            work.skipped = f"from_torch could not import it: {type(e).__name__}: {e}"
+            return work
+    start = time.perf_counter()
+    exe = kiln.build(mod, params=params)
+    work.build_s = time.perf_counter() - start
+    work.executor = exe.stats().executor
+
+    def torch_call() -> Any:
+        with torch.inference_mode():
+            return twin(tx)
+
+    work.runners = {"kiln": lambda: exe(x), "torch": torch_call,
+                    "ort": onnx_session(twin, x, threads)}
+    if case.numpy is not None:
+        work.runners["numpy"] = case.numpy(params, x)
+    want = torch_models.run_torch(twin, x)
+    for name, f in work.runners.items():
+        if name != "torch":
+            work.errors[name] = max_error(f(), want)
+    bad = [f"{name} {e:.1e}" for name, e in work.errors.items() if e > RTOL]
+    if bad:
+        work.skipped = f"disagrees with torch beyond {RTOL:g}: {', '.join(bad)}"
+    return work
+
+
+@dataclass
+class Timing:
+    median: dict[str, float]
+    p90: dict[str, float]
+    calls: int
+
+
+def time_rounds(runners: dict[str, Callable[[], Any]], repeat: int) -> Timing:
+    """Interleaved rounds: each runtime in turn, after a pause and an untimed call, INNER calls.
+
+    The runtimes' thread pools spin for a while after a parallel region; on 2 cores one that
+    starts while another's workers still spin runs many times slower, hence the pause.
+    """
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    first = next(iter(runners))
+    deadline = time.perf_counter() + CASE_SECONDS
+    while len(times[first]) < repeat:
+        for name, f in runners.items():
+            time.sleep(0.05)
+            f()
+            for _ in range(INNER):
+                t0 = time.perf_counter()
+                f()
+                times[name].append(time.perf_counter() - t0)
+        if time.perf_counter() > deadline:
+            break
+    return Timing({n: statistics.median(ts) for n, ts in times.items()},
+                  {n: statistics.quantiles(ts, n=10)[-1] for n, ts in times.items()},
+                  len(times[first]))
+
+
+def time_condition(works: list[Workload], repeat: int, condition: str
+                   ) -> list[tuple[Workload, Timing]]:
+    """kiln, torch and ORT interleaved per workload; then numpy where a workload has it.
+
+    numpy is timed after all the others, on its own: right after an OpenBLAS call kiln's
+    parallel kernels run many times slower (the 256³ matmul: 4-8 ms instead of 0.12 ms, even
+    after a 50 ms pause; torch and ORT are not slowed), which would put OpenBLAS's effect on
+    kiln into every row. The alternating check measures that effect by itself.
+    """
+    rows = []
+    for work in works:
+        print(f"  [{condition}] timing {work.case.title} ...", flush=True)
+        runners = {n: f for n, f in work.runners.items() if n != "numpy"}
+        rows.append((work, time_rounds(runners, repeat)))
+    for work, timing in rows:
+        if "numpy" in work.runners:
+            alone = time_rounds({"numpy": work.runners["numpy"]}, repeat)
+            timing.median["numpy"] = alone.median["numpy"]
+            timing.p90["numpy"] = alone.p90["numpy"]
+    return rows
+
+
+SPIN = "while True:\n    pass\n"
+
+
+@contextmanager
+def one_core_busy() -> Iterator[int]:
+    """A child process spinning a Python loop (no affinity set) until the block ends."""
+    child = subprocess.Popen([sys.executable, "-c", SPIN])
+    try:
+        time.sleep(0.5)  # let it start and take its core
+        if child.poll() is not None:
+            raise RuntimeError(f"the spinning child exited at once ({child.returncode})")
+        yield child.pid
+    finally:
+        child.terminate()
+        try:
+            child.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def numpy_mlp(weights: list[np.ndarray], x: np.ndarray) -> np.ndarray:
+    """``models.mlp`` in numpy: dense + bias + relu per hidden layer, softmax."""
+    h = x
+    layers = len(weights) // 2
+    for i in range(layers):
+        h = h @ weights[2 * i].T + weights[2 * i + 1]
+        if i < layers - 1:
+            h = np.maximum(h, 0.0)
+    e = np.exp(h - h.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def alternating_with_numpy(runs: int, calls: int) -> list[tuple[float, float, float]]:
+    """MLP batch 64, weights as arguments: kiln alone, then kiln each call after a numpy MLP.
+
+    Per run: (kiln alone, kiln right after numpy, numpy alone), medians in seconds.
+    """
+    mod, params = models.mlp(batch=64)
+    exe = kiln.build(mod)  # no params: the weights stay arguments
+    weights = list(params.values())
+    x = np.random.default_rng(1).standard_normal((64, 784)).astype("float32")
+    error = max_error(exe(x, *weights), numpy_mlp(weights, x))
+    if error > RTOL:
+        raise RuntimeError(f"kiln's MLP with weight arguments disagrees with numpy: {error:.1e}")
+
+    def timed(f: Callable[[], Any], before: Callable[[], Any] | None) -> float:
+        time.sleep(0.05)
+        f()
+        ts = []
+        for _ in range(calls):
+            if before is not None:
+                before()
+            t0 = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t0)
+        return statistics.median(ts)
+
+    def kiln_call() -> Any:
+        return exe(x, *weights)
+
+    def numpy_call() -> Any:
+        return numpy_mlp(weights, x)
+
+    return [(timed(kiln_call, None), timed(kiln_call, numpy_call), timed(numpy_call, None))
+            for _ in range(runs)]
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g}" if seconds < 0.01 else f"{seconds * 1e3:.1f}"
+
+
+def report(condition: str, rows: list[tuple[Workload, Timing]], skipped: list[Workload]) -> None:
+    print(f"\n### condition: {condition}\n")
+    print("| workload | kiln ms med (p90) | torch ms med (p90) | ORT ms med (p90) | "
+          "numpy ms med (p90) | kiln/ORT | kiln/torch |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    ratios = []
+    for work, t in rows:
+        cells = []
+        for name in ("kiln", "torch", "ort", "numpy"):
+            cells.append(f"{ms(t.median[name])} ({ms(t.p90[name])})" if name in t.median
+                         else "–")
+        vs_ort = t.median["kiln"] / t.median["ort"]
+        ratios.append(vs_ort)
+        print(f"| {work.case.title} | {' | '.join(cells)} | {vs_ort:.2f} | "
+              f"{t.median['kiln'] / t.median['torch']:.2f} |")
+    for work in skipped:
+        print(f"| {work.case.title} | skipped: {work.skipped} | | | | | |")
+    if ratios:
+        geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+        print(f"\ngeomean kiln/ORT over {len(ratios)} workloads: **{geomean:.2f}** "
+              f"(above 1: kiln slower)")
+
+
+def report_busy_vs_idle(results: dict[str, list[tuple[Workload, Timing]]]) -> None:
+    idle = {w.case.key: t for w, t in results["idle"]}
+    print("\n### busy / idle (median time with one core busy over the idle median)\n")
+    print("| workload | kiln | torch | ORT |")
+    print("|---|---:|---:|---:|")
+    for work, t in results["busy"]:
+        base = idle.get(work.case.key)
+        if base is None:
+            continue
+        cells = [f"{t.median[n] / base.median[n]:.2f}" for n in ("kiln", "torch", "ort")]
+        print(f"| {work.case.title} | {' | '.join(cells)} |")
+
+
+def machine(threads: int) -> None:
+    """The CPU, the thread counts and the environment that changes the figures."""
+    import onnxruntime as ort
+    import torch
+
+    model = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f
+                          if line.startswith("model name")), "?")
+    except OSError:
+        pass
+    host = kiln.Target.host()
+    print(f"CPU: {model}; kiln.Target.host(): cpu {host.cpu}, {host.vector_bits}-bit vectors, "
+          f"{host.cores} cores; os.cpu_count() {os.cpu_count()}")
+    print(f"threads: kiln {num_threads()}, torch {torch.__version__} {torch.get_num_threads()}, "
+          f"onnxruntime {ort.__version__} intra-op {threads}, numpy/OpenBLAS "
+          f"{os.environ.get('OPENBLAS_NUM_THREADS', '(all cores)')}")
+    forced = {k: os.environ[k] for k in OPENBLAS_OVERRIDES if k in os.environ}
+    if forced:
+        print(f"note: {', '.join(f'{k}={v}' for k, v in forced.items())} is set: OpenBLAS uses "
+              f"those kernels and cache sizes, not its own choice for this CPU, which slows "
+              f"numpy (the matmul row's numpy column and the alternating check); "
+              f"--unset-openblas runs without them")
+    elif os.environ.get(REEXEC_MARK):
+        print("note: running without OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE (--unset-openblas)")
+
+
+def reexecute_if_needed(args: argparse.Namespace) -> None:
+    """Run this script again with OpenBLAS's environment changed, which it reads at load."""
+    if os.environ.get(REEXEC_MARK):
+        return
+    env = dict(os.environ)
+    if args.unset_openblas:
+        for k in OPENBLAS_OVERRIDES:
+            env.pop(k, None)
+    env.setdefault("OPENBLAS_NUM_THREADS", str(args.threads))
+    if env != dict(os.environ):
+        env[REEXEC_MARK] = "1"
+        sys.stdout.flush()
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=None,
+                        help="timed calls of each runtime per workload (default 30, quick 10)")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="threads for kiln, torch, ORT and (if unset) OpenBLAS")
+    parser.add_argument("--quick", action="store_true", help="reduced sizes, few repeats")
+    parser.add_argument("--only", default="", help="comma-separated keys: " + ",".join(
+        c.key for c in cases(False)) + ",numpy_alternating")
+    parser.add_argument("--conditions", default="idle,busy", help="idle, busy or both")
+    parser.add_argument("--unset-openblas", action="store_true",
+                        help="run without OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE")
+    args = parser.parse_args()
+    reexecute_if_needed(args)
+    repeat = args.repeat or (10 if args.quick else 30)
+    conditions = [c for c in args.conditions.split(",") if c]
+    unknown = set(conditions) - {"idle", "busy"}
+    if unknown:
+        parser.error(f"unknown conditions: {', '.join(sorted(unknown))} (idle, busy)")
+    only = {k for k in args.only.split(",") if k}
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    set_num_threads(args.threads)
+    machine(args.threads)
+    print(f"medians and p90 of up to {repeat} calls each, in blocks of {INNER}, interleaved; "
+          f"at most {CASE_SECONDS:.0f} s a workload and condition")
+    load_start = os.getloadavg()
+
+    works = []
+    for case in cases(args.quick):
+        if only and case.key not in only:
+            continue
+        print(f"  building {case.title} ...", flush=True)
+        work = prepare(case, args.threads)
+        if work.skipped:
+            print(f"    skipped: {work.skipped}")
+        else:
+            errors = ", ".join(f"{n} {e:.1e}" for n, e in work.errors.items())
+            print(f"    kiln build {work.build_s:.1f} s ({work.executor}); max error vs torch: "
+                  f"{errors}")
+        works.append(work)
+    ready = [w for w in works if not w.skipped]
+    skipped = [w for w in works if w.skipped]
+
+    results: dict[str, list[tuple[Workload, Timing]]] = {}
+    alternating: dict[str, list[tuple[float, float, float]]] = {}
+    for condition in conditions:
+        with one_core_busy() if condition == "busy" else nullcontext() as pid:
+            if pid is not None:
+                print(f"condition busy: child {pid} spinning")
+            results[condition] = time_condition(ready, repeat, condition)
+            if not only or "numpy_alternating" in only:
+                print(f"  [{condition}] MLP batch 64 alternating with numpy ...", flush=True)
+                alternating[condition] = alternating_with_numpy(5, 10 if args.quick else 30)
+
+    for condition, rows in results.items():
+        report(condition, rows, skipped)
+        if condition in alternating:
+            runs = alternating[condition]
+            print(f"\nMLP batch 64 (weights as arguments) called alternately with numpy, "
+                  f"{condition}: kiln alone / after numpy / numpy alone, ms per run")
+            for solo, after, np_solo in runs:
+                print(f"  {ms(solo)} / {ms(after)} / {ms(np_solo)}   after/alone "
+                      f"{after / solo:.2f}")
+            print(f"  median after/alone: {statistics.median(a / s for s, a, _ in runs):.2f}")
+    if "idle" in results and "busy" in results:
+        report_busy_vs_idle(results)
+    print("\nload average (1, 5, 15 min) at start {:.1f} {:.1f} {:.1f}, at end {:.1f} {:.1f} "
+          "{:.1f} on {} cores".format(*load_start, *os.getloadavg(), os.cpu_count()))
+
+
+if __name__ == "__main__":
+    main()
