@@ -102,14 +102,14 @@ def fold_after(y: Expr, s: Constant, root: Expr, ctx: RewriteContext) -> Expr | 
     if vec is None:
         return None
     weight = multiply(producer.args[1], const(vec.reshape(weight_shape)))
-    new: Expr = Call(producer.op, (producer.args[0], weight), producer.attrs)
+    new: Expr = Call(producer.op, (producer.args[0], weight), producer.attrs, span=producer.span)
     for op in reversed(chain):
         assert isinstance(op.op, Op)  # every link of the chain is an operator call
         match op.op.name:
             case "nn.relu":
                 if not np.all(vec >= 0):
                     return None  # relu(y) * s == relu(y * s) only for s >= 0
-                new = Call(op.op, (new,), op.attrs)
+                new = Call(op.op, (new,), op.attrs, span=op.span)
             case "nn.bias_add":
                 if normalize_axis(_int_attr(op, "axis"), out.ndim) != axis:
                     return None
@@ -137,7 +137,7 @@ def fold_before_conv(x: Expr, s: Constant, w: Expr, conv: Call,
     else:  # output channel o of group g reads input channels g*per_group ... (g+1)*per_group-1
         rows = np.repeat(vec.reshape(groups, per_group), out_channels // groups, axis=0)
         factors = rows[:, :, None, None]
-    return Call(conv.op, (x, multiply(w, const(factors))), conv.attrs)
+    return Call(conv.op, (x, multiply(w, const(factors))), conv.attrs, span=conv.span)
 
 
 def fold_before_dense(x: Expr, s: Constant, w: Expr, dense: Call,
@@ -149,7 +149,7 @@ def fold_before_dense(x: Expr, s: Constant, w: Expr, dense: Call,
     vec = channel_vector(s.data, xt.ndim, xt.ndim - 1, wshape[1])
     if vec is None:
         return None
-    return Call(dense.op, (x, multiply(w, const(vec[None, :]))), dense.attrs)
+    return Call(dense.op, (x, multiply(w, const(vec[None, :]))), dense.attrs, span=dense.span)
 
 
 x, y, w, s = Pat.var("x"), Pat.var("y"), Pat.var("w"), Pat.const("s")

@@ -56,7 +56,11 @@ def batch_norm_out(x: Expr, gamma: Expr, beta: Expr, moving_mean: Expr, moving_v
     shift = multiply(negative(moving_mean), scale)
     if attrs.center:
         shift = add(shift, beta)
-    return add(multiply(x, along(scale, axis, t.ndim)), along(shift, axis, t.ndim))
+    scaled = multiply(x, along(scale, axis, t.ndim))
+    out = add(scaled, along(shift, axis, t.ndim))
+    # The batch norm's source position goes to the calls that replace it (messages, profiles).
+    scaled = Call(scaled.op, scaled.args, scaled.attrs, span=bn.span)
+    return Call(out.op, (scaled, out.args[1]), out.attrs, span=bn.span)
 
 
 def layer_norm(x: Expr, gamma: Expr, beta: Expr, ln: Call, ctx: RewriteContext) -> Expr | None:

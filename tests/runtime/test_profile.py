@@ -177,3 +177,23 @@ def test_the_flop_rule_on_hand_written_loop_ir():
                                                      Const(0))))  # index arithmetic: 0
     k = Kernel("k", (a,), (out,), Seq((tri, idx)))
     assert kernel_flops(k) == 2 * (1 + 2 + 3 + 4)
+
+
+def test_folded_batch_norm_keeps_the_convolutions_source_line():
+    """fold-scale-axis and batch-norm folding keep spans: the conv kernel points at its conv."""
+    text = """
+def @main(%x: Tensor[(1, 3, 8, 8), float32], %w: Tensor[(4, 3, 3, 3), float32],
+          %g: Tensor[(4), float32], %b: Tensor[(4), float32], %m: Tensor[(4), float32],
+          %v: Tensor[(4), float32]) {
+  %0 = nn.conv2d(%x, %w, padding=[1, 1, 1, 1]);
+  %1 = nn.batch_norm(%0, %g, %b, %m, %v);
+  nn.relu(%1.0)
+}
+"""
+    r = np.random.default_rng(0)
+    params = {"w": r.standard_normal((4, 3, 3, 3)).astype("float32"),
+              **{k: (r.random(4) + 0.5).astype("float32") for k in "gbmv"}}
+    exe = kiln.build(kiln.parse(text), params=params)
+    (decl,) = exe.program.kernels.values()
+    conv_line = text.splitlines().index("  %0 = nn.conv2d(%x, %w, padding=[1, 1, 1, 1]);") + 1
+    assert decl.location is not None and decl.location.split(":")[1] == str(conv_line)
