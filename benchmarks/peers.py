@@ -21,7 +21,9 @@ whose workers wait for each other at a barrier suffers most there.
 
 Also: "alternating with numpy": an MLP batch 64 with its weights as arguments, called
 alternately with the same computation in numpy (OpenBLAS, whose idle threads spin), against
-kiln's time called alone, in 5 runs.
+kiln's time called alone, in 5 runs, in a fresh process. Everything that calls OpenBLAS (this
+check and the numpy column) runs after all the kiln timings: once OpenBLAS has run, kiln's
+parallel kernels are many times slower for a while, and torch's and ORT's are not.
 
     .venv/bin/python benchmarks/peers.py [--threads 2] [--repeat 30] [--only mlp1,matmul]
         [--conditions idle,busy] [--unset-openblas]
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import math
 import os
 import statistics
@@ -45,7 +48,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -292,24 +295,27 @@ def time_rounds(runners: dict[str, Callable[[], Any]], repeat: int) -> Timing:
 
 def time_condition(works: list[Workload], repeat: int, condition: str
                    ) -> list[tuple[Workload, Timing]]:
-    """kiln, torch and ORT interleaved per workload; then numpy where a workload has it.
-
-    numpy is timed after all the others, on its own: right after an OpenBLAS call kiln's
-    parallel kernels run many times slower (the 256³ matmul: 4-8 ms instead of 0.12 ms, even
-    after a 50 ms pause; torch and ORT are not slowed), which would put OpenBLAS's effect on
-    kiln into every row. The alternating check measures that effect by itself.
-    """
+    """kiln, torch and ORT interleaved, workload by workload (numpy is timed apart)."""
     rows = []
     for work in works:
         print(f"  [{condition}] timing {work.case.title} ...", flush=True)
         runners = {n: f for n, f in work.runners.items() if n != "numpy"}
         rows.append((work, time_rounds(runners, repeat)))
+    return rows
+
+
+def time_numpy(rows: list[tuple[Workload, Timing]], repeat: int) -> None:
+    """numpy's column, timed on its own, into the rows that have one.
+
+    After OpenBLAS has run, kiln's parallel kernels run many times slower for a while (the
+    256³ matmul: about 8 ms instead of 0.13 ms when it follows numpy in rounds, even after a
+    50 ms pause; torch and ORT are not slowed), so numpy runs after every kiln timing.
+    """
     for work, timing in rows:
         if "numpy" in work.runners:
             alone = time_rounds({"numpy": work.runners["numpy"]}, repeat)
             timing.median["numpy"] = alone.median["numpy"]
             timing.p90["numpy"] = alone.p90["numpy"]
-    return rows
 
 
 SPIN = "while True:\n    pass\n"
@@ -348,15 +354,15 @@ def numpy_mlp(weights: list[np.ndarray], x: np.ndarray) -> np.ndarray:
 def alternating_with_numpy(runs: int, calls: int) -> list[tuple[float, float, float]]:
     """MLP batch 64, weights as arguments: kiln alone, then kiln each call after a numpy MLP.
 
-    Per run: (kiln alone, kiln right after numpy, numpy alone), medians in seconds.
+    Per run: (kiln alone, kiln right after numpy, numpy alone), medians in seconds. The runs
+    of kiln alone all come first, before this process has called OpenBLAS (whose effect on
+    kiln lasts a while); numpy alone is timed once, at the end.
     """
     mod, params = models.mlp(batch=64)
     exe = kiln.build(mod)  # no params: the weights stay arguments
     weights = list(params.values())
     x = np.random.default_rng(1).standard_normal((64, 784)).astype("float32")
-    error = max_error(exe(x, *weights), numpy_mlp(weights, x))
-    if error > RTOL:
-        raise RuntimeError(f"kiln's MLP with weight arguments disagrees with numpy: {error:.1e}")
+    got = exe(x, *weights)
 
     def timed(f: Callable[[], Any], before: Callable[[], Any] | None) -> float:
         time.sleep(0.05)
@@ -376,8 +382,21 @@ def alternating_with_numpy(runs: int, calls: int) -> list[tuple[float, float, fl
     def numpy_call() -> Any:
         return numpy_mlp(weights, x)
 
-    return [(timed(kiln_call, None), timed(kiln_call, numpy_call), timed(numpy_call, None))
-            for _ in range(runs)]
+    alone = [timed(kiln_call, None) for _ in range(runs)]
+    error = max_error(got, numpy_mlp(weights, x))
+    if error > RTOL:
+        raise RuntimeError(f"kiln's MLP with weight arguments disagrees with numpy: {error:.1e}")
+    after = [timed(kiln_call, numpy_call) for _ in range(runs)]
+    numpy_alone = timed(numpy_call, None)
+    return [(a, b, numpy_alone) for a, b in zip(alone, after)]
+
+
+def alternating_in_child(threads: int, calls: int) -> list[tuple[float, float, float]]:
+    """`alternating_with_numpy` in a fresh process: one that has not run OpenBLAS yet."""
+    command = [sys.executable, os.path.abspath(__file__), "--alternating-child",
+               "--threads", str(threads), "--repeat", str(calls)]
+    proc = subprocess.run(command, capture_output=True, text=True, check=True)
+    return [tuple(run) for run in json.loads(proc.stdout.strip().splitlines()[-1])]
 
 
 def ms(seconds: float) -> str:
@@ -463,6 +482,17 @@ def reexecute_if_needed(args: argparse.Namespace) -> None:
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
+@contextmanager
+def condition_context(condition: str) -> Iterator[None]:
+    """Nothing for ``idle``; for ``busy``, a spinning child process while the block runs."""
+    if condition != "busy":
+        yield
+        return
+    with one_core_busy() as pid:
+        print(f"  [busy] child {pid} spinning", flush=True)
+        yield
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=None,
@@ -475,9 +505,14 @@ def main() -> None:
     parser.add_argument("--conditions", default="idle,busy", help="idle, busy or both")
     parser.add_argument("--unset-openblas", action="store_true",
                         help="run without OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE")
+    parser.add_argument("--alternating-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     reexecute_if_needed(args)
     repeat = args.repeat or (10 if args.quick else 30)
+    if args.alternating_child:  # prints the runs as JSON for the parent
+        set_num_threads(args.threads)
+        print(json.dumps(alternating_with_numpy(5, repeat)))
+        return
     conditions = [c for c in args.conditions.split(",") if c]
     unknown = set(conditions) - {"idle", "busy"}
     if unknown:
@@ -510,22 +545,26 @@ def main() -> None:
     skipped = [w for w in works if w.skipped]
 
     results: dict[str, list[tuple[Workload, Timing]]] = {}
+    for condition in conditions:
+        with condition_context(condition):
+            results[condition] = time_condition(ready, repeat, condition)
+    # numpy last, condition by condition again: see time_numpy
     alternating: dict[str, list[tuple[float, float, float]]] = {}
     for condition in conditions:
-        with one_core_busy() if condition == "busy" else nullcontext() as pid:
-            if pid is not None:
-                print(f"condition busy: child {pid} spinning")
-            results[condition] = time_condition(ready, repeat, condition)
+        with condition_context(condition):
+            time_numpy(results[condition], repeat)
             if not only or "numpy_alternating" in only:
                 print(f"  [{condition}] MLP batch 64 alternating with numpy ...", flush=True)
-                alternating[condition] = alternating_with_numpy(5, 10 if args.quick else 30)
+                alternating[condition] = alternating_in_child(args.threads,
+                                                              10 if args.quick else 30)
 
     for condition, rows in results.items():
         report(condition, rows, skipped)
         if condition in alternating:
             runs = alternating[condition]
             print(f"\nMLP batch 64 (weights as arguments) called alternately with numpy, "
-                  f"{condition}: kiln alone / after numpy / numpy alone, ms per run")
+                  f"{condition}, in a fresh process: kiln alone / kiln right after numpy / "
+                  f"numpy alone, medians in ms, per run")
             for solo, after, np_solo in runs:
                 print(f"  {ms(solo)} / {ms(after)} / {ms(np_solo)}   after/alone "
                       f"{after / solo:.2f}")
