@@ -45,6 +45,8 @@ bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/native.py
 	$(BIN)/python benchmarks/runtime.py
 	$(BIN)/python benchmarks/models.py
+	$(BIN)/python benchmarks/build.py
+	$(BIN)/python benchmarks/peers.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
