@@ -113,11 +113,13 @@ def fold_after(y: Expr, s: Constant, root: Expr, ctx: RewriteContext) -> Expr | 
             case "nn.bias_add":
                 if normalize_axis(_int_attr(op, "axis"), out.ndim) != axis:
                     return None
-                new = bias_add(new, multiply(op.args[1], const(vec)), axis=op.attrs.axis)
+                made = bias_add(new, multiply(op.args[1], const(vec)), axis=op.attrs.axis)
+                new = Call(made.op, made.args, made.attrs, span=op.span)
             case "add":
                 if not ctx.same_type(op, op.args[0]):
                     return None  # the addend broadcasts the sum to a larger shape
-                new = add(new, multiply(op.args[1], s))
+                made = add(new, multiply(op.args[1], s))
+                new = Call(made.op, made.args, made.attrs, span=op.span)
     return new
 
 
