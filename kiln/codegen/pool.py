@@ -45,7 +45,6 @@ from __future__ import annotations
 
 from kiln.codegen.outline import NUM_THREADS_SYMBOL, PARALLEL_FOR_SYMBOL
 
-
 # Checks of the job word an idle worker makes (each followed by a pause) before it sleeps:
 # on this repository's 2-core dev machine about 0.2 ms, longer than the gap between the
 # kernels of a loop such as the LSTM's, far shorter than a scheduler tick.
