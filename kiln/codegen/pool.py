@@ -46,8 +46,8 @@ from __future__ import annotations
 from kiln.codegen.outline import NUM_THREADS_SYMBOL, PARALLEL_FOR_SYMBOL
 
 # Checks of the job word an idle worker makes (each followed by a pause) before it sleeps:
-# on this repository's 2-core dev machine about 0.2 ms, longer than the gap between the
-# kernels of a loop such as the LSTM's, far shorter than a scheduler tick.
+# on the 2-core EPYC dev machine (a pause is ~30 ns) about 0.25 ms: longer than the gap between
+# the kernels of a loop such as the LSTM's, far shorter than a scheduler tick.
 WORKER_SPINS = 8192
 # Checks a waiting caller makes before it starts yielding its core on each further check.
 CALLER_SPINS = 1024
