@@ -24,8 +24,9 @@ process: goals under 60 s and under 5 s.
     .venv/bin/python benchmarks/models.py --quick     # reduced sizes, a few repeats: a smoke run
 
 On a machine shared with other work, libgomp's spinning workers make every 2-thread runtime
-that uses it (kiln, PyTorch) many times slower than on an idle machine; the "kiln 1T" column
-(the same executable on one thread) and ``--omp-passive`` show how much of a figure that is.
+that uses it (PyTorch) many times slower than on an idle machine; the "kiln 1T" column (the
+same executable on one thread) and ``--omp-passive`` show how much of a figure that is. kiln
+runs on its own thread pool (kiln/codegen/pool.py), which OMP_WAIT_POLICY does not change.
 """
 
 from __future__ import annotations
@@ -238,10 +239,10 @@ def main() -> None:
     parser.add_argument("--skip-build-time", action="store_true",
                         help="skip ResNet-18's cold and warm build times")
     parser.add_argument("--omp-passive", action="store_true",
-                        help="OMP_WAIT_POLICY=PASSIVE for kiln's and torch's libgomp: idle "
+                        help="OMP_WAIT_POLICY=PASSIVE for torch's libgomp: idle "
                         "workers sleep at once instead of spinning (kinder to a shared machine)")
     args = parser.parse_args()
-    if args.omp_passive:  # read when libgomp loads: before torch's import and kiln's first kernel
+    if args.omp_passive:  # read when libgomp loads: before torch's import
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     repeat = args.repeat or (10 if args.quick else 30)
 

@@ -5,8 +5,9 @@ as an LLVM module), verify and compile (compile.py, target.py: LLVM's verifier, 
 O3 pipeline for a `kiln.Target` — this CPU by default —, an object file), and load
 (library.py: machine code linked into the process, kernels callable from Python or from
 other native code; never for a target this host cannot run). cache.py keeps
-machine code on disk; threads.py runs parallel loops on libgomp's threads; program.py emits
-a whole static SSA program as one entry point that calls its kernels (the native executor's).
+machine code on disk; threads.py runs parallel loops on kiln's own thread pool (pool.py);
+program.py emits a whole static SSA program as one entry point that calls its kernels (the
+native executor's).
 
     lib = compile_kernels([kernel])          # KernelLibrary
     lib[kernel.name](*inputs, *outputs)      # a KernelFunction
@@ -20,12 +21,12 @@ from kiln.codegen.emit import emit_kernel, status_messages
 from kiln.codegen.library import CompiledKernel, ForeignKernel, KernelLibrary, LibraryStats
 from kiln.codegen.program import NotStatic, ProgramCode, emit_program
 from kiln.codegen.target import Machine, check_runnable, host_target, machine
-from kiln.codegen.threads import has_libgomp, num_threads, set_num_threads, threads
+from kiln.codegen.threads import num_threads, set_num_threads, threads
 
 __all__ = [
     "CompiledKernel", "DiskCache", "ForeignKernel", "KernelLibrary", "LibraryStats", "Machine",
     "NotStatic", "ProgramCode", "assembly", "check_runnable", "compile_ir", "compile_kernels",
-    "emit_kernel", "emit_program", "fingerprint", "has_libgomp", "host_target", "kernel_symbol",
+    "emit_kernel", "emit_program", "fingerprint", "host_target", "kernel_symbol",
     "llvm_ir", "machine", "num_threads", "optimized_ir", "set_num_threads", "status_messages",
     "threads",
 ]

@@ -3,9 +3,9 @@
 MCJIT resolves an external symbol it cannot find to address 0, so a call through it would
 crash the process. Before machine code is loaded, the library checks that every symbol an
 object needs is defined by another object of the library, registered with LLVM
-(``kiln_num_threads``), or present in the process (libc, libm, libgomp). Reading the
-table takes a few lines of `struct` over the ELF64 little-endian layout LLVM emits on x86-64
-Linux; anything else is reported as malformed rather than guessed at.
+(``kiln_num_threads``, ``kiln_parallel_for``), or present in the process (libc, libm).
+Reading the table takes a few lines of `struct` over the ELF64 little-endian layout LLVM
+emits on x86-64 Linux; anything else is reported as malformed rather than guessed at.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ every buffer is exactly its shape): inlined, that becomes alias metadata the vec
 
 Statements. Loops are rotated basic-block loops; ``vectorized`` ones carry
 ``llvm.loop.vectorize.enable``, ``unrolled`` ones are emitted unrolled (their extents are
-small constants), ``parallel`` ones are outlined and run on libgomp's threads (outline.py).
+small constants), ``parallel`` ones are outlined and run on kiln's thread pool (outline.py).
 A local `Allocate` of up to `STACK_LIMIT` bytes (and `STACK_BUDGET` for the kernel) is an
 ``alloca`` in the function's entry block (SROA turns register tiles into registers); a
 larger one is ``malloc``/``free``d, NULL-checked. A failed `Check` frees the live heap

@@ -5,8 +5,9 @@ this process: the JIT code model, the default relocation model. A shared library
 position-independent code instead (``-fPIC``: calls through the PLT, globals through the GOT),
 and may be for another machine than this one (``aarch64-linux-gnu``), so `kiln export` compiles
 its own objects here: the same LLVM IR (emit.py, program.py), verified, optimized with the same
-pipeline, and emitted for the Target with ``reloc="pic"``. They are cached on disk beside the
-JIT objects, under keys that say PIC and name the target.
+pipeline, and emitted for the Target with ``reloc="pic"``. A library whose kernels have a
+parallel loop also gets kiln's thread pool (pool.py), compiled the same way for its Target.
+They are cached on disk beside the JIT objects, under keys that say PIC and name the target.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import llvmlite.binding as llvm
 
 from kiln.codegen.cache import DiskCache, cache_key, fingerprint, kernel_symbol
 from kiln.codegen.emit import emit_kernel
+from kiln.codegen.pool import pool_ir
 from kiln.codegen.target import Machine, initialize_all
 from kiln.errors import Error, InternalError
 from kiln.loops.ir import Kernel
@@ -129,4 +131,19 @@ def compile_export_objects(kernels: Sequence[Kernel], entry_text: str, pm: PicMa
     return out
 
 
-__all__ = ["ExportObjects", "PicMachine", "compile_export_objects", "pic_machine"]
+def compile_pool_object(pm: PicMachine, cache: bool = True) -> tuple[str, bytes]:
+    """The thread pool (``kiln_parallel_for``, pool.py) as a PIC object for ``pm``'s target:
+    a file name and its bytes."""
+    text = pool_ir(pm.target.triple)
+    key = cache_key("pool:" + hashlib.sha256(text.encode()).hexdigest(), pm.key)
+    disk = DiskCache.default() if cache else None
+    data = disk.get(key) if disk is not None else None
+    if data is None:
+        data = _compile(text, pm, "kiln's thread pool")
+        if disk is not None:
+            disk.put(key, data)
+    return "kiln_pool.o", data
+
+
+__all__ = ["ExportObjects", "PicMachine", "compile_export_objects", "compile_pool_object",
+           "pic_machine"]

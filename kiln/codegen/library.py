@@ -2,8 +2,8 @@
 
 A library is a set of object files (one per distinct kernel, plus any extra modules such
 as a whole-program entry point) linked into one MCJIT execution engine: symbols resolve
-between its objects, and against libgomp, libc and libm of the process. Kernels are called
-through ctypes (which releases the GIL) with an array of data pointers, after
+between its objects, and against kiln's thread pool, libc and libm of the process. Kernels
+are called through ctypes (which releases the GIL) with an array of data pointers, after
 `check_arrays` has checked every argument; a nonzero status raises `kiln.EvalError` with
 the message of the `Check` (or allocation) that failed.
 

@@ -1,18 +1,22 @@
-"""Parallel loops: outlined bodies run on libgomp's threads (emit stage).
+"""Parallel loops: outlined bodies run on kiln's thread pool (emit stage).
 
 A ``parallel`` loop runs its iterations on native threads with no Python in between. The
 loop body becomes ``@<symbol>.parK.chunk(lo, hi, buffers..., values...)``, running
 ``for var in [lo, hi)`` with the buffers it uses as ``noalias`` parameters and the variables
-it reads passed by value; ``@<symbol>.parK(ptr data)`` is what each thread runs: it reads
-the captured values from the struct at ``data``, takes its contiguous share of the
-iterations (thread t of n gets ``[start + t·c, start + (t+1)·c)``, c = ⌈extent / n⌉) and
-calls the chunk. The kernel fills the struct and calls ``GOMP_parallel(fn, data, n, 0)``
-with n = min(``kiln_num_threads``, extent), or calls the chunk directly when n is 1. A
-thread whose chunk fails a Check stores the status into the struct; the kernel then frees
-its heap buffers and returns it. Local buffers allocated inside the body belong to each
-thread's own call (the verifier forbids nested parallel loops). Inside the chunk the loop
-variable is clamped to the loop's constant range (a no-op) so that LLVM knows it, also in
-the copy inlined into the thread function, where lo and hi are unknown: without it a conv's
+it reads passed by value; ``@<symbol>.parK(ptr data, i64 lo, i64 hi)`` is what the pool
+calls for each chunk of iterations: it reads the loop's start and the captured values from
+the struct at ``data`` and calls the chunk on ``[start + lo, start + hi)``. The kernel fills
+the struct and calls ``kiln_parallel_for(fn, data, extent, grain)`` (pool.py) when
+``kiln_num_threads`` and the extent allow more than one thread, else calls the chunk
+directly. The grain is ⌈extent / (`CHUNKS_PER_THREAD` · threads)⌉: a few chunks per thread,
+so that the threads that are running take over the share of one that is not (a busy core),
+and few enough that claiming one (an atomic add) costs nothing beside its work. Chunks are
+whole iterations and no reduction is split, so results do not depend on the count. A chunk
+that fails a Check stores the status into the struct; the kernel then frees its heap
+buffers and returns it. Local buffers allocated inside the body belong to each chunk's own
+call (the verifier forbids nested parallel loops). Inside the chunk the loop variable is
+clamped to the loop's constant range (a no-op) so that LLVM knows it, also in the copy
+inlined into the pool's function, where lo and hi are unknown: without it a conv's
 ``pixel // width`` stayed signed and scalar there, and 2 threads ran 3× slower than one.
 """
 
@@ -41,6 +45,8 @@ from kiln.loops.ir import (
 )
 
 NUM_THREADS_SYMBOL = "kiln_num_threads"  # an int32 in the runtime (kiln/codegen/threads.py)
+PARALLEL_FOR_SYMBOL = "kiln_parallel_for"  # the pool's entry (kiln/codegen/pool.py)
+CHUNKS_PER_THREAD = 4
 
 
 class StatementEmitter(Protocol):
@@ -58,7 +64,7 @@ class StatementEmitter(Protocol):
 
 
 def emit_parallel(em: StatementEmitter, f: FunctionState, s: For, name: str) -> None:
-    """Emit the parallel loop ``s`` into ``f`` as a libgomp parallel region."""
+    """Emit the parallel loop ``s`` into ``f`` as a region of kiln's thread pool."""
     if isinstance(s.extent, Const) and s.extent.value <= 0:
         return  # no iterations
     memo: dict = {}
@@ -70,7 +76,7 @@ def emit_parallel(em: StatementEmitter, f: FunctionState, s: For, name: str) -> 
     captured_types = [f.env[id(v)].type for v in cvars]
     chunk = _chunk_function(em, s, name, cvars, cbufs, captured_types)
 
-    # What every thread reads: status, start, extent, then the captured values.
+    # What every chunk reads: status, start, extent, then the captured values.
     data_t = ir.LiteralStructType([I32, I64, I64] + [PTR] * len(cbufs) + captured_types)
     outlined = _thread_function(em, name, data_t, chunk, len(cbufs) + len(cvars))
     data = alloca(f.entry, data_t, f"{name}.data")
@@ -84,8 +90,10 @@ def emit_parallel(em: StatementEmitter, f: FunctionState, s: For, name: str) -> 
         f.block(f"{name}.join")
     f.b.cbranch(f.b.icmp_signed(">", threads, ir.Constant(I64, 1)), many, one)
     f.b.position_at_end(many)
-    gomp = em.mc.declare("GOMP_parallel", VOID, [PTR, PTR, I32, I32])
-    f.b.call(gomp, [outlined, data, f.b.trunc(threads, I32), ir.Constant(I32, 0)])
+    share = f.b.mul(threads, ir.Constant(I64, CHUNKS_PER_THREAD), flags=["nsw"])
+    grain = f.b.sdiv(f.b.add(n, f.b.sub(share, ir.Constant(I64, 1))), share)
+    parallel_for = em.mc.declare(PARALLEL_FOR_SYMBOL, VOID, [PTR, PTR, I64, I64])
+    f.b.call(parallel_for, [outlined, data, n, grain])
     status_many = f.b.load(field(f.b, data, data_t, 0), typ=I32, align=4)
     f.b.branch(join)
     f.b.position_at_end(one)
@@ -149,26 +157,18 @@ def _chunk_function(em: StatementEmitter, s: For, name: str, cvars: list[Var],
 
 def _thread_function(em: StatementEmitter, name: str, data_t: ir.LiteralStructType,
                      chunk: ir.Function, ncaptured: int) -> ir.Function:
-    """``void @name(ptr data)``: this thread's contiguous share of the iterations."""
-    fn = ir.Function(em.module, ir.FunctionType(VOID, [PTR]), name)
+    """``void @name(ptr data, i64 lo, i64 hi)``: iterations ``[start + lo, start + hi)``."""
+    fn = ir.Function(em.module, ir.FunctionType(VOID, [PTR, I64, I64]), name)
     fn.linkage = "internal"
     fn.attributes.add("nounwind")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    data = fn.args[0]
+    data, lo, hi = fn.args
     loaded = [b.load(field(b, data, data_t, k), typ=data_t.elements[k])
               for k in range(1, 3 + ncaptured)]
-    start, n, captured = loaded[0], loaded[1], loaded[2:]
-    tid = b.sext(b.call(em.mc.declare("omp_get_thread_num", I32, []), []), I64)
-    nt = b.sext(b.call(em.mc.declare("omp_get_num_threads", I32, []), []), I64)
-    per = b.sdiv(b.add(n, b.sub(nt, ir.Constant(I64, 1))), nt)
-    lo = b.add(start, b.mul(tid, per))
-    end = b.add(start, n)
-    hi = b.add(lo, per)
-    hi = b.select(b.icmp_signed("<", hi, end), hi, end)
-    run, report, done = (fn.append_basic_block(x) for x in ("run", "report", "done"))
-    b.cbranch(b.icmp_signed("<", lo, hi), run, done)
-    b.position_at_end(run)
-    status = b.call(chunk, [lo, hi, *captured])
+    start, captured = loaded[0], loaded[2:]
+    report, done = (fn.append_basic_block(x) for x in ("report", "done"))
+    status = b.call(chunk, [b.add(start, lo, flags=["nsw"]), b.add(start, hi, flags=["nsw"]),
+                            *captured])
     b.cbranch(b.icmp_unsigned("!=", status, ir.Constant(I32, 0)), report, done)
     b.position_at_end(report)
     b.atomic_rmw("xchg", field(b, data, data_t, 0), status, "monotonic")

@@ -7,7 +7,7 @@ machine code for given LLVM IR — the target's fingerprint, the LLVM version, k
 version, the opt level — and is part of every machine-code cache key.
 
 Every target gets the same relocation and code model (JIT-default: loaded code may sit
-anywhere relative to libgomp and libc), so that an object's bytes depend only on the key,
+anywhere relative to libc and kiln's thread pool), so that an object's bytes depend only on the key,
 whichever machine made it. Machine code for a target this host cannot run (another
 architecture, or features this CPU lacks) is made the same way and never loaded.
 
@@ -27,7 +27,7 @@ from kiln.errors import Error
 from kiln.target import Target
 
 # Bump when emitted code changes meaning or form (part of every cache key and symbol).
-CODEGEN_VERSION = "kiln-codegen-5"
+CODEGEN_VERSION = "kiln-codegen-6"
 
 _init_lock = threading.Lock()
 _initialized: set[str] = set()

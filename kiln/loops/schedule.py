@@ -14,9 +14,10 @@ shapes, by work rather than element counts):
 - a memory-bound nest (elementwise, depthwise conv, copies) only from
   `PARALLEL_MIN_ELEMENTS` elements × work per element (some 20–50 µs on one core).
 
-Below that, waking libgomp's team and joining it costs as much as the work saved, and on a
-loaded machine a parallel region may wait a whole scheduler timeslice for a busy core (a
-batch-1 MLP went from 0.06 ms to 40 ms that way), while a serial kernel just runs.
+Below that, waking the thread pool's workers and waiting for them costs as much as the work
+saved, and on a loaded machine a worker that has claimed a chunk may be descheduled for a
+whole scheduler timeslice (with libgomp's static split, a batch-1 MLP went from 0.06 ms to
+40 ms that way), while a serial kernel just runs.
 
 Schedules are chosen for a `kiln.Target` (vector width, registers, caches, cores). The
 kernel builders take it as an argument; the operators' lowering rules, which do not pass

@@ -15,8 +15,9 @@ another such as ``aarch64-linux-gnu``):
 4. the header and the C wrapper (kiln/runtime/export_c.py): the ``ctx`` table of constant and
    kernel addresses, ``<name>_run`` with one pointer per tensor, ``<name>_error``;
 5. ``cc -shared`` (``aarch64-linux-gnu-gcc`` for that triple) links it all, with a version
-   script that exports only the ``<name>_*`` functions, and ``-lgomp`` when a kernel has a
-   parallel loop.
+   script that exports only the ``<name>_*`` functions; when a kernel has a parallel loop,
+   with kiln's thread pool (kiln/codegen/pool.py, compiled for the Target) and
+   ``-lpthread``.
 
 See docs/export.md.
 """
@@ -171,12 +172,12 @@ def _check_writable(path: Path) -> None:
         raise Error(f"{path}: cannot write the library there: the directory is not writable")
 
 
-def _link(cc: str, out: Path, sources: list[str], openmp: bool, cwd: str) -> None:
+def _link(cc: str, out: Path, sources: list[str], threads: bool, cwd: str) -> None:
     cmd = [cc, "-shared", "-fPIC", "-O2", "-std=gnu11", "-o", str(out), *sources,
            "-Wl,--version-script=exports.map", "-Wl,--no-undefined", "-Wl,-z,noexecstack",
            f"-Wl,-soname,{out.name}"]
-    if openmp:
-        cmd += ["-fopenmp", "-lgomp"]
+    if threads:
+        cmd += ["-lpthread"]
     cmd += ["-lm"]
     try:
         done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600)
@@ -210,7 +211,12 @@ def export_library(
     """
     from kiln.codegen import elf
     from kiln.codegen.emit import status_messages
-    from kiln.codegen.export_objects import compile_export_objects, pic_machine
+    from kiln.codegen.export_objects import (
+        compile_export_objects,
+        compile_pool_object,
+        pic_machine,
+    )
+    from kiln.codegen.pool import PARALLEL_FOR_SYMBOL
     from kiln.codegen.program import NotStatic, emit_program
     from kiln.runtime.native import entry_opt_level
 
@@ -262,8 +268,10 @@ def export_library(
         try:
             needed |= elf.symbols(data).undefined
         except elf.MalformedObject:
-            needed.add("GOMP_parallel")  # unknown: link libgomp to be safe
-    openmp = any(s.startswith(("GOMP_", "omp_")) for s in needed)
+            needed.add(PARALLEL_FOR_SYMBOL)  # unknown: link the pool to be safe
+    threaded = PARALLEL_FOR_SYMBOL in needed
+    if threaded:
+        objects.objects.append(compile_pool_object(pm))
     signature = _signature(program)
     with tempfile.TemporaryDirectory(prefix="kiln-export-") as tmp:
         sources = []
@@ -276,13 +284,13 @@ def export_library(
             prefix=prefix, header=header_path.name, entry_symbol=code.symbol,
             kernel_symbols=[objects.kernel_symbols[k.name] for k in kernels],
             kernel_messages=[status_messages(k) for k in kernels], constant_offsets=offsets,
-            weights_file="weights.bin" if program.constants else None, openmp=openmp)
+            weights_file="weights.bin" if program.constants else None)
         header = render_header(prefix, out.name, inputs, outputs, code.stack_bytes,
                                f"{tgt.triple}, CPU {tgt.cpu}", signature)
         Path(tmp, header_path.name).write_text(header)
         Path(tmp, "wrapper.c").write_text(render_wrapper(parts, inputs, outputs))
         Path(tmp, "exports.map").write_text(version_script(prefix))
-        _link(cc, Path(tmp, out.name), ["wrapper.c", *sources], openmp, tmp)
+        _link(cc, Path(tmp, out.name), ["wrapper.c", *sources], threaded, tmp)
         _install(Path(tmp, out.name), out)
         _install(Path(tmp, header_path.name), header_path)
     return ExportedLibrary(out, header_path, prefix, run_prototype(prefix, inputs, outputs),

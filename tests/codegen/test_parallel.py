@@ -3,17 +3,20 @@ evaluator's; kernels may be called from several Python threads at once."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import numpy as np
 import pytest
 
 import kiln
-from kiln.codegen import compile_kernels, has_libgomp, num_threads, threads
+from kiln.codegen import compile_kernels, num_threads, threads
+from kiln.codegen.threads import parallel_for_address
 from kiln.loops.ir import (
     Allocate,
     Binary,
@@ -62,9 +65,65 @@ def row_softmax_like(rows: int, cols: int, heap: bool = False) -> Kernel:
     return Kernel(f"softmax{rows}x{cols}{'h' if heap else ''}", (x, s), (y,), body)
 
 
-def test_libgomp_is_used_here() -> None:
-    assert has_libgomp()
+CHUNK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+PARALLEL_FOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                ctypes.c_int64)
+
+
+def run_pool(n: int, grain: int, pause: float = 0.0) -> list[tuple[int, int, int]]:
+    """``kiln_parallel_for`` over ``[0, n)`` with a Python chunk: (lo, hi, thread) of each."""
+    ran: list[tuple[int, int, int]] = []
+
+    def chunk(_data, lo: int, hi: int) -> None:
+        ran.append((lo, hi, threading.get_ident()))
+        time.sleep(pause)  # lets the GIL go, so that other threads' chunks overlap
+
+    fn = CHUNK(chunk)
+    PARALLEL_FOR(parallel_for_address())(ctypes.cast(fn, ctypes.c_void_p), None, n, grain)
+    return ran
+
+
+@pytest.mark.parametrize(("n", "grain", "count"),
+                         [(0, 1, 2), (1, 1, 2), (10, 3, 2), (10, 3, 1), (7, 0, 3), (100, 7, 4),
+                          (5, 100, 2)])
+def test_the_pool_runs_every_chunk_exactly_once(n: int, grain: int, count: int) -> None:
+    with threads(count):
+        ran = run_pool(n, grain)
+    covered = sorted(i for lo, hi, _ in ran for i in range(lo, hi))
+    assert covered == list(range(n))
+    if count > 1 and n:
+        g = max(grain, 1)
+        assert sorted((lo, hi) for lo, hi, _ in ran) == [
+            (lo, min(lo + g, n)) for lo in range(0, n, g)]
+
+
+def test_the_pool_shares_chunks_between_threads() -> None:
     assert num_threads() >= 1
+    with threads(2):
+        # Each chunk sleeps 20 ms; a worker that is awake takes some. Retried, since on a
+        # loaded machine the worker may not get a core in time — the caller then runs all.
+        helped = any(len({t for _, _, t in run_pool(8, 1, 0.02)}) > 1 for _ in range(10))
+    assert helped
+
+
+def test_concurrent_callers_of_the_pool_each_get_all_their_chunks() -> None:
+    results: list[list[tuple[int, int, int]]] = [[] for _ in range(4)]
+    barrier = threading.Barrier(4)
+
+    def call(k: int) -> None:
+        barrier.wait()
+        for _ in range(5):
+            results[k] += run_pool(50 + k, 3, 0.0005)
+
+    with threads(2):
+        ts = [threading.Thread(target=call, args=(k,)) for k in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    for k, ran in enumerate(results):
+        assert sorted(i for lo, hi, _ in ran for i in range(lo, hi)) == sorted(
+            list(range(50 + k)) * 5)
 
 
 @pytest.mark.parametrize(("rows", "cols"), [(1, 5), (2, 3), (3, 17), (64, 33), (257, 8)])

@@ -152,11 +152,17 @@ def test_an_executable_exports_and_weights_may_stay_inputs(tmp_path: Path) -> No
 
 
 @needs_cc
-def test_parallel_kernels_run_on_libgomp_with_any_thread_count(tmp_path: Path) -> None:
+def test_parallel_kernels_run_on_the_library_s_own_pool_with_any_thread_count(
+        tmp_path: Path) -> None:
     mod, params = mlp(batch=64, sizes=(784, 512, 10))  # a 784x512 layer worth two threads
     lib = export_library(mod, tmp_path / "big.so", params=params)
-    assert "GOMP_parallel" in subprocess.run(["nm", "-u", str(lib.library)], text=True,
-                                             capture_output=True).stdout
+    undefined = subprocess.run(["nm", "-u", str(lib.library)], text=True,
+                               capture_output=True).stdout
+    assert "pthread_create" in undefined  # the pool is in the library, on libc's threads
+    assert "GOMP" not in undefined and "kiln_parallel_for" not in undefined
+    needed = subprocess.run(["readelf", "-d", str(lib.library)], text=True,
+                            capture_output=True).stdout
+    assert "libgomp" not in needed
     x = rand(64, 784, seed=7)
     want = kiln.interpret(mod, x, params=params)
     for n in ("1", "2"):
@@ -306,3 +312,16 @@ def test_aarch64_under_qemu(tmp_path: Path) -> None:
                                        text=True).stdout.lower() or shutil.which("file") is None
     got = run_c(lib, [x], cc=CROSS_CC, runner=[QEMU, "-L", SYSROOT])
     check(got, kiln.interpret(mod, x, params=params))
+
+
+@needs_cross
+def test_aarch64_parallel_kernels_run_on_the_pool_under_qemu(tmp_path: Path) -> None:
+    mod, params = mlp(batch=64, sizes=(784, 512, 10))  # parallel for the target's 8 cores
+    lib = export_library(mod, tmp_path / "big.so", target="aarch64-linux-gnu", params=params)
+    x = rand(64, 784, seed=8)
+    want = kiln.interpret(mod, x, params=params)
+    outs = [run_c(lib, [x], cc=CROSS_CC, runner=[QEMU, "-L", SYSROOT],
+                  env={"KILN_NUM_THREADS": n}) for n in ("1", "3")]
+    check(outs[0], want)
+    for a, b in zip(*outs):
+        np.testing.assert_array_equal(a, b)

@@ -1,0 +1,320 @@
+"""kiln's thread pool, as LLVM IR: ``kiln_parallel_for``, which every parallel loop calls.
+
+    void kiln_parallel_for(void (*chunk)(i8 *data, i64 lo, i64 hi), i8 *data, i64 n, i64 grain)
+
+runs ``chunk`` over ``[0, n)`` in chunks of ``grain`` iterations (the last one shorter) and
+returns when every chunk has run. The iterations of a chunk run in order on one thread; the
+chunks run on any thread in any order, so the caller's iterations must be independent.
+
+How. The pool has up to ``kiln_num_threads - 1`` worker threads, created by
+``pthread_create`` the first time a region wants them. A region publishes its job (the
+function, its data, n, grain) and bumps the job word; then the caller, like every worker that
+joins, claims chunk after chunk with an atomic fetch-add on a shared counter until none is
+left, and waits only for chunks already claimed. A worker that is descheduled, or busy
+elsewhere, never holds up a region it has not joined: the caller runs its share. That is the
+difference from a static split (thread t gets the t-th contiguous share), where one
+descheduled thread stalls the region for a scheduler tick.
+
+Waiting. An idle worker spins on the job word for a while (``WORKER_SPINS`` checks, with the
+target's pause instruction: ``llvm.x86.sse2.pause`` on x86, nothing elsewhere), so that the
+next region of a loop of small kernels finds it awake; then it sleeps on a pthread condition
+variable, and the caller signals it only when some worker sleeps. The caller, waiting for
+claimed chunks to finish, spins briefly and then yields its core with ``sched_yield``.
+
+The job word. Odd while a job is open, even when closed; it only grows, so a worker never
+mistakes a new job for the one it finished. A worker joins by incrementing ``active`` and
+then checking that the job word is still the one it saw; the caller closes the job (bumps
+the word to even) and waits for ``active`` to reach 0 before it may publish the next job.
+With sequentially consistent accesses to both words, a worker either sees the close and
+leaves without reading the job, or the caller sees the worker and waits for it: no worker
+ever reads a half-written job or claims a chunk of the wrong one.
+
+Several callers. One region at a time owns the pool (a try-lock); a caller that finds it
+taken (another Python thread calling a kernel, or a nested region, which the loop verifier
+forbids anyway) runs all its chunks itself: the same iterations, so the same results.
+
+Portability. The pool uses only pthread_create/detach, pthread_mutex_*/pthread_cond_* and
+sched_yield from libc. The mutex and condition variable live in generously sized, aligned
+storage (``SYNC_BYTES``: glibc's are 40-48 bytes on every 64-bit target) initialised with
+``pthread_*_init``, so nothing depends on one architecture's struct layout or syscall
+numbers. The same text is compiled into this process at start-up (threads.py) and into every
+exported library that has a parallel loop, for that library's target (export_objects.py).
+"""
+
+from __future__ import annotations
+
+from kiln.codegen.outline import NUM_THREADS_SYMBOL, PARALLEL_FOR_SYMBOL
+
+# Checks of the job word an idle worker makes (each followed by a pause) before it sleeps:
+# on the 2-core EPYC dev machine (a pause is ~30 ns) about 0.25 ms: longer than the gap between
+# the kernels of a loop such as the LSTM's, far shorter than a scheduler tick.
+WORKER_SPINS = 8192
+# Checks a waiting caller makes before it starts yielding its core on each further check.
+CALLER_SPINS = 1024
+# Worker threads the pool creates at most (kiln_num_threads beyond this + 1 are not used).
+MAX_WORKERS = 255
+# Bytes reserved for a pthread_mutex_t and for a pthread_cond_t (glibc: 40 and 48 on x86-64,
+# 48 and 48 on aarch64), aligned to 16.
+SYNC_BYTES = 128
+
+
+def _pause(triple: str) -> tuple[str, str]:
+    """The call of the target's spin-wait hint, and its declaration ('' where it has none)."""
+    arch = triple.split("-")[0]
+    if arch in ("x86_64", "i386", "i686"):
+        return ("call void @llvm.x86.sse2.pause()", "declare void @llvm.x86.sse2.pause()")
+    return ("", "")
+
+
+def pool_ir(triple: str) -> str:
+    """The pool's LLVM module for ``triple``, as text."""
+    pause, pause_decl = _pause(triple)
+    return _TEMPLATE.format(
+        triple=triple, pause=pause, pause_decl=pause_decl, nthreads=NUM_THREADS_SYMBOL,
+        parallel_for=PARALLEL_FOR_SYMBOL, worker_spins=WORKER_SPINS,
+        caller_spins=CALLER_SPINS, max_workers=MAX_WORKERS, sync=SYNC_BYTES)
+
+
+# Names: @pool.* are internal. Hot words each have a cache line (align 64), so that the
+# claim counter's traffic does not slow down workers polling the job word.
+_TEMPLATE = """
+target triple = "{triple}"
+
+@{nthreads} = external global i32
+
+@pool.mutex = internal global [{sync} x i8] zeroinitializer, align 16
+@pool.cond = internal global [{sync} x i8] zeroinitializer, align 16
+@pool.owned = internal global i32 0, align 64
+@pool.job = internal global i64 0, align 64
+@pool.active = internal global i64 0, align 64
+@pool.sleepers = internal global i32 0, align 64
+@pool.next = internal global i64 0, align 64
+@pool.done = internal global i64 0, align 64
+@pool.workers = internal global i32 0, align 64
+@pool.ready = internal global i32 0
+@pool.fn = internal global ptr null
+@pool.data = internal global ptr null
+@pool.n = internal global i64 0
+@pool.grain = internal global i64 0
+@pool.chunks = internal global i64 0
+@pool.helpers = internal global i64 0
+
+declare i32 @pthread_create(ptr, ptr, ptr, ptr)
+declare i32 @pthread_detach(i64)
+declare i32 @pthread_mutex_init(ptr, ptr)
+declare i32 @pthread_mutex_lock(ptr)
+declare i32 @pthread_mutex_unlock(ptr)
+declare i32 @pthread_cond_init(ptr, ptr)
+declare i32 @pthread_cond_wait(ptr, ptr)
+declare i32 @pthread_cond_broadcast(ptr)
+declare i32 @sched_yield()
+{pause_decl}
+
+; Claim chunks of the current job until none is left; how many this thread ran.
+define internal i64 @pool.claim(ptr %fn, ptr %data, i64 %n, i64 %grain, i64 %chunks) nounwind {{
+entry:
+  br label %loop
+loop:
+  %count = phi i64 [ 0, %entry ], [ %count1, %run ]
+  %c = atomicrmw add ptr @pool.next, i64 1 seq_cst
+  %more = icmp ult i64 %c, %chunks
+  br i1 %more, label %run, label %exit
+run:
+  %lo = mul i64 %c, %grain
+  %left = sub i64 %n, %lo
+  %short = icmp ult i64 %left, %grain
+  %len = select i1 %short, i64 %left, i64 %grain
+  %hi = add i64 %lo, %len
+  call void %fn(ptr %data, i64 %lo, i64 %hi)
+  %count1 = add i64 %count, 1
+  br label %loop
+exit:
+  ret i64 %count
+}}
+
+; Wait until the i64 at %p equals %want: spin, then yield the core on each check.
+define internal void @pool.wait_i64(ptr %p, i64 %want) nounwind {{
+entry:
+  br label %check
+check:
+  %i = phi i64 [ 0, %entry ], [ %i1, %pause ], [ %i1, %yield ]
+  %v = load atomic i64, ptr %p seq_cst, align 8
+  %ok = icmp eq i64 %v, %want
+  br i1 %ok, label %exit, label %again
+again:
+  %i1 = add i64 %i, 1
+  %spin = icmp ult i64 %i, {caller_spins}
+  br i1 %spin, label %pause, label %yield
+pause:
+  {pause}
+  br label %check
+yield:
+  %y = call i32 @sched_yield()
+  br label %check
+exit:
+  ret void
+}}
+
+; A worker: wait for a job it has not seen, join it, claim chunks, leave; forever.
+define internal ptr @pool.worker(ptr %arg) nounwind {{
+entry:
+  br label %wait
+wait:
+  ; 0 is never an open job: a new worker joins the job open when it starts, if any
+  %seen = phi i64 [ 0, %entry ], [ %job, %leave ]
+  br label %spin
+spin:
+  %i = phi i64 [ 0, %wait ], [ %i1, %spin.next ]
+  %j = load atomic i64, ptr @pool.job seq_cst, align 8
+  %j.odd = trunc i64 %j to i1
+  %j.new = icmp ne i64 %j, %seen
+  %j.go = and i1 %j.odd, %j.new
+  br i1 %j.go, label %found, label %spin.next
+spin.next:
+  {pause}
+  %i1 = add i64 %i, 1
+  %more = icmp ult i64 %i1, {worker_spins}
+  br i1 %more, label %spin, label %sleep
+sleep:
+  %l0 = call i32 @pthread_mutex_lock(ptr @pool.mutex)
+  %s0 = atomicrmw add ptr @pool.sleepers, i32 1 seq_cst
+  br label %sleep.check
+sleep.check:
+  %k = load atomic i64, ptr @pool.job seq_cst, align 8
+  %k.odd = trunc i64 %k to i1
+  %k.new = icmp ne i64 %k, %seen
+  %k.go = and i1 %k.odd, %k.new
+  br i1 %k.go, label %woken, label %sleep.wait
+sleep.wait:
+  %w0 = call i32 @pthread_cond_wait(ptr @pool.cond, ptr @pool.mutex)
+  br label %sleep.check
+woken:
+  %s1 = atomicrmw sub ptr @pool.sleepers, i32 1 seq_cst
+  %u0 = call i32 @pthread_mutex_unlock(ptr @pool.mutex)
+  br label %found
+found:
+  %job = phi i64 [ %j, %spin ], [ %k, %woken ]
+  %before = atomicrmw add ptr @pool.active, i64 1 seq_cst
+  %now = load atomic i64, ptr @pool.job seq_cst, align 8
+  %same = icmp eq i64 %now, %job
+  br i1 %same, label %joined, label %leave
+joined:
+  %helpers = load i64, ptr @pool.helpers, align 8
+  %wanted = icmp ult i64 %before, %helpers
+  br i1 %wanted, label %work, label %leave
+work:
+  %fn = load ptr, ptr @pool.fn, align 8
+  %data = load ptr, ptr @pool.data, align 8
+  %n = load i64, ptr @pool.n, align 8
+  %grain = load i64, ptr @pool.grain, align 8
+  %chunks = load i64, ptr @pool.chunks, align 8
+  %ran = call i64 @pool.claim(ptr %fn, ptr %data, i64 %n, i64 %grain, i64 %chunks)
+  %d0 = atomicrmw add ptr @pool.done, i64 %ran seq_cst
+  br label %leave
+leave:
+  %a0 = atomicrmw sub ptr @pool.active, i64 1 seq_cst
+  br label %wait
+}}
+
+; Create workers until there are %want (or pthread_create fails); how many there are.
+; Only the pool's owner calls it.
+define internal i64 @pool.grow(i64 %want) nounwind {{
+entry:
+  %tid = alloca [2 x i64], align 16
+  %ready = load i32, ptr @pool.ready, align 4
+  %fresh = icmp eq i32 %ready, 0
+  br i1 %fresh, label %init, label %loop
+init:
+  %m = call i32 @pthread_mutex_init(ptr @pool.mutex, ptr null)
+  %c = call i32 @pthread_cond_init(ptr @pool.cond, ptr null)
+  store i32 1, ptr @pool.ready, align 4
+  br label %loop
+loop:
+  %have32 = load i32, ptr @pool.workers, align 4
+  %have = zext i32 %have32 to i64
+  %enough = icmp uge i64 %have, %want
+  br i1 %enough, label %exit, label %create
+create:
+  %rc = call i32 @pthread_create(ptr %tid, ptr null, ptr @pool.worker, ptr null)
+  %failed = icmp ne i32 %rc, 0
+  br i1 %failed, label %exit, label %created
+created:
+  %t = load i64, ptr %tid, align 16
+  %dt = call i32 @pthread_detach(i64 %t)
+  %have1 = add i32 %have32, 1
+  store i32 %have1, ptr @pool.workers, align 4
+  br label %loop
+exit:
+  ret i64 %have
+}}
+
+define hidden void @{parallel_for}(ptr %fn, ptr %data, i64 %n, i64 %grain0) nounwind {{
+entry:
+  %empty = icmp sle i64 %n, 0
+  br i1 %empty, label %exit, label %size
+size:
+  %small = icmp slt i64 %grain0, 1
+  %grain = select i1 %small, i64 1, i64 %grain0
+  %nm1 = sub i64 %n, 1
+  %q = udiv i64 %nm1, %grain
+  %chunks = add i64 %q, 1
+  %t32 = load i32, ptr @{nthreads}, align 4
+  %t = sext i32 %t32 to i64
+  %t.few = icmp slt i64 %t, %chunks
+  %t.used = select i1 %t.few, i64 %t, i64 %chunks
+  %h0 = sub i64 %t.used, 1
+  %h.many = icmp sgt i64 %h0, {max_workers}
+  %want = select i1 %h.many, i64 {max_workers}, i64 %h0
+  %alone = icmp slt i64 %want, 1
+  br i1 %alone, label %serial, label %own
+own:
+  %pair = cmpxchg ptr @pool.owned, i32 0, i32 1 seq_cst seq_cst
+  %won = extractvalue {{ i32, i1 }} %pair, 1
+  br i1 %won, label %grow, label %serial
+grow:
+  %have = call i64 @pool.grow(i64 %want)
+  %h.fewer = icmp ult i64 %have, %want
+  %helpers = select i1 %h.fewer, i64 %have, i64 %want
+  %none = icmp eq i64 %helpers, 0
+  br i1 %none, label %release.alone, label %publish
+release.alone:
+  store atomic i32 0, ptr @pool.owned seq_cst, align 4
+  br label %serial
+publish:
+  store ptr %fn, ptr @pool.fn, align 8
+  store ptr %data, ptr @pool.data, align 8
+  store i64 %n, ptr @pool.n, align 8
+  store i64 %grain, ptr @pool.grain, align 8
+  store i64 %chunks, ptr @pool.chunks, align 8
+  store i64 %helpers, ptr @pool.helpers, align 8
+  store atomic i64 0, ptr @pool.next seq_cst, align 8
+  store atomic i64 0, ptr @pool.done seq_cst, align 8
+  %old = load atomic i64, ptr @pool.job seq_cst, align 8
+  %open = add i64 %old, 1
+  store atomic i64 %open, ptr @pool.job seq_cst, align 8
+  %sleeping = load atomic i32, ptr @pool.sleepers seq_cst, align 4
+  %wake = icmp ne i32 %sleeping, 0
+  br i1 %wake, label %signal, label %work
+signal:
+  %l = call i32 @pthread_mutex_lock(ptr @pool.mutex)
+  %b = call i32 @pthread_cond_broadcast(ptr @pool.cond)
+  %u = call i32 @pthread_mutex_unlock(ptr @pool.mutex)
+  br label %work
+work:
+  %ran = call i64 @pool.claim(ptr %fn, ptr %data, i64 %n, i64 %grain, i64 %chunks)
+  %d = atomicrmw add ptr @pool.done, i64 %ran seq_cst
+  call void @pool.wait_i64(ptr @pool.done, i64 %chunks)
+  %closed = add i64 %open, 1
+  store atomic i64 %closed, ptr @pool.job seq_cst, align 8
+  call void @pool.wait_i64(ptr @pool.active, i64 0)
+  store atomic i32 0, ptr @pool.owned seq_cst, align 4
+  br label %exit
+serial:
+  call void %fn(ptr %data, i64 0, i64 %n)
+  br label %exit
+exit:
+  ret void
+}}
+"""
+
+__all__ = ["PARALLEL_FOR_SYMBOL", "WORKER_SPINS", "pool_ir"]
