@@ -46,9 +46,12 @@ from __future__ import annotations
 from kiln.codegen.outline import NUM_THREADS_SYMBOL, PARALLEL_FOR_SYMBOL
 
 # Checks of the job word an idle worker makes (each followed by a pause) before it sleeps:
-# on the 2-core EPYC dev machine (a pause is ~30 ns) about 0.25 ms: longer than the gap between
-# the kernels of a loop such as the LSTM's, far shorter than a scheduler tick.
-WORKER_SPINS = 8192
+# on the 2-core EPYC dev machine (a pause is ~30 ns) about 2 ms. Waking a sleeping worker
+# costs far more in a VM (its vCPU halts): with 0.25 ms of spinning, a batch-64 MLP called
+# every 2 ms took 1.0 ms instead of 0.46 (libgomp, which spins longer still, 0.40–0.43);
+# spinning longer only takes a core nobody else asked for — a busy core's process still
+# preempts the spinner.
+WORKER_SPINS = 65536
 # Checks a waiting caller makes before it starts yielding its core on each further check.
 CALLER_SPINS = 1024
 # Worker threads the pool creates at most (kiln_num_threads beyond this + 1 are not used).
