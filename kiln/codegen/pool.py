@@ -15,11 +15,13 @@ elsewhere, never holds up a region it has not joined: the caller runs its share.
 difference from a static split (thread t gets the t-th contiguous share), where one
 descheduled thread stalls the region for a scheduler tick.
 
-Waiting. An idle worker spins on the job word for a while (``WORKER_SPINS`` checks, with the
-target's pause instruction: ``llvm.x86.sse2.pause`` on x86, nothing elsewhere), so that the
-next region of a loop of small kernels finds it awake; then it sleeps on a pthread condition
-variable, and the caller signals it only when some worker sleeps. The caller, waiting for
-claimed chunks to finish, spins briefly and then yields its core with ``sched_yield``.
+Waiting. An idle worker spins on the job word for a while — ``WORKER_PAUSE_SPINS`` checks
+with the target's pause instruction (``llvm.x86.sse2.pause`` on x86, nothing elsewhere), then
+checks with ``sched_yield`` up to ``WORKER_SPINS`` — so that the next region of a loop of
+small kernels finds it awake without it taking a core another thread wants; then it sleeps
+on a pthread condition variable, and the caller signals it only when some worker sleeps.
+The caller, waiting for claimed chunks to finish, spins briefly and then yields its core
+with ``sched_yield``.
 
 The job word. Odd while a job is open, even when closed; it only grows, so a worker never
 mistakes a new job for the one it finished. A worker joins by incrementing ``active`` and
@@ -45,13 +47,15 @@ from __future__ import annotations
 
 from kiln.codegen.outline import NUM_THREADS_SYMBOL, PARALLEL_FOR_SYMBOL
 
-# Checks of the job word an idle worker makes (each followed by a pause) before it sleeps:
-# on the 2-core EPYC dev machine (a pause is ~30 ns) about 2 ms. Waking a sleeping worker
-# costs far more in a VM (its vCPU halts): with 0.25 ms of spinning, a batch-64 MLP called
-# every 2 ms took 1.0 ms instead of 0.46 (libgomp, which spins longer still, 0.40–0.43);
-# spinning longer only takes a core nobody else asked for — a busy core's process still
-# preempts the spinner.
-WORKER_SPINS = 65536
+# Checks of the job word an idle worker makes before it sleeps: the first WORKER_PAUSE_SPINS
+# each followed by a pause (~30 ns on the 2-core EPYC dev machine: 0.25 ms), the rest by
+# sched_yield (a few ms when no other thread wants the core). Waking a sleeping worker costs
+# far more in a VM (its vCPU halts): sleeping after 0.25 ms, a batch-64 MLP called every 2 ms
+# took 1.0 ms instead of 0.46. Pausing for 2 ms instead fixed that but fought OpenBLAS's
+# spinning threads right after a numpy call (5.7x the MLP's solo time); yielding keeps the
+# worker awake without taking the core from a thread that wants it.
+WORKER_PAUSE_SPINS = 8192
+WORKER_SPINS = WORKER_PAUSE_SPINS + 8192
 # Checks a waiting caller makes before it starts yielding its core on each further check.
 CALLER_SPINS = 1024
 # Worker threads the pool creates at most (kiln_num_threads beyond this + 1 are not used).
@@ -75,6 +79,7 @@ def pool_ir(triple: str) -> str:
     return _TEMPLATE.format(
         triple=triple, pause=pause, pause_decl=pause_decl, nthreads=NUM_THREADS_SYMBOL,
         parallel_for=PARALLEL_FOR_SYMBOL, worker_spins=WORKER_SPINS,
+        worker_pause_spins=WORKER_PAUSE_SPINS,
         caller_spins=CALLER_SPINS, max_workers=MAX_WORKERS, sync=SYNC_BYTES)
 
 
@@ -167,15 +172,25 @@ wait:
   %seen = phi i64 [ 0, %entry ], [ %job, %leave ]
   br label %spin
 spin:
-  %i = phi i64 [ 0, %wait ], [ %i1, %spin.next ]
+  %i = phi i64 [ 0, %wait ], [ %i1, %spin.more ]
   %j = load atomic i64, ptr @pool.job seq_cst, align 8
   %j.odd = trunc i64 %j to i1
   %j.new = icmp ne i64 %j, %seen
   %j.go = and i1 %j.odd, %j.new
   br i1 %j.go, label %found, label %spin.next
 spin.next:
-  {pause}
   %i1 = add i64 %i, 1
+  %early = icmp ult i64 %i, {worker_pause_spins}
+  br i1 %early, label %spin.pause, label %spin.yield
+spin.pause:
+  {pause}
+  br label %spin.more
+spin.yield:
+  ; past the first stretch, give the core to any thread that wants it (another library's
+  ; spinning workers, a busy process) while staying awake for the next region
+  %yy = call i32 @sched_yield()
+  br label %spin.more
+spin.more:
   %more = icmp ult i64 %i1, {worker_spins}
   br i1 %more, label %spin, label %sleep
 sleep:
