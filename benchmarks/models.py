@@ -32,7 +32,6 @@ runs on its own thread pool (kiln/codegen/pool.py), which OMP_WAIT_POLICY does n
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import statistics
 import subprocess
@@ -93,36 +92,6 @@ def cases(quick: bool) -> list[Case]:
     ]
 
 
-def onnx_session(twin: Any, x: np.ndarray, threads: int) -> Any:
-    """ONNX Runtime on the twin exported with the TorchScript exporter."""
-    import warnings
-
-    import onnxruntime as ort
-    import torch
-
-    buffer = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(twin, (torch.from_numpy(x),), buffer, dynamo=False,
-                          input_names=["data"], opset_version=17)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    session = ort.InferenceSession(buffer.getvalue(), options,
-                                   providers=["CPUExecutionProvider"])
-    outputs = [o.name for o in session.get_outputs()]
-    return lambda: session.run(outputs, {"data": x})
-
-
-def max_error(got: Any, want: Any) -> float:
-    """The largest difference relative to the largest expected magnitude."""
-    got = got if isinstance(got, (tuple, list)) else (got,)
-    want = want if isinstance(want, (tuple, list)) else (want,)
-    return max(float(np.abs(np.asarray(g) - w).max() / max(1.0, np.abs(w).max()))
-               for g, w in zip(got, want))
-
-
 def run_case(case: Case, repeat: int, threads: int) -> dict[str, Any]:
     import torch
 
@@ -138,9 +107,10 @@ def run_case(case: Case, repeat: int, threads: int) -> dict[str, Any]:
         with torch.inference_mode():
             return twin(tx)
 
-    ort_call = onnx_session(twin, x, threads)
+    ort_call = torch_models.onnx_session(twin, x, threads)
     want = torch_models.run_torch(twin, x)
-    errors = {"kiln": max_error(exe(x), want), "ort": max_error(ort_call(), want)}
+    errors = {"kiln": torch_models.max_error(exe(x), want),
+              "ort": torch_models.max_error(ort_call(), want)}
 
     def kiln_one_thread() -> Any:
         with kiln_threads(1):

@@ -39,7 +39,6 @@ every figure is noisy: compare the runtimes within a row, never an absolute time
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import os
@@ -180,36 +179,6 @@ def cases(quick: bool) -> list[Case]:
     ]
 
 
-def onnx_session(twin: Any, x: np.ndarray, threads: int) -> Callable[[], Any]:
-    """ONNX Runtime on the twin exported with the TorchScript exporter (to bytes)."""
-    import warnings
-
-    import onnxruntime as ort
-    import torch
-
-    buffer = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(twin, (torch.from_numpy(x),), buffer, dynamo=False,
-                          input_names=["data"], opset_version=17)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    session = ort.InferenceSession(buffer.getvalue(), options,
-                                   providers=["CPUExecutionProvider"])
-    outputs = [o.name for o in session.get_outputs()]
-    return lambda: session.run(outputs, {"data": x})
-
-
-def max_error(got: Any, want: Any) -> float:
-    """The largest difference relative to the largest expected magnitude."""
-    got = got if isinstance(got, (tuple, list)) else (got,)
-    want = want if isinstance(want, (tuple, list)) else (want,)
-    return max(float(np.abs(np.asarray(g) - w).max() / max(1.0, np.abs(w).max()))
-               for g, w in zip(got, want))
-
-
 @dataclass
 class Workload:
     """A case built for every runtime and checked: ready to time."""
@@ -249,13 +218,13 @@ def prepare(case: Case, threads: int) -> Workload:
             return twin(tx)
 
     work.runners = {"kiln": lambda: exe(x), "torch": torch_call,
-                    "ort": onnx_session(twin, x, threads)}
+                    "ort": torch_models.onnx_session(twin, x, threads)}
     if case.numpy is not None:
         work.runners["numpy"] = case.numpy(params, x)
     want = torch_models.run_torch(twin, x)
     for name, f in work.runners.items():
         if name != "torch":
-            work.errors[name] = max_error(f(), want)
+            work.errors[name] = torch_models.max_error(f(), want)
     bad = [f"{name} {e:.1e}" for name, e in work.errors.items() if e > RTOL]
     if bad:
         work.skipped = f"disagrees with torch beyond {RTOL:g}: {', '.join(bad)}"
@@ -383,7 +352,7 @@ def alternating_with_numpy(runs: int, calls: int) -> list[tuple[float, float, fl
         return numpy_mlp(weights, x)
 
     alone = [timed(kiln_call, None) for _ in range(runs)]
-    error = max_error(got, numpy_mlp(weights, x))
+    error = torch_models.max_error(got, numpy_mlp(weights, x))
     if error > RTOL:
         raise RuntimeError(f"kiln's MLP with weight arguments disagrees with numpy: {error:.1e}")
     after = [timed(kiln_call, numpy_call) for _ in range(runs)]

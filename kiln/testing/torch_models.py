@@ -210,25 +210,7 @@ def _classes() -> SimpleNamespace:
             layers = []
             i = 0
             while f"layer{i}_in_proj_weight" in params:
-                ff, d_model = params[f"layer{i}_linear1_weight"].shape
-                layer = nn.TransformerEncoderLayer(d_model, heads, dim_feedforward=ff,
-                                                   dropout=0.0, activation=activation,
-                                                   batch_first=True, norm_first=False)
-                for kiln_name, param in (
-                    ("in_proj_weight", layer.self_attn.in_proj_weight),
-                    ("in_proj_bias", layer.self_attn.in_proj_bias),
-                    ("out_proj_weight", layer.self_attn.out_proj.weight),
-                    ("out_proj_bias", layer.self_attn.out_proj.bias),
-                    ("linear1_weight", layer.linear1.weight),
-                    ("linear1_bias", layer.linear1.bias),
-                    ("linear2_weight", layer.linear2.weight),
-                    ("linear2_bias", layer.linear2.bias),
-                    ("norm1_weight", layer.norm1.weight),
-                    ("norm1_bias", layer.norm1.bias),
-                    ("norm2_weight", layer.norm2.weight),
-                    ("norm2_bias", layer.norm2.bias),
-                ):
-                    _copy(param, params[f"layer{i}_{kiln_name}"])
+                layer = _encoder_layer(params, f"layer{i}", heads, False, activation)
                 layers.append(layer)
                 i += 1
             self.layers = nn.ModuleList(layers)
@@ -339,3 +321,38 @@ def run_torch(module: Any, *inputs: np.ndarray) -> np.ndarray | tuple[np.ndarray
 
 __all__ = ["run_torch", "torch_gpt_block", "torch_lstm", "torch_mlp", "torch_mobilenet_v2",
            "torch_resnet18", "torch_transformer_encoder", "torch_vit_block"]
+
+
+def onnx_session(twin: Any, x: np.ndarray, threads: int) -> Any:
+    """A call of ONNX Runtime on ``twin`` exported with the TorchScript exporter (offline),
+    ``threads`` intra-op threads, every graph optimization: the benchmarks' third runtime."""
+    import tempfile
+    import warnings
+    from pathlib import Path
+
+    import onnxruntime as ort
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix="kiln-twin-") as tmp:
+        path = Path(tmp) / "twin.onnx"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(twin, (torch.from_numpy(x),), str(path), dynamo=False,
+                              input_names=["data"], opset_version=17)
+        model = path.read_bytes()
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(model, options,
+                                   providers=["CPUExecutionProvider"])
+    outputs = [o.name for o in session.get_outputs()]
+    return lambda: session.run(outputs, {"data": x})
+
+
+def max_error(got: Any, want: Any) -> float:
+    """The largest difference relative to the largest expected magnitude."""
+    got = got if isinstance(got, (tuple, list)) else (got,)
+    want = want if isinstance(want, (tuple, list)) else (want,)
+    return max(float(np.abs(np.asarray(g) - w).max() / max(1.0, np.abs(w).max()))
+               for g, w in zip(got, want))
