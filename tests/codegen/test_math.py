@@ -22,25 +22,19 @@ import pytest
 from kiln.codegen import compile_kernels
 from kiln.loops.ir import Buffer, Const, For, Kernel, Load, Store, Unary, Var
 
+from ..loops.test_decompose_math import BOUND as DECOMPOSED_BOUND
+from ..loops.test_decompose_math import SWEEPS as DECOMPOSED_SWEEPS
+
 N = 1 << 18
 
 erf64 = np.vectorize(math.erf, otypes=[np.float64])
 REFERENCE = {"exp": np.exp, "log": np.log, "tanh": np.tanh, "erf": erf64, "sin": np.sin,
              "cos": np.cos, "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x))}
 
-# The bounds documented in kiln/loops/decompose_math.py.
-BOUND = {"exp": 1.0, "log": 1.0, "tanh": 1.5, "sigmoid": 2.5, "erf": 1.0, "sin": 2.0,
-         "cos": 2.0}
-
-SWEEPS = {
-    "exp": [("lin", -110, 90), ("bits", 1e-30, 90), ("bits", -1e-30, -110)],
-    "log": [("bits", 1e-45, 3.4e38), ("lin", 0.5, 2.0)],
-    "tanh": [("lin", -12, 12), ("bits", 1e-30, 20)],
-    "sigmoid": [("lin", -110, 110), ("bits", 1e-30, 110), ("bits", -1e-30, -110)],
-    "erf": [("lin", -5, 5), ("bits", 1e-30, 5)],
-    "sin": [("lin", -10, 10), ("bits", 1e-30, 2.0**20), ("lin", -2.0**20, 2.0**20)],
-    "cos": [("lin", -10, 10), ("bits", 1e-30, 2.0**20), ("lin", -2.0**20, 2.0**20)],
-}
+# The float32 bounds documented in kiln/loops/decompose_math.py and the sweeps over which
+# they are checked: the same as for the pipeline's decompose-math (one table for both paths).
+BOUND = DECOMPOSED_BOUND["float32"]
+SWEEPS = DECOMPOSED_SWEEPS["float32"]
 
 
 def _kernel(op: str, lanes: int) -> Kernel:
