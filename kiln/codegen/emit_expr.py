@@ -84,7 +84,7 @@ class ExprEmitter:
         so the index arithmetic cannot overflow: ``nsw``)."""
         b = self.b
         flat: ir.Value | None = None
-        for idx, stride in zip(indices, buf.strides):
+        for idx, stride in _rejoin(indices, buf.strides):
             if isinstance(idx, Const) and idx.value == 0:
                 continue
             i = self.as_index(self.emit(idx, memo), idx.dtype)
@@ -171,3 +171,29 @@ class ExprEmitter:
 
     def _bitcast(self, e: Bitcast, memo: Memo) -> ir.Value:
         return self.b.bitcast(memo[id(e.a)], value_type(e.dtype, e.lanes))
+
+
+def _rejoin(indices: tuple[Expr, ...], strides: tuple[int, ...]) -> list[tuple[Expr, int]]:
+    """(index, stride) pairs of an access, with ``e // c`` and ``e % c`` on two neighbouring
+    axes whose strides differ by ``c`` joined back into ``e`` (floor division and modulo
+    always recombine exactly). A flat position split into coordinates (a conv's pixel into
+    row and column) then addresses memory as the flat position again, so that consecutive
+    positions are visibly consecutive addresses: a vectorized loop over them stores a
+    vector instead of scattering lanes."""
+    pairs = list(zip(indices, strides))
+    out: list[tuple[Expr, int]] = []
+    k = 0
+    while k < len(pairs):
+        (hi, s_hi) = pairs[k]
+        if k + 1 < len(pairs):
+            lo, s_lo = pairs[k + 1]
+            if (isinstance(hi, Binary) and isinstance(lo, Binary) and hi.op == "floordiv"
+                    and lo.op == "floormod" and hi.a is lo.a and isinstance(hi.b, Const)
+                    and isinstance(lo.b, Const) and hi.b.value == lo.b.value
+                    and s_hi == s_lo * hi.b.value):
+                out.append((hi.a, s_lo))
+                k += 2
+                continue
+        out.append((hi, s_hi))
+        k += 1
+    return out
