@@ -21,8 +21,9 @@ The float32 path of the operator's ``lower=`` rule (kiln/op/nn/conv.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from kiln.errors import InternalError
 from kiln.loops import gemm as g
@@ -165,8 +166,10 @@ class Planes:
             for px in range(sw):
                 base = ((py * sw + px) * self.channels + ch) * plane
                 # plane row pr holds input row pr·sh + py - top; column pc, pc·sw + px - left
-                r0, r1 = max(0, -((py - top) // sh)), min(rows - 1, (self.height - 1 + top - py) // sh)
-                c0, c1 = max(0, -((px - left) // sw)), min(cols - 1, (self.width - 1 + left - px) // sw)
+                r0 = max(0, -((py - top) // sh))
+                r1 = min(rows - 1, (self.height - 1 + top - py) // sh)
+                c0 = max(0, -((px - left) // sw))
+                c1 = min(cols - 1, (self.width - 1 + left - px) // sw)
                 if r1 < r0 or c1 < c0:
                     stmts += zero(base, plane)
                     continue
@@ -185,89 +188,183 @@ class Planes:
         return Seq(tuple([body] + zero(Const(planes, INDEX), out.size - planes)))
 
 
-def gemm_schedule(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
-                  padding: Sequence[int], dilation: Sequence[int], groups: int,
-                  out_shape: Sequence[int], a_prepacked: bool = True,
-                  target: Target | None = None) -> g.GemmSchedule:
-    """The GEMM schedule of `implicit_gemm` (alter-layout packs the weight for it).
+TRANSPOSED_MIN_K = 1024  # K from which pixels may be the GEMM's rows (see `ConvPlan`)
 
-    Neither operand is copied per block when the weight is prepacked (B is read in place
-    from the planes), so the parallel loop runs over whichever of M and N has more tiles, in
-    blocks small enough that the pool hands out several per thread: a thread that is
-    descheduled then holds up a small share, not half of the product.
+
+@dataclass(frozen=True)
+class ConvPlan:
+    """How `implicit_gemm` maps a convolution onto the GEMM (alter-layout packs for it).
+
+    ``pixels="columns"``: out[o, j] = W[o, :] · planes[:, j], the weight the A operand (its
+    panels ``lanes`` = mr output channels wide), pixels the columns at the planes' padded
+    width. ``pixels="rows"``: outᵀ[j, o] = planesᵀ[j, :] · Wᵀ[:, o], pixels the rows in tiles of
+    ``mr`` that never cross an output row unevenly (``rows_per_tile`` whole rows, or
+    ``tiles_per_row`` tiles in one), so no padding column is computed, and the weight the B
+    operand (panels ``lanes`` = nr channels wide). The second wins on small images with many
+    channels (7×7 × 512: 49 of the 64 columns of the first are real pixels, every row of
+    the second); its epilogue writes channels apart, which costs only where K is large.
+    """
+
+    pixels: str
+    schedule: g.GemmSchedule
+    rows_per_tile: int = 1
+    tiles_per_row: int = 1
+
+    @property
+    def lanes(self) -> int:
+        """Output channels per panel of the packed weight."""
+        return self.schedule.mr if self.pixels == "columns" else self.schedule.nr
+
+
+def conv_plan(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
+              padding: Sequence[int], dilation: Sequence[int], groups: int,
+              out_shape: Sequence[int], prepacked: bool = True,
+              target: Target | None = None) -> ConvPlan:
+    """The plan of `implicit_gemm` for these shapes (see `ConvPlan`).
+
+    Neither operand is copied per block when the weight is prepacked (the planes are read
+    in place), so the parallel loop runs over whichever of M and N has more tiles, in blocks
+    small enough that the pool hands out several per thread: a thread that is descheduled
+    then holds up a small share, not half of the product.
     """
     tgt = lowering_target(target)
     geo = Planes.of(x_shape, w_shape, strides, padding, dilation, out_shape)
     _, cg, kh, kw = w_shape
-    m, n, k = int(out_shape[1]) // groups, geo.columns, cg * kh * kw
-    s = g.GemmSchedule.default(groups, m, n, k, "float32", a_prepacked=a_prepacked,
+    og, k = int(out_shape[1]) // groups, cg * kh * kw
+    oh, ow = geo.out
+    rows = _pixel_rows(oh, ow, g.register_tile(tgt)[0])
+    if rows is not None and prepacked and k >= TRANSPOSED_MIN_K:
+        mr, per_tile, per_row = rows
+        lanes = tgt.lanes("float32")
+        nr = 2 * lanes
+        s = g.GemmSchedule.default(groups, oh * ow, og, k, "float32", b_prepacked=True,
+                                   target=tgt)
+        s = _finer(replace(s, mr=mr, nr=nr, mc=mr * max(1, s.mc // s.mr),
+                           nc=nr * max(1, s.nc // s.nr)), oh * ow, og, tgt)
+        return ConvPlan("rows", s, per_tile, per_row)
+    m, n = og, geo.columns
+    s = g.GemmSchedule.default(groups, m, n, k, "float32", a_prepacked=prepacked,
                                b_prepacked=True, target=tgt)
+    if not prepacked and s.parallel == "m":
+        return ConvPlan("columns", s)  # each M block packs its own share of the weight
+    return ConvPlan("columns", _finer(s, m, n, tgt))
+
+
+def _finer(s: g.GemmSchedule, m: int, n: int, target: Target) -> g.GemmSchedule:
+    """``s`` parallel over the axis with more tiles, in about `CHUNKS_PER_THREAD` blocks
+    per thread."""
     if s.parallel not in ("m", "n"):
         return s
     mt, nt = -(-m // s.mr), -(-n // s.nr)
-    chunks = CHUNKS_PER_THREAD * tgt.cores
-    if nt >= mt or not a_prepacked:
-        tnb = max(1, min(s.nc // s.nr, -(-nt // chunks)))
-        return replace(s, parallel="n", nc=tnb * s.nr)
-    tmb = max(1, min(s.mc // s.mr, -(-mt // chunks)))
-    return replace(s, parallel="m", mc=tmb * s.mr)
+    chunks = CHUNKS_PER_THREAD * target.cores
+    if nt >= mt:
+        return replace(s, parallel="n", nc=max(1, min(s.nc // s.nr, -(-nt // chunks))) * s.nr)
+    return replace(s, parallel="m", mc=max(1, min(s.mc // s.mr, -(-mt // chunks))) * s.mr)
+
+
+def _pixel_rows(oh: int, ow: int, mr_max: int) -> tuple[int, int, int] | None:
+    """(mr, whole output rows per tile, tiles per output row) for pixels as the GEMM's rows:
+    a tile of ``q`` whole rows (``q·ow`` ≤ mr_max, the fewest rows wasted at the end), or
+    ``ow`` split evenly into tiles of mr_max/2 to mr_max pixels; None if neither fits."""
+    if ow <= mr_max:
+        best = min(range(1, mr_max // ow + 1), key=lambda q: (-(-oh // q) * q - oh, -q))
+        return best * ow, best, 1
+    for mr in range(mr_max, max(3, mr_max // 2) - 1, -1):
+        if ow % mr == 0:
+            return mr, 1, ow // mr
+    return None
 
 
 def implicit_gemm(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequence[int],
                   dilation: Sequence[int], groups: int, out_shape: Sequence[int], dtype: str,
-                  a_packed: Buffer | None = None, target: Target | None = None) -> Tensor:
-    """conv2d as a batch (groups) of GEMMs per image whose B operand is read in place from
-    the input's phase planes (see `Planes` and the module docstring).
+                  w_packed: Buffer | None = None, target: Target | None = None) -> Tensor:
+    """conv2d as a batch (groups) of GEMMs per image reading the input's phase planes in
+    place (see `Planes`, `ConvPlan` and the module docstring).
 
-    ``a_packed``, when given, holds the weight already in the GEMM's A panels, (groups,
-    tiles, K padded, mr) as kiln/op/nn/packed.py lays it out; it is read in place (when its
-    layout is the one this schedule takes; else ``w`` is read and packed as usual).
+    ``w_packed``, when given, holds the weight already in panels, (groups, tiles, K padded,
+    lanes) as kiln/op/nn/packed.py lays it out, for the plan `conv_plan` makes; it is read in
+    place (when its layout is that plan's; else ``w`` is read and packed as usual).
     """
     tgt = lowering_target(target)
     nimg, oc, oh, ow = out_shape
     _, cg, kh, kw = w.shape
     og = oc // groups
     geo = Planes.of(x.shape, w.shape, strides, padding, dilation, out_shape)
-    m, n, k = og, geo.columns, cg * kh * kw
-    schedule = gemm_schedule(x.shape, w.shape, strides, padding, dilation, groups, out_shape,
-                             a_prepacked=a_packed is not None, target=tgt)
+    k = cg * kh * kw
+    nk = g.k_blocking(k, tgt, dtype)[1]
+    plan = conv_plan(x.shape, w.shape, strides, padding, dilation, groups, out_shape,
+                     prepacked=w_packed is not None, target=tgt)
+    schedule = plan.schedule
     mr, nr, kc = schedule.mr, schedule.nr, schedule.kc
     lanes = schedule.lanes or tgt.lanes(dtype)
-    nk = g.k_blocking(k, tgt, dtype)[1]
-    if a_packed is not None and a_packed.shape != (groups, -(-m // mr), kc * nk, mr):
-        a_packed = None
-    slots = -(-n // nr) * nr  # columns the product computes, the last tile's padding included
+    if w_packed is not None and w_packed.shape != (groups, -(-og // plan.lanes), kc * nk,
+                                                   plan.lanes):
+        w_packed = None
+        plan = conv_plan(x.shape, w.shape, strides, padding, dilation, groups, out_shape,
+                         prepacked=False, target=tgt)
+        schedule = plan.schedule
+        mr, nr, kc = schedule.mr, schedule.nr, schedule.kc
+    rows = plan.pixels == "rows"
+    exact = kc * nk == k
     img = Var("n")
-    view: Buffer | None = None  # TODO in place
-    planes = view if view is not None else Buffer("planes", (geo.size(slots),), dtype, "local")
 
     def taps(p: Expr) -> tuple[Expr, Expr, Expr]:
         if kh == kw == 1:
             return p, Const(0, INDEX), Const(0, INDEX)
         return p // (kh * kw), (p // kw) % kh, p % kw
 
-    def a(bt: Expr, i: Expr, p: Expr) -> Expr:
+    def weight(bt: Expr, o: Expr, p: Expr) -> Expr:  # W[group bt, channel o, (c, ky, kx) p]
         ci, ky, kx = taps(p)
-        return w(bt * og + i, ci, ky, kx)
+        return w(bt * og + o, ci, ky, kx)
 
-    def b_panel(bt: Expr, tile: Expr, kk: Expr, c: Expr) -> Expr:
-        exact = kc * nk == k
+    def tap_at(bt: Expr, kk: Expr) -> Expr:  # where (c, ky, kx) = kk reads pixel 0
         ci, ky, kx = taps(kk if exact else g._min(kk, k - 1))
-        start = geo.tap(bt * cg + ci, ky, kx) + tile * nr + c
-        if view is not None:
-            start = img * geo.image_size + start
-        value: Expr = Load(planes, (start,), lanes)
-        if not exact:  # the K padding of the last block reads zeros, whatever the data
-            value = Select(Broadcast(Binary("lt", kk, Const(k, INDEX)), lanes), value,
-                           Broadcast(Const(0.0, dtype), lanes))
-        return value
+        return geo.tap(bt * cg + ci, ky, kx)
 
-    def a_panel(bt: Expr, tile: Expr, kk: Expr, i: Expr) -> Expr:
-        assert a_packed is not None
-        return Load(a_packed, (bt, tile, kk, i))
+    def packed(bt: Expr, tile: Expr, kk: Expr, c: Expr, width: int = 1) -> Expr:
+        assert w_packed is not None
+        return Load(w_packed, (bt, tile, kk, c), width)
+
+    def pixel_offset(tile: Any, i: int) -> Any:
+        """Where row i of M tile ``tile`` (pixels as rows) is in a plane (an index
+        expression, or an int for an int tile)."""
+        if plan.tiles_per_row == 1:
+            q = plan.rows_per_tile
+            return (tile * q + i // ow) * geo.cols + i % ow
+        per = plan.tiles_per_row
+        return (tile // per) * geo.cols + (tile % per) * mr + i
+
+    if rows:
+        last = -(-(oh * ow) // mr) - 1  # the last M tile's rows past the image are read too
+        reach = max(pixel_offset(last, i) for i in range(mr))
+        size = max(geo.size(0), geo.max_tap() + reach + 1)
+    else:
+        size = geo.size(-(-geo.columns // nr) * nr)  # the last tile's padding columns too
+    planes = Buffer("planes", (size,), dtype, "local")
+
+    def guard_k(kk: Expr, value: Expr, width: int) -> Expr:
+        if exact:
+            return value
+        # the K padding of the last block reads zeros, whatever the data
+        zero: Expr = Const(0.0, dtype)
+        cond: Expr = Binary("lt", kk, Const(k, INDEX))
+        if width > 1:
+            cond, zero = Broadcast(cond, width), Broadcast(zero, width)
+        return Select(cond, value, zero)
+
+    def plane_columns(bt: Expr, tile: Expr, kk: Expr, c: Expr) -> Expr:
+        # pixels as columns: nr/L vectors of consecutive pixels of one tap
+        return guard_k(kk, Load(planes, (tap_at(bt, kk) + tile * nr + c,), lanes), lanes)
+
+    def plane_rows(bt: Expr, tile: Expr, kk: Expr, i: Expr) -> Expr:
+        # pixels as rows: one pixel of one tap, broadcast by the micro-kernel
+        assert isinstance(i, Const)
+        return guard_k(kk, Load(planes, (tap_at(bt, kk) + pixel_offset(tile, int(i.value)),)), 1)
 
     def emit(write: WriteFn) -> Stmt:
         def put(bt: Expr, i: Expr, j: Expr, v: Expr) -> Stmt:
+            if rows:  # i a pixel of the output, j a channel of the group
+                return write((img, bt * og + j, i // ow, i % ow), v)
             if oh == 1:
                 y, xx = Const(0, INDEX), j
             else:
@@ -280,19 +377,23 @@ def implicit_gemm(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequenc
                               write((img, bt * og + i, y, g._min(xx, ow - 1)), v))
 
         def unused(bt: Expr, p: Expr, j: Expr) -> Expr:
-            raise InternalError("conv2d's GEMM reads B through its panels")
+            raise InternalError("conv2d's GEMM reads the planes in place")
 
-        prod = g.gemm(groups, m, n, k, a, unused, put, dtype, schedule,
-                      a_panel=a_panel if a_packed is not None else None, b_panel=b_panel,
-                      target=tgt)
-        if view is not None:
-            return For(img, Const(0), Const(nimg), prod)
+        if rows:
+            prod = g.gemm(groups, oh * ow, og, k, unused,
+                          lambda bt, p, j: weight(bt, j, p), put, dtype, schedule,
+                          a_panel=plane_rows,
+                          b_panel=(lambda bt, t, kk, c: packed(bt, t, kk, c, lanes))
+                          if w_packed is not None else None, target=tgt)
+        else:
+            prod = g.gemm(groups, og, geo.columns, k, weight, unused, put, dtype, schedule,
+                          a_panel=packed if w_packed is not None else None,
+                          b_panel=plane_columns, target=tgt)
         return For(img, Const(0), Const(nimg), Allocate(planes, Seq((
             geo.fill(x, img, planes, tgt), prod))))
 
     t = extern(tuple(out_shape), dtype, emit)
-    t.schedule = {**schedule.attrs(), "a_prepacked": a_packed is not None,
-                  "b": "in place" if view is not None else "phase planes"}
+    t.schedule = {**schedule.attrs(), "pixels": plan.pixels, "prepacked": w_packed is not None}
     return t
 
 

@@ -72,13 +72,12 @@ def _conv_packed(node: Expr) -> Expr | None:
     if min(w.data.shape) == 0 or min(ot.static_shape) == 0:
         return None
     attrs = node.attrs
-    schedule = conv_kernels.gemm_schedule(xt.static_shape, w.data.shape, attrs.strides,
-                                          attrs.padding[:2], attrs.dilation, groups,
-                                          ot.static_shape)
+    plan = conv_kernels.conv_plan(xt.static_shape, w.data.shape, attrs.strides,
+                                  attrs.padding[:2], attrs.dilation, groups, ot.static_shape)
     kc, blocks = gemm.k_blocking(cg * kh * kw)
     attrs = {name: node.attrs[name] for name in node.attrs}
     attrs.update(channels=o, kernel_size=(kh, kw))
-    return conv2d_packed(x, const(pack_conv_weight(w.data, groups, schedule.mr, kc * blocks)),
+    return conv2d_packed(x, const(pack_conv_weight(w.data, groups, plan.lanes, kc * blocks)),
                          **attrs)
 
 

@@ -54,6 +54,12 @@ CASES = [
     ((2, 6, 14, 15), (6, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 6),  # depthwise, stride 2
     ((1, 4, 9, 9), (8, 5, 3), (1, 2), (2, 1, 0, 1), (2, 1), 4),  # depthwise ×2 channels
     ((1, 3, 11, 13), (3, 3, 3), (1, 3), (1, 2, 1, 0), (1, 2), 3),  # column phases, dilated
+    # K ≥ TRANSPOSED_MIN_K: with the weight packed, pixels are the GEMM's rows
+    ((1, 115, 7, 7), (20, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # whole rows, K padded
+    ((1, 116, 15, 15), (24, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1),  # strided, 8 px rows
+    ((1, 128, 28, 28), (6, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # two tiles a row
+    ((1, 64, 5, 30), (8, 4, 4), (1, 1), (1, 2, 2, 1), (1, 1), 1),  # ow 30: tiles of 10
+    ((1, 64, 5, 29), (8, 4, 4), (1, 1), (1, 2, 2, 1), (1, 1), 1),  # ow 29: stays columns
 ]
 
 
@@ -103,6 +109,34 @@ def test_conv2d_epilogue_and_threads(groups: int) -> None:
             results.append(exe(*args))
     np.testing.assert_array_equal(results[0], results[1])
     np.testing.assert_allclose(results[0], want, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("spec", TARGETS)
+def test_conv2d_plans_and_threads(spec: str) -> None:
+    # Both plans (pixels as columns, pixels as rows) with the weight packed ahead, a fused
+    # epilogue, one and two threads bit for bit; the plan is the one conv_plan promises.
+    from kiln.loops.conv_kernels import conv_plan
+
+    target = Target.parse(spec)
+    for xs, o in (((1, 32, 20, 20), 24), ((1, 128, 6, 6), 40)):
+        wshape = (o, xs[1], 3, 3)
+        x = kiln.var("x", shape=xs, dtype="float32")
+        w = kiln.var("w", shape=wshape, dtype="float32")
+        body = nn.relu(nn.conv2d(x, w, padding=(1, 1)))
+        mod = kiln.IRModule.from_expr(kiln.Function([x, w], body))
+        a = RNG.standard_normal(xs).astype(np.float32)
+        b = RNG.standard_normal(wshape).astype(np.float32)
+        with target_scope(target):
+            plan = conv_plan(xs, wshape, (1, 1), (1, 1), (1, 1), 1, (1, o) + xs[2:])
+            exe = kiln.build(mod, target=target, params={"w": b})
+        assert plan.pixels == ("rows" if xs[1] * 9 >= 1024 else "columns")
+        results = []
+        for count in (1, 2):
+            with threads(count):
+                results.append(exe(a))
+        np.testing.assert_array_equal(results[0], results[1])
+        want = np.maximum(reference(a, b, (1, 1), (1,) * 4, (1, 1), 1), 0)
+        np.testing.assert_allclose(results[0], want, rtol=1e-4, atol=2e-5 * xs[1] * 9)
 
 
 def test_pointwise_conv2d() -> None:

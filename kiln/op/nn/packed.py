@@ -237,7 +237,7 @@ def _conv_lower(inputs: list, attrs: Conv2DAttrs, out_type: Type) -> Tensor:
             and min(x.shape) > 0:
         return conv_kernels.implicit_gemm(
             x, w, attrs.strides, attrs.padding[:2], attrs.dilation, groups,
-            out.static_shape, out.dtype, a_packed=wp.buffer)
+            out.static_shape, out.dtype, w_packed=wp.buffer)
     return _conv2d_lower([x, w], attrs, out_type)
 
 
