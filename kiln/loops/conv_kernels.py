@@ -39,7 +39,6 @@ from kiln.loops.ir import (
     Const,
     Expr,
     For,
-    IfThenElse,
     LetStmt,
     Load,
     Select,
@@ -365,16 +364,16 @@ def implicit_gemm(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequenc
         def put(bt: Expr, i: Expr, j: Expr, v: Expr) -> Stmt:
             if rows:  # i a pixel of the output, j a channel of the group
                 return write((img, bt * og + j, i // ow, i % ow), v)
+            # pixels as columns, at the planes' width: ``grid`` below, unless it is the
+            # output's (the address of (j // ow, j % ow) is j again: vector stores)
             if oh == 1:
-                y, xx = Const(0, INDEX), j
-            else:
-                y, xx = j // geo.cols, j % geo.cols
-            if geo.cols == ow:
-                return write((img, bt * og + i, y, xx), v)
-            # the columns between output rows are thrown away (the clamp only tells the
-            # verifier what the test already says)
-            return IfThenElse(Binary("lt", xx, Const(ow, INDEX)),
-                              write((img, bt * og + i, y, g._min(xx, ow - 1)), v))
+                return write((img, bt * og + i, Const(0, INDEX), j), v)
+            return write((img, bt * og + i, j // geo.cols, j % geo.cols), v)
+
+        grid = None
+        if not rows and geo.cols != ow:
+            grid = g.Grid(geo.cols, ow, oh, lambda bt, i, y, xx, v: write(
+                (img, bt * og + i, y, xx), v))
 
         def unused(bt: Expr, p: Expr, j: Expr) -> Expr:
             raise InternalError("conv2d's GEMM reads the planes in place")
@@ -388,7 +387,7 @@ def implicit_gemm(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequenc
         else:
             prod = g.gemm(groups, og, geo.columns, k, weight, unused, put, dtype, schedule,
                           a_panel=packed if w_packed is not None else None,
-                          b_panel=plane_columns, target=tgt)
+                          b_panel=plane_columns, target=tgt, grid=grid)
         return For(img, Const(0), Const(nimg), Allocate(planes, Seq((
             geo.fill(x, img, planes, tgt), prod))))
 

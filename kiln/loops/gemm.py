@@ -215,12 +215,27 @@ def _guarded(value: Expr, conds: list[Expr], dtype: str) -> Expr:
 
 
 PanelFn = Callable[[Expr, Expr, Expr, Expr], Expr]  # (batch, tile, kk, lane) -> value
+GridWriteFn = Callable[[Expr, Expr, Expr, Expr, Expr], Stmt]  # (batch, row, y, x, value)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """N as rows of ``cols`` columns of which the first ``valid`` are results (a conv's
+    output pixels at the padded width of its planes, kiln/loops/conv_kernels.py): the
+    epilogue writes element (i, y·cols + x) of C, x < valid, as ``write(bt, i, y, x, v)``,
+    each tile's columns cut into per-row runs of consecutive x, so that its stores are
+    vectors and the padding columns are skipped, not masked."""
+
+    cols: int
+    valid: int
+    rows: int
+    write: GridWriteFn
 
 
 def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteFn,
          dtype: str = "float32", schedule: GemmSchedule | None = None,
          a_panel: PanelFn | None = None, b_panel: PanelFn | None = None,
-         target: Target | None = None) -> Stmt:
+         target: Target | None = None, grid: Grid | None = None) -> Stmt:
     """The statement computing ``C = A·B`` (see the module docstring).
 
     ``a(bt, i, p)`` and ``b(bt, p, j)`` read A and B (only at indices inside the shapes);
@@ -228,7 +243,8 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
     of time (a constant weight, kiln/op/nn/packed.py) is given instead as ``a_panel(bt, tile,
     kk, i)`` (a scalar of row ``tile·mr + i``) or ``b_panel(bt, tile, kk, c)`` (``nr``/L
     vectors at column ``tile·nr + c``), with kk over the K padded to kc × blocks: it is then
-    read in place, never packed.
+    read in place, never packed. With a `Grid`, C's columns are its pixels and results go
+    out through ``grid.write`` instead of ``write``.
     """
     t = lowering_target(target)
     s = schedule or GemmSchedule.default(batch, m, n, k, dtype, target=t)
@@ -318,6 +334,8 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
         return Allocate(acc, Seq((init, kloop, finish)))
 
     def epilogue(bt: Expr, acc: Buffer, tile_m: Expr, tile_n: Expr, width: int = nr) -> Stmt:
+        if grid is not None:
+            return grid_epilogue(bt, acc, tile_m, tile_n, width)
         ctile = Buffer("ctile", (mr, nr), dtype, "local")
         spill = Seq(tuple(Store(ctile, (Const(i), Const(v * lanes)),
                                 Load(acc, (Const(i), Const(v * lanes)), lanes))
@@ -344,6 +362,50 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
         body = parts[0] if len(parts) == 1 else IfThenElse(
             Binary("lt", tile_n, Const(nfull, INDEX)), parts[0], parts[1])
         return Allocate(ctile, Seq((spill, body)))
+
+    def grid_epilogue(bt: Expr, acc: Buffer, tile_m: Expr, tile_n: Expr, width: int) -> Stmt:
+        # The tile's columns j0 .. j0 + w - 1 are pixels (y0 + r, x) for a few rows r: spilled
+        # at offset s = j0 % cols of a row-aligned buffer, then written run by run.
+        assert grid is not None
+        cols, valid = grid.cols, grid.valid
+        reach = -(-(cols - 1 + nr) // cols)  # rows a tile can touch
+        ctile = Buffer("ctile", (mr, (reach + 1) * cols), dtype, "local")
+        s, y0 = Var("s"), Var("y0")
+        j0 = tile_n * nr
+        spill = Seq(tuple(Store(ctile, (Const(i), s + v * lanes),
+                                Load(acc, (Const(i), Const(v * lanes)), lanes))
+                          for i in range(mr) for v in range(width // lanes)))
+        rows: Expr = Const(mr, INDEX)
+        if m % mr:
+            rows = Binary("min", Const(mr, INDEX), Const(m, INDEX) - tile_m * mr)
+
+        def runs(w: int) -> Stmt:
+            # w columns of the tile are results (the last tile: fewer)
+            i, x = Var("i"), Var("x")
+            row = tile_m * mr + i
+            if m % mr:
+                row = _min(row, m - 1)
+            parts: list[Stmt] = []
+            for r in range(-(-(cols - 1 + w) // cols)):
+                lo = Binary("max", s - r * cols, Const(0, INDEX))
+                hi = Binary("min", s + (w - r * cols), Const(valid, INDEX))
+                y = Binary("min", y0 + r, Const(grid.rows - 1, INDEX))  # past the end: no run
+                put = grid.write(bt, row, y, x, Load(ctile, (i, x + r * cols)))
+                parts.append(For(x, lo, Binary("max", hi - lo, Const(0, INDEX)), IfThenElse(
+                    Binary("lt", x, Const(valid, INDEX)), put), "vectorized"))
+                x = Var("x")
+            return For(i, Const(0), rows, Seq(tuple(parts)))
+
+        nfull = n // nr
+        if n % nr == 0:
+            body = runs(width)
+        elif nfull == 0:
+            body = runs(n)
+        else:
+            body = IfThenElse(Binary("lt", tile_n, Const(nfull, INDEX)), runs(width),
+                              runs(n % nr))
+        return Allocate(ctile, LetStmt(s, j0 % cols, LetStmt(y0, j0 // cols, Seq((
+            spill, body)))))
 
     def m_block(bt: Expr, jc: Expr, pc: Expr, ic: Expr) -> Stmt:
         def tile(tn: Expr, tile_n: Expr, tm: Expr, tile_m: Expr) -> Stmt:

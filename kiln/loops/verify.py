@@ -39,6 +39,7 @@ from kiln.loops.ir import (
     Store,
     Unary,
     Var,
+    operands,
 )
 from kiln.loops.printer import expr_text
 
@@ -80,6 +81,8 @@ class _Verifier:
         self.buffers: set[int] = {id(b) for b in kernel.params}
         self.ranges: dict[int, Interval] = {}  # id(var) -> its interval
         self.memo: dict[int, Interval] = {}
+        # id(integer expression) -> bounds that an enclosing IfThenElse's condition proves
+        self.facts: dict[int, Interval] = {}
 
     def fail(self, message: str) -> InternalError:
         return InternalError(f"loop IR of kernel {self.kernel.name}: {message}")
@@ -146,7 +149,9 @@ class _Verifier:
                 stack.extend((x.a, x.b))
         for x in reversed(order):
             if id(x) not in self.memo:
-                self.memo[id(x)] = self._bound1(x)
+                iv = self._bound1(x)
+                fact = self.facts.get(id(x))
+                self.memo[id(x)] = iv if fact is None else _meet(iv, fact)
         return self.memo[id(e)]
 
     def _bound1(self, x: Expr) -> Interval:
@@ -223,9 +228,13 @@ class _Verifier:
             seen_names.add(b.name)
         # Walk with an explicit stack of (statement, inside a parallel loop); a variable or a
         # buffer on the stack closes its scope.
-        stack: list[tuple[Stmt, bool] | Var | Buffer] = [(self.kernel.body, False)]
+        stack: list[tuple[Stmt, bool] | Var | Buffer | _Facts] = [(self.kernel.body, False)]
         while stack:
             item = stack.pop()
+            if isinstance(item, _Facts):  # entering or leaving a guarded branch
+                self.facts = item.facts
+                self.memo.clear()
+                continue
             if isinstance(item, Var):
                 self.ranges.pop(id(item), None)
                 continue
@@ -283,13 +292,69 @@ class _Verifier:
                         raise self.fail(f"the condition {expr_text(c)} is not a scalar bool")
                     if f is not None:
                         stack.append((f, in_parallel))
-                    stack.append((t, in_parallel))
+                    known = _guard_facts(c)
+                    if known:
+                        # the then-branch runs only where the condition holds
+                        stack.append(_Facts(self.facts))
+                        stack.append((t, in_parallel))
+                        stack.append(_Facts({**self.facts, **{
+                            k: _meet(self.facts.get(k, UNBOUNDED), v) for k, v in known.items()}}))
+                    else:
+                        stack.append((t, in_parallel))
                 case Check(cond=c):
                     self.check_expr(c)
                     if c.dtype != "bool" or c.lanes != 1:
                         raise self.fail(f"the check {expr_text(c)} is not a scalar bool")
                 case _:
                     raise self.fail(f"unknown statement {type(s).__name__}")
+
+
+@dataclass(frozen=True)
+class _Facts:
+    """A marker on the walk's stack: the facts in force from here on."""
+
+    facts: dict[int, Interval]
+
+
+def _meet(a: Interval, b: Interval) -> Interval:
+    lo = b.lo if a.lo is None else a.lo if b.lo is None else max(a.lo, b.lo)
+    hi = b.hi if a.hi is None else a.hi if b.hi is None else min(a.hi, b.hi)
+    return Interval(lo, hi)
+
+
+def _guard_facts(cond: Expr) -> dict[int, Interval]:
+    """Bounds that ``cond`` proves where it holds: for each conjunct ``e < c``, ``e <= c``,
+    ``e > c`` or ``e >= c`` (c an integer constant), the bound of the expression ``e``
+    itself (by identity: an access indexed by that same node is bounded by it)."""
+    out: dict[int, Interval] = {}
+    stack = [cond]
+    while stack:
+        e = stack.pop()
+        if not isinstance(e, Binary):
+            continue
+        if e.op == "and":
+            stack.extend((e.a, e.b))
+            continue
+        c = e.b
+        if not (isinstance(c, Const) and isinstance(c.value, int)
+                and not isinstance(c.value, bool)):
+            continue
+        bound = {"lt": Interval(None, c.value - 1), "le": Interval(None, c.value),
+                 "gt": Interval(c.value + 1, None), "ge": Interval(c.value, None)}.get(e.op)
+        if bound is not None and _pure_index(e.a):
+            out[id(e.a)] = _meet(out.get(id(e.a), UNBOUNDED), bound)
+    return out
+
+
+def _pure_index(e: Expr) -> bool:
+    """Whether ``e`` reads no buffer (a store in the branch cannot change its value)."""
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Load):
+            return False
+        stack.extend(operands(x))
+    return True
 
 
 def verify(kernel: Kernel) -> Kernel:
