@@ -47,6 +47,7 @@ bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/models.py
 	$(BIN)/python benchmarks/build.py
 	$(BIN)/python benchmarks/peers.py
+	$(BIN)/python benchmarks/conv_layers.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

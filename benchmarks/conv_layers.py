@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from peers import INNER, time_rounds  # benchmarks/peers.py: the same interleaved rounds
 
 import kiln
 from kiln.codegen import set_num_threads
@@ -42,7 +42,6 @@ LAYERS = {
     "y1x1": (144, 24, 56, 1, 1, 0, 1),
     "dw3": (144, 144, 56, 3, 1, 1, 144),
 }
-ROUNDS_CALLS = 5
 
 
 def build(name: str, threads: int) -> tuple[Callable[[], Any], Callable[[], Any], float, str,
@@ -83,19 +82,6 @@ def build(name: str, threads: int) -> tuple[Callable[[], Any], Callable[[], Any]
     return (lambda: exe(x)), (lambda: session.run(None, {"data": x})), gflop, plan, error
 
 
-def timed(runners: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
-    times: dict[str, list[float]] = {n: [] for n in runners}
-    for _ in range(rounds):
-        for name, f in runners.items():
-            time.sleep(0.05)
-            f()
-            for _ in range(ROUNDS_CALLS):
-                t0 = time.perf_counter()
-                f()
-                times[name].append(time.perf_counter() - t0)
-    return {n: statistics.median(ts) for n, ts in times.items()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -106,7 +92,7 @@ def main() -> None:
     names = [n for n in args.only.split(",") if n] or list(LAYERS)
     target = kiln.Target.host()
     print(f"{target.describe()}; {args.threads} thread(s); medians of {args.rounds}×"
-          f"{ROUNDS_CALLS} calls, interleaved\n")
+          f"{INNER} calls, interleaved\n")
     print("| layer | C→O, size, k/s | plan | kiln ms | GFLOP/s | ORT ms | GFLOP/s | kiln/ORT |")
     print("|---|---|---|---:|---:|---:|---:|---:|")
     ratios = []
@@ -114,7 +100,7 @@ def main() -> None:
         kiln_call, ort_call, gflop, plan, error = build(name, args.threads)
         if error > 1e-4:
             raise SystemExit(f"{name}: kiln and ORT differ by {error:.1e} (relative)")
-        t = timed({"kiln": kiln_call, "ort": ort_call}, args.rounds)
+        t = time_rounds({"kiln": kiln_call, "ort": ort_call}, args.rounds * INNER).median
         cin, cout, size, k, s, _, _ = LAYERS[name]
         ratios.append(t["kiln"] / t["ort"])
         print(f"| {name} | {cin}→{cout}, {size}², {k}×{k}/{s} | {plan} | "
