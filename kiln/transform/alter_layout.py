@@ -53,6 +53,7 @@ def _packed(node: Expr) -> Expr | None:
 def _conv_packed(node: Expr) -> Expr | None:
     """``nn.conv2d_packed`` for a conv2d call that qualifies (see the module docstring)."""
     from kiln.loops import conv_kernels, gemm
+    from kiln.op.nn.conv import Conv2DAttrs
     from kiln.op.nn.packed import conv2d_packed, pack_conv_weight
 
     if not (isinstance(node, Call) and isinstance(node.op, Op) and node.op.name == "nn.conv2d"):
@@ -71,9 +72,9 @@ def _conv_packed(node: Expr) -> Expr | None:
         return None  # depthwise: a direct kernel, no GEMM
     if min(w.data.shape) == 0 or min(ot.static_shape) == 0:
         return None
-    attrs = node.attrs
-    plan = conv_kernels.conv_plan(xt.static_shape, w.data.shape, attrs.strides,
-                                  attrs.padding[:2], attrs.dilation, groups, ot.static_shape)
+    conv = Conv2DAttrs.view(node.attrs)
+    plan = conv_kernels.conv_plan(xt.static_shape, w.data.shape, conv.strides,
+                                  conv.padding[:2], conv.dilation, groups, ot.static_shape)
     kc, blocks = gemm.k_blocking(cg * kh * kw)
     attrs = {name: node.attrs[name] for name in node.attrs}
     attrs.update(channels=o, kernel_size=(kh, kw))
