@@ -29,18 +29,27 @@ from kiln.ir.ty import TensorType, TupleType, Type
 from kiln.loops.compute import Indices, Tensor, WriteFn, broadcast_indices, compute, extern, reduce
 from kiln.loops.ir import (
     INDEX,
+    Allocate,
     Binary,
     Broadcast,
+    Buffer,
     Cast,
     Check,
     Const,
     Expr,
+    For,
+    LetStmt,
+    Load,
     Select,
+    Seq,
     Stmt,
+    Store,
     Unary,
+    Var,
 )
 from kiln.loops.ir import binary as ir_binary
-from kiln.loops.schedule import NestSchedule, loop_nest
+from kiln.loops.schedule import NestSchedule, loop_nest, lowering_target
+from kiln.target import Target
 
 LowerFn = Callable[[list[Any], Any, Type], Any]
 
@@ -347,3 +356,47 @@ def zeros_if_empty(rule: LowerFn) -> LowerFn:
         return rule(inputs, attrs, out_type)
 
     return lower
+
+
+def lane_fold(buf: Buffer, row: tuple[Expr, ...], n: int, combine: str, init: Expr,
+              target: Target | None = None) -> Callable[[Callable[[Expr], Stmt]], Stmt]:
+    """Folding the ``n`` elements of ``buf[row..., :]`` (the last axis) with ``combine``
+    ("add", "max", "min"): vectors of the target's width combined lane-wise into four
+    accumulators, then across lanes, then the scalar tail — the order fixed by the shapes,
+    so the result does not depend on threads. Returns ``then -> statement``: ``then(value)``
+    is the statement that uses the result."""
+    lanes = lowering_target(target).lanes(buf.dtype)
+    acc = Buffer("fold", (4, lanes), buf.dtype, "local")
+    chunks = n // (4 * lanes)
+    vec_tail = (n - chunks * 4 * lanes) // lanes
+
+    def at(u: int) -> Load:
+        return Load(acc, (Const(u, INDEX), Const(0, INDEX)), lanes)
+
+    def vec(p: Expr) -> Load:
+        return Load(buf, (*row, p), lanes)
+
+    stmts: list[Stmt] = [Store(acc, (Const(u, INDEX), Const(0, INDEX)), Broadcast(init, lanes))
+                         for u in range(4)]
+    if chunks:
+        p0 = Var("p0")
+        stmts.append(For(p0, Const(0, INDEX), Const(chunks, INDEX), Seq(tuple(
+            Store(acc, (Const(u, INDEX), Const(0, INDEX)),
+                  Binary(combine, at(u), vec(p0 * (4 * lanes) + u * lanes)))
+            for u in range(4)))))
+    for t in range(vec_tail):
+        p = Const(chunks * 4 * lanes + t * lanes, INDEX)
+        stmts.append(Store(acc, (Const(t, INDEX), Const(0, INDEX)), Binary(combine, at(t), vec(p))))
+    stmts.append(Store(acc, (Const(0, INDEX), Const(0, INDEX)), Binary(
+        combine, Binary(combine, at(0), at(1)), Binary(combine, at(2), at(3)))))
+    total: Expr = Load(acc, (Const(0, INDEX), Const(0, INDEX)))
+    for lane in range(1, lanes):
+        total = Binary(combine, total, Load(acc, (Const(0, INDEX), Const(lane, INDEX))))
+    for q in range(chunks * 4 * lanes + vec_tail * lanes, n):
+        total = Binary(combine, total, Load(buf, (*row, Const(q, INDEX))))
+    value = Var("folded", buf.dtype)
+
+    def then(use: Callable[[Expr], Stmt]) -> Stmt:
+        return Allocate(acc, Seq((*stmts, LetStmt(value, total, use(value)))))
+
+    return then

@@ -10,7 +10,7 @@ from kiln.ir.attrs import Attrs
 from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import TensorType, Type
 from kiln.loops import oplib
-from kiln.loops.compute import Tensor, WriteFn, extern
+from kiln.loops.compute import BufferTensor, Tensor, WriteFn, extern
 from kiln.loops.ir import (
     Allocate,
     Binary,
@@ -160,31 +160,50 @@ def _softmax_lower(log: bool) -> oplib.LowerFn:
         rows = x.shape[:axis] + x.shape[axis + 1:]
 
         def row(o: Index, write: WriteFn) -> Stmt:
-            def scan(body: Callable[[Index], Stmt]) -> Stmt:
+            # Each pass is a loop LLVM vectorizes to the target's width (marked vectorized,
+            # which lets it split the maximum and the sum into lane-wise partial results);
+            # the exponentials are kept in a row buffer for the last pass, and it multiplies
+            # by the reciprocal of the sum.
+            def scan(body: Callable[[Index, LExpr], Stmt]) -> Stmt:
                 k = LVar("k")
-                return For(k, Const(0), Const(n), body((*o[:axis], k, *o[axis:])))
+                return For(k, Const(0), Const(n), body((*o[:axis], k, *o[axis:]), k),
+                           "vectorized")
 
             acc = Buffer("row", (2,), dt, "local")  # [maximum, sum of exponentials]
+            exps = Buffer("exps", (n,), dt, "local")
             first, second = (Const(0),), (Const(1),)
             mx, total = LVar("mx", dt), LVar("total", dt)
 
             def shifted(i: Index) -> LExpr:
                 return Binary("sub", x(*i), mx)
 
-            def result(i: Index) -> LExpr:
-                if log:
-                    return Binary("sub", shifted(i), Unary("log", total))
-                return Binary("div", Unary("exp", shifted(i)), total)
+            def keep(i: Index, k: LExpr) -> Stmt:
+                e = LVar("e", dt)
+                return LetStmt(e, Unary("exp", shifted(i)), Seq((
+                    Store(exps, (k,), e),
+                    Store(acc, second, Binary("add", Load(acc, second), e)))))
 
-            sums = Seq((
-                Store(acc, second, oplib.dtype_const(0, dt)),
-                scan(lambda i: Store(acc, second, Binary("add", Load(acc, second),
-                                                         Unary("exp", shifted(i))))),
-                LetStmt(total, Load(acc, second), scan(lambda i: write(i, result(i)))),
-            ))
+            if log:
+                sums = Seq((
+                    Store(acc, second, oplib.dtype_const(0, dt)),
+                    scan(lambda i, k: Store(acc, second, Binary(
+                        "add", Load(acc, second), Unary("exp", shifted(i))))),
+                    LetStmt(total, Unary("log", Load(acc, second)), scan(
+                        lambda i, k: write(i, Binary("sub", shifted(i), total)))),
+                ))
+            else:
+                sums = Allocate(exps, Seq((
+                    Store(acc, second, oplib.dtype_const(0, dt)),
+                    scan(keep),
+                    LetStmt(total, Binary("div", oplib.dtype_const(1, dt), Load(acc, second)),
+                            scan(lambda i, k: write(i, Binary("mul", Load(exps, (k,)), total)))),
+                )))
+            if axis == x.ndim - 1 and isinstance(x, BufferTensor):
+                biggest = oplib.lane_fold(x.buffer, tuple(o), n, "max", oplib.lowest(dt))
+                return Allocate(acc, biggest(lambda v: LetStmt(mx, v, sums)))
             return Allocate(acc, Seq((
                 Store(acc, first, oplib.lowest(dt)),
-                scan(lambda i: Store(acc, first, Binary("max", Load(acc, first), x(*i)))),
+                scan(lambda i, k: Store(acc, first, Binary("max", Load(acc, first), x(*i)))),
                 LetStmt(mx, Load(acc, first), sums),
             )))
 
