@@ -43,6 +43,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from kiln.errors import InternalError
 from kiln.loops.ir import (
     FMA,
@@ -248,6 +250,15 @@ class _F:
     def to_int(self, x: Expr) -> Expr:
         return Cast(self.it, x)
 
+    def small_to_int(self, x: Expr) -> Expr:
+        """An integer-valued ``x`` with |x| < 2^(mantissa bits - 1) as an integer, read from
+        the bits of x + 1.5·2^(mantissa bits), where it lands exactly in the low mantissa
+        bits: the same integer as `to_int`, but plain vector arithmetic, where a conversion
+        with its saturation rules is scalarized lane by lane (an exp went 10× slower)."""
+        magic = 1.5 * 2.0 ** self.k.mantissa_bits
+        magic_bits = int(np.array(magic, dtype=self.dtype).view(self.it))
+        return Binary("sub", self.bits(self.add(x, self.c(magic))), self.ci(magic_bits))
+
     def to_float(self, i: Expr) -> Expr:
         return Cast(self.dtype, i)
 
@@ -273,7 +284,7 @@ def _exp(f: _F, x: Expr) -> Expr:
     r = f.fma(n, f.c(-k.ln2_hi), xc)
     r = f.fma(n, f.c(-k.ln2_lo), r)
     p = f.add(f.fma(f.poly(r, k.exp_p), f.mul(r, r), r), f.c(1.0))
-    ni = f.to_int(n)
+    ni = f.small_to_int(n)  # |n| ≤ 150 for float32, 1100 for float64
     n1 = Binary("floordiv", ni, f.ci(2))
     n2 = Binary("sub", ni, n1)
     y = f.mul(f.mul(p, f.pow2(n1)), f.pow2(n2))
