@@ -54,6 +54,9 @@ CASES = [
     ((2, 6, 14, 15), (6, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 6),  # depthwise, stride 2
     ((1, 4, 9, 9), (8, 5, 3), (1, 2), (2, 1, 0, 1), (2, 1), 4),  # depthwise ×2 channels
     ((1, 3, 11, 13), (3, 3, 3), (1, 3), (1, 2, 1, 0), (1, 2), 3),  # column phases, dilated
+    # depthwise on maps whose rows fit twice in a vector: the flat kernel
+    ((1, 5, 4, 4), (5, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 5),
+    ((2, 3, 7, 8), (6, 3, 3), (2, 2), (1, 1, 1, 0), (2, 1), 3),  # strided, dilated, ×2
     # K ≥ TRANSPOSED_MIN_K: with the weight packed, pixels are the GEMM's rows
     ((1, 115, 7, 7), (20, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # whole rows, K padded
     ((1, 116, 15, 15), (24, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1),  # strided, 8 px rows

@@ -183,6 +183,7 @@ def _softmax_lower(log: bool) -> oplib.LowerFn:
                     Store(exps, (k,), e),
                     Store(acc, second, Binary("add", Load(acc, second), e)))))
 
+            sums: Stmt
             if log:
                 sums = Seq((
                     Store(acc, second, oplib.dtype_const(0, dt)),
