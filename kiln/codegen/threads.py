@@ -13,7 +13,11 @@ briefly, then sleep.
 The thread count is a native ``int32`` named ``kiln_num_threads`` that the pool reads each
 time a parallel loop starts, so machine code does not depend on it (and caches across
 counts). It starts from ``KILN_NUM_THREADS`` (default: every core this process may use)
-and `set_num_threads` changes it for the whole process.
+and `set_num_threads` changes it for the whole process. An executable given its own count
+(`kiln.Executable.set_threads`) sets it for the length of each of its calls (`run_threads`):
+while calls with their own counts run, the count is the latest one begun, and when the last
+ends it is the process's again. The count only decides how many threads share a loop's
+chunks, never what they compute.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from kiln.codegen.target import host_target, initialize
 from kiln.errors import Error, InternalError
 
 _count = ctypes.c_int32(1)
+_process_count = 1  # what set_num_threads (or KILN_NUM_THREADS) chose
+_calls: list[int] = []  # the counts of the calls running with their own, oldest first
 _lock = threading.Lock()
 _ready = False
 _pool_engine = None  # keeps the pool's machine code alive
@@ -64,7 +70,9 @@ def ensure_runtime() -> None:
         if _ready:
             return
         initialize()
-        _count.value = default_num_threads()
+        global _process_count
+        _process_count = default_num_threads()
+        _count.value = _process_count
         llvm.add_symbol(NUM_THREADS_SYMBOL, ctypes.addressof(_count))
         _install_pool()
         _ready = True
@@ -107,7 +115,27 @@ def set_num_threads(n: int) -> None:
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise Error(f"the number of threads must be a positive integer, not {n!r}")
     ensure_runtime()
-    _count.value = n
+    global _process_count
+    with _lock:
+        _process_count = n
+        if not _calls:
+            _count.value = n
+
+
+@contextmanager
+def run_threads(n: int) -> Iterator[None]:
+    """Run what the block calls with ``n`` threads (one call of an executable with its own
+    count; see the module docstring), then give back the count in force before."""
+    ensure_runtime()
+    with _lock:
+        _calls.append(n)
+        _count.value = n
+    try:
+        yield
+    finally:
+        with _lock:
+            _calls.remove(n)
+            _count.value = _calls[-1] if _calls else _process_count
 
 
 @contextmanager

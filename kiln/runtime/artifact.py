@@ -159,8 +159,9 @@ def _read(path: Path) -> np.ndarray:
     return buf
 
 
-def load(path: str | Path) -> Executable:
-    """The executable saved in ``path``, ready to run (nothing is recompiled)."""
+def load(path: str | Path, *, threads: int | None = None) -> Executable:
+    """The executable saved in ``path``, ready to run (nothing is recompiled); ``threads``
+    as for `kiln.build` (`Executable.set_threads`)."""
     from kiln.runtime.build import Executable
 
     start_time = time.perf_counter()
@@ -243,7 +244,8 @@ def load(path: str | Path) -> Executable:
                                              bytes(machine) if machine is not None else None)
         kernel_set.program_code = bytes(program_code) if program_code is not None else None
         exe = Executable(program, kernel_set, plan, target=target, opt_level=opt_level,
-                         timings={"load": time.perf_counter() - start_time}, executor=executor)
+                         timings={"load": time.perf_counter() - start_time}, executor=executor,
+                         threads=threads)
     except Error as e:
         raise Error(f"{path}: {e.message}") from None
     exe._timings["load"] = time.perf_counter() - start_time

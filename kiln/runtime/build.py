@@ -93,7 +93,10 @@ class Executable:
 
     def __init__(self, program: Program, kernels: KernelSet, plan: MemoryPlan, *,
                  target: Target | str = "llvm", opt_level: int = 3,
-                 timings: Mapping[str, float] = {}, executor: str | None = None) -> None:
+                 timings: Mapping[str, float] = {}, executor: str | None = None,
+                 threads: int | None = None) -> None:
+        self._threads: int | None = None
+        self.set_threads(threads)
         self.program = program
         self.kernels = kernels
         self.plan = plan
@@ -119,7 +122,28 @@ class Executable:
         if values is None:
             values = bind_arguments(self._names, self._types, self.program.entry, args, kwargs,
                                     self.program)
-        return fresh_outputs(self.executor.run(values))
+        if self._threads is None:
+            return fresh_outputs(self.executor.run(values))
+        from kiln.codegen.threads import run_threads
+
+        with run_threads(self._threads):
+            return fresh_outputs(self.executor.run(values))
+
+    @property
+    def threads(self) -> int | None:
+        """The threads a parallel loop of this executable may use; None: the process's
+        count (``KILN_NUM_THREADS``, else every core; `kiln.codegen.set_num_threads`)."""
+        return self._threads
+
+    def set_threads(self, n: int | None) -> None:
+        """Run this executable's parallel loops on at most ``n`` threads (1: serially;
+        None: the process's count). Results do not depend on it. The count is applied
+        for the length of each call: calls running at the same time from several Python
+        threads share one count (the last one set), which changes how fast they run,
+        never what they compute."""
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise Error(f"the number of threads must be a positive integer or None, not {n!r}")
+        self._threads = n
 
     @property
     def signature(self) -> str:
@@ -164,7 +188,12 @@ class Executable:
             raise Error(f"repeat must be a positive integer, got {repeat!r}")
         values = bind_arguments(self._names, self._types, self.program.entry, args, kwargs,
                                 self.program)
-        return profile_executable(self, values, repeat)
+        if self._threads is None:
+            return profile_executable(self, values, repeat)
+        from kiln.codegen.threads import run_threads
+
+        with run_threads(self._threads):
+            return profile_executable(self, values, repeat)
 
     def save(self, path: str | Path) -> None:
         """Write the executable to one file: `kiln.load` runs it without compiling."""
@@ -178,8 +207,8 @@ class Executable:
 
 
 def build(mod: IRModule | Expr, target: Target | str = "llvm", opt_level: int = 3,
-          params: Mapping[str, Any] | None = None, *, executor: str | None = None
-          ) -> Executable:
+          params: Mapping[str, Any] | None = None, *, executor: str | None = None,
+          threads: int | None = None) -> Executable:
     """Optimize, fuse, lower and compile ``mod`` (its ``@main``) into an `Executable`.
 
     ``params`` binds weights (parameters of @main by name) as constants first. ``target`` is
@@ -187,7 +216,9 @@ def build(mod: IRModule | Expr, target: Target | str = "llvm", opt_level: int = 
     ``"llvm -mattr=-avx512f"``, ``"aarch64-linux-gnu"`` (built here, run elsewhere: see
     ``kiln export``) — or ``"evaluator"`` (the loop-IR interpreter: exact and slow, for
     tests); schedules, micro-kernel tiles and vector widths follow the target. ``executor``
-    picks one by name (``"vm"``) instead of the first that accepts the program. The passes
+    picks one by name (``"vm"``) instead of the first that accepts the program; ``threads``
+    caps the threads its parallel loops use (`Executable.set_threads`; the schedules come
+    from the target's cores, so the machine code is the same for every count). The passes
     run in the current `PassContext`: its instruments, disabled passes and debug checks apply
     to the back end's passes too.
     """
@@ -212,7 +243,7 @@ def build(mod: IRModule | Expr, target: Target | str = "llvm", opt_level: int = 
     timings["lower"] -= kernels.compile_seconds
     return Executable(low.program, kernels, plan,
                       target=target if machine is None else machine, opt_level=opt_level,
-                      timings=timings, executor=executor)
+                      timings=timings, executor=executor, threads=threads)
 
 
 class _StepTiming(PassInstrument):
