@@ -48,6 +48,7 @@ bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/build.py
 	$(BIN)/python benchmarks/peers.py
 	$(BIN)/python benchmarks/conv_layers.py
+	$(BIN)/python benchmarks/treelstm.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

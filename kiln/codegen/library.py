@@ -25,8 +25,9 @@ import ctypes
 import hashlib
 import json
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import llvmlite.binding as llvm
 import numpy as np
@@ -85,6 +86,7 @@ def _numpy_data_offset() -> int | None:
 
 
 _DATA_OFFSET = _numpy_data_offset()
+DATA_OFFSET = _DATA_OFFSET  # for callers that inline data_pointer (the VM's kernel calls)
 
 
 def data_pointer(a: np.ndarray) -> int:
@@ -123,6 +125,13 @@ class CompiledKernel:
         status = self._fn(self._args_type(*[data_pointer(a) for a in arrays]))
         if status:
             self.fail(status)
+
+    def unchecked(self) -> tuple[Callable[[Any], int], Any]:
+        """(entry, argument array type) for a caller whose arrays are right by construction
+        (the VM's own registers: allocated to the kernel's shapes, results of kernels,
+        inputs checked at the boundary): ``entry(args_type(*pointers))`` returns the status
+        (nonzero: `fail`), skipping the per-call check of `__call__`."""
+        return self._fn, self._args_type
 
     def _fast_check(self, arrays: tuple) -> bool:
         """What `check_arrays` checks, for the common case (exact ndarrays, all good)."""

@@ -13,6 +13,7 @@ weights OIHW), so that kiln/testing/torch_models.py can load the same arrays int
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -398,3 +399,88 @@ def gpt_block(batch: int = 1, seq: int = 128, d_model: int = 256, heads: int = 4
     h = nn.layer_norm(h, w("norm_weight", (d_model,), "ones"),
                       w("norm_bias", (d_model,), "small"))
     return w.module([x], reshape(h, newshape=(batch, seq, d_model)))
+
+
+_TREE_LSTM = """
+type Tree {{ Leaf(Tensor[(1, {e}), float32]), Node(Tree, Tree), }}
+
+def @tree(%t: Tree, %leaf_weight: Tensor[({h3}, {e}), float32],
+          %leaf_bias: Tensor[({h3}), float32], %node_weight: Tensor[({h5}, {h2}), float32],
+          %node_bias: Tensor[({h5}), float32]) -> (Tensor[(1, {h}), float32],
+                                                   Tensor[(1, {h}), float32]) {{
+  match (%t) {{
+    Leaf(%x) => {{
+      let %g = split(nn.bias_add(nn.dense(%x, %leaf_weight), %leaf_bias),
+                     indices_or_sections=3, axis=1);
+      let %c = multiply(sigmoid(%g.0), tanh(%g.2));
+      (multiply(sigmoid(%g.1), tanh(%c)), %c)
+    }},
+    Node(%l, %r) => {{
+      let %a = @tree(%l, %leaf_weight, %leaf_bias, %node_weight, %node_bias);
+      let %b = @tree(%r, %leaf_weight, %leaf_bias, %node_weight, %node_bias);
+      let %hs = concatenate((%a.0, %b.0), axis=1);
+      let %g = split(nn.bias_add(nn.dense(%hs, %node_weight), %node_bias),
+                     indices_or_sections=5, axis=1);
+      let %c = add(add(multiply(sigmoid(%g.0), tanh(%g.4)), multiply(sigmoid(%g.1), %a.1)),
+                   multiply(sigmoid(%g.2), %b.1));
+      (multiply(sigmoid(%g.3), tanh(%c)), %c)
+    }},
+  }}
+}}
+
+def @main(%t: Tree, %leaf_weight: Tensor[({h3}, {e}), float32],
+          %leaf_bias: Tensor[({h3}), float32], %node_weight: Tensor[({h5}, {h2}), float32],
+          %node_bias: Tensor[({h5}), float32]) -> Tensor[(1, {h}), float32] {{
+  @tree(%t, %leaf_weight, %leaf_bias, %node_weight, %node_bias).0
+}}
+"""
+
+
+def tree_lstm(embed: int = 300, hidden: int = 150, seed: int = 0
+              ) -> tuple[IRModule, dict[str, np.ndarray]]:
+    """A binary TreeLSTM (Tai et al., 2015) over a tree ADT, by recursion: ``@main(t, ...)``
+    returns the root's hidden state (1, hidden) for ``t`` of type ``Tree { Leaf(Tensor[(1,
+    embed)]), Node(Tree, Tree) }`` (`random_tree` makes one).
+
+    A leaf computes gates ``x·leaf_weightᵀ + leaf_bias`` = (i, o, u), ``c = σ(i)·tanh(u)``; a
+    node, from its children's (h, c), gates ``[h_l, h_r]·node_weightᵀ + node_bias`` = (i,
+    f_l, f_r, o, u), ``c = σ(i)·tanh(u) + σ(f_l)·c_l + σ(f_r)·c_r``; both ``h = σ(o)·tanh(c)``.
+    Weights: ``leaf_weight`` (3·hidden, embed), ``leaf_bias`` (3·hidden), ``node_weight``
+    (5·hidden, 2·hidden), ``node_bias`` (5·hidden).
+    """
+    from kiln.text.parser import parse
+
+    text = _TREE_LSTM.format(e=embed, h=hidden, h2=2 * hidden, h3=3 * hidden, h5=5 * hidden)
+    rng = np.random.default_rng(seed)
+
+    def uniform(*shape: int) -> np.ndarray:  # PyTorch's nn.Linear initialization
+        bound = 1.0 / math.sqrt(shape[-1] if len(shape) > 1 else hidden)
+        return rng.uniform(-bound, bound, shape).astype("float32")
+
+    params = {"leaf_weight": uniform(3 * hidden, embed), "leaf_bias": uniform(3 * hidden),
+              "node_weight": uniform(5 * hidden, 2 * hidden), "node_bias": uniform(5 * hidden)}
+    return parse(text), params
+
+
+def random_tree(mod: IRModule, leaves: int, embed: int = 300, seed: int = 0) -> Any:
+    """A `kiln.ConstructorValue` of ``mod``'s ``Tree`` with ``leaves`` leaves, shaped by
+    random splits, each leaf a random (1, embed) embedding."""
+    from kiln.eval.values import ConstructorValue
+
+    rng = np.random.default_rng(seed)
+    leaf, node = mod.get_constructor("Leaf"), mod.get_constructor("Node")
+    # built bottom-up with an explicit stack: (leaves wanted, children built so far)
+    done: list[Any] = []
+    work: list[tuple[int, bool]] = [(leaves, False)]
+    while work:
+        n, expanded = work.pop()
+        if n == 1:
+            done.append(ConstructorValue(leaf, (
+                rng.standard_normal((1, embed)).astype("float32"),)))
+        elif not expanded:
+            left = int(rng.integers(1, n))
+            work += [(n, True), (n - left, False), (left, False)]
+        else:
+            right, left_tree = done.pop(), done.pop()
+            done.append(ConstructorValue(node, (left_tree, right)))
+    return done[0]

@@ -308,6 +308,54 @@ def torch_gpt_block(params: dict[str, np.ndarray], heads: int) -> Any:
     return _classes().GPT(params, heads).eval()
 
 
+def torch_tree_lstm(params: dict[str, np.ndarray]) -> Any:
+    """The twin of ``models.tree_lstm``, in eager PyTorch: ``forward(tree)`` on the same tree
+    as nested tuples (``("leaf", x)`` or ``("node", left, right)``, `as_torch_tree`), by
+    recursion in Python, as a TreeLSTM is written for PyTorch; returns the root's h."""
+    import torch
+
+    weights = {k: torch.from_numpy(v) for k, v in params.items()}
+    hidden = params["leaf_bias"].shape[0] // 3
+
+    class TreeLSTM(torch.nn.Module):
+        def cell(self, tree: tuple) -> tuple[Any, Any]:
+            fn = torch.nn.functional
+            if tree[0] == "leaf":
+                i, o, u = fn.linear(tree[1], weights["leaf_weight"],
+                                    weights["leaf_bias"]).split(hidden, dim=1)
+                c = torch.sigmoid(i) * torch.tanh(u)
+                return torch.sigmoid(o) * torch.tanh(c), c
+            (hl, cl), (hr, cr) = self.cell(tree[1]), self.cell(tree[2])
+            i, fl, fr, o, u = fn.linear(torch.cat((hl, hr), dim=1), weights["node_weight"],
+                                        weights["node_bias"]).split(hidden, dim=1)
+            c = torch.sigmoid(i) * torch.tanh(u) + torch.sigmoid(fl) * cl + torch.sigmoid(fr) * cr
+            return torch.sigmoid(o) * torch.tanh(c), c
+
+        def forward(self, tree: tuple) -> Any:
+            return self.cell(tree)[0]
+
+    return TreeLSTM().eval()
+
+
+def as_torch_tree(value: Any) -> tuple:
+    """A `kiln.ConstructorValue` tree of ``models.random_tree`` as the twin's nested tuples
+    of torch tensors (the same arrays)."""
+    import torch
+
+    # post-order with an explicit stack: a tree thousands of levels deep converts too
+    out: dict[int, tuple] = {}
+    stack: list[tuple[Any, bool]] = [(value, False)]
+    while stack:
+        v, ready = stack.pop()
+        if v.name == "Leaf":
+            out[id(v)] = ("leaf", torch.from_numpy(np.asarray(v.fields[0])))
+        elif ready:
+            out[id(v)] = ("node", out[id(v.fields[0])], out[id(v.fields[1])])
+        else:
+            stack += [(v, True), (v.fields[1], False), (v.fields[0], False)]
+    return out[id(value)]
+
+
 def run_torch(module: Any, *inputs: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
     """Run a twin on numpy inputs in inference mode; numpy out (a tuple for tuple results)."""
     import torch
@@ -319,8 +367,9 @@ def run_torch(module: Any, *inputs: np.ndarray) -> np.ndarray | tuple[np.ndarray
     return out.numpy()
 
 
-__all__ = ["run_torch", "torch_gpt_block", "torch_lstm", "torch_mlp", "torch_mobilenet_v2",
-           "torch_resnet18", "torch_transformer_encoder", "torch_vit_block"]
+__all__ = ["as_torch_tree", "run_torch", "torch_gpt_block", "torch_lstm", "torch_mlp",
+           "torch_mobilenet_v2", "torch_resnet18", "torch_transformer_encoder", "torch_tree_lstm",
+           "torch_vit_block"]
 
 
 def onnx_session(twin: Any, x: np.ndarray, threads: int) -> Any:

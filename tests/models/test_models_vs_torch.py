@@ -179,6 +179,26 @@ def test_models_on_the_vm(name):
     assert_close(exe(x), run_torch(twin, x), "vm")
 
 
+@pytest.mark.parametrize("leaves", [1, 2, 9])
+def test_tree_lstm_recursion_over_a_tree(leaves):
+    """A TreeLSTM over a tree ADT runs on the VM (recursion, matching) like its eager twin;
+    also loaded from a file, and in the interpreter."""
+    import torch
+
+    from kiln.testing.torch_models import as_torch_tree, torch_tree_lstm
+
+    mod, params = models.tree_lstm(embed=12, hidden=8)
+    tree = models.random_tree(mod, leaves, embed=12, seed=leaves)
+    twin = torch_tree_lstm(params)
+    with torch.inference_mode():
+        want = twin(as_torch_tree(tree)).numpy()
+    assert_close(kiln.interpret(mod, tree, params=params), want, "interpreter")
+    for target in TARGETS:
+        exe = kiln.build(mod, target=target, params=params)
+        assert exe.stats().executor == "vm"
+        assert_close(exe(tree), want, f"kiln.build for {target}")
+
+
 def test_saved_model_runs_after_loading(tmp_path):
     mod, params = models.lstm(batch=1, steps=32, input=8, hidden=16)
     x = random_input((32, 1, 8))
