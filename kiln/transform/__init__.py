@@ -41,6 +41,7 @@ from kiln.transform.pass_manager import (
 from kiln.transform.pipeline import STANDARD_PIPELINE, optimize, standard_pipeline
 from kiln.transform.simplify_expr import SimplifyExpr
 from kiln.transform.simplify_inference import SimplifyInference
+from kiln.transform.split_to_slices import SplitToSlices
 
 __all__ = [
     "STANDARD_PIPELINE",
@@ -74,6 +75,7 @@ __all__ = [
     "Sequential",
     "SimplifyExpr",
     "SimplifyInference",
+    "SplitToSlices",
     "ToANormalForm",
     "ToGraphNormalForm",
     "bind_params",

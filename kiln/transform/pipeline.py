@@ -27,6 +27,7 @@ STANDARD_PIPELINE = (
     "fold-constant",
     "dead-code-elimination",
     "alter-layout",  # constant dense/conv2d weights packed for the GEMM (op/nn/packed.py)
+    "split-to-slices",  # a split feeding fusible operators: slices that fuse into them
     "fuse-ops",
     "infer-type",
 )
