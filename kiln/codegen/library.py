@@ -41,6 +41,7 @@ from kiln.errors import Error, EvalError, InternalError
 from kiln.ir.dtype import dtype_of
 from kiln.loops.ir import Buffer, Kernel
 from kiln.runtime.kernel import check_arrays
+from kiln.runtime.pointers import data_pointer
 from kiln.target import Target
 
 FORMAT_VERSION = 2
@@ -68,32 +69,6 @@ class LibraryStats:
     llvm_seconds: float = 0.0
     seconds: float = 0.0
     per_kernel: dict[str, float] = field(default_factory=dict)
-
-
-def _numpy_data_offset() -> int | None:
-    """Where numpy keeps an array's data pointer inside the array object, if it is where
-    numpy's ABI puts it (right after the object header); None to use ``a.ctypes.data``.
-
-    Reading it directly costs a fraction of a microsecond; ``a.ctypes.data`` costs three,
-    several times the cost of a small kernel. The layout is checked on live arrays first.
-    """
-    offset = object.__basicsize__  # the PyObject header: refcount and type
-    probes = [np.zeros(3, np.float32), np.arange(10.0)[2:], np.zeros((2, 0)), np.empty(())]
-    for a in probes:
-        if ctypes.c_void_p.from_address(id(a) + offset).value != a.ctypes.data:
-            return None
-    return offset
-
-
-_DATA_OFFSET = _numpy_data_offset()
-DATA_OFFSET = _DATA_OFFSET  # for callers that inline data_pointer (the VM's kernel calls)
-
-
-def data_pointer(a: np.ndarray) -> int:
-    """The address of an array's first element."""
-    if _DATA_OFFSET is None:
-        return a.ctypes.data
-    return ctypes.c_void_p.from_address(id(a) + _DATA_OFFSET).value or 0
 
 
 def _byte_strides(b: Buffer) -> tuple[int, ...]:

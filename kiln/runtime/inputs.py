@@ -35,7 +35,25 @@ from kiln.text.printer import type_text
 _DTYPES = {name: np.dtype(name) for name in DTYPES}
 
 
-def _tensor(value: Any, ty: TensorType, what: str, dims: dict[str, int]) -> np.ndarray:
+class _Field:
+    """Where a value sits in an argument, for messages: built for every field checked, and
+    made into text only for an error (an argument may be a tree of thousands of cells)."""
+
+    __slots__ = ("parent", "index", "ctor")
+
+    def __init__(self, parent: object, index: int, ctor: str | None = None) -> None:
+        self.parent, self.index, self.ctor = parent, index, ctor
+
+    def __str__(self) -> str:
+        parts: list[str] = []
+        node: object = self
+        while isinstance(node, _Field):
+            parts.append(f", field {node.index}" + (f" of {node.ctor}" if node.ctor else ""))
+            node = node.parent
+        return str(node) + "".join(reversed(parts))
+
+
+def _tensor(value: Any, ty: TensorType, what: object, dims: dict[str, int]) -> np.ndarray:
     if isinstance(value, (np.ndarray, np.generic)):
         array = np.asarray(value)
         if array.dtype != _DTYPES[ty.dtype] and array.dtype.name != ty.dtype:
@@ -67,7 +85,7 @@ def _tensor(value: Any, ty: TensorType, what: str, dims: dict[str, int]) -> np.n
     return array
 
 
-def check_value(value: Any, ty: Type, what: str, dims: dict[str, int],
+def check_value(value: Any, ty: Type, what: object, dims: dict[str, int],
                 program: Program | None = None) -> Any:
     """``value`` as the executor's value of type ``ty`` (tensors made native-ready).
 
@@ -99,7 +117,7 @@ def check_value(value: Any, ty: Type, what: str, dims: dict[str, int],
                 raise Error(f"{w} expects a tuple of {len(t.fields)} field(s) of type "
                             f"{type_text(t)}, but got {_kind(v)}")
             stack.append(("tuple", len(t.fields), None, None))
-            stack.extend(("check", x, ft, f"{w}, field {i}")
+            stack.extend(("check", x, ft, _Field(w, i))
                          for i, (x, ft) in reversed(list(enumerate(zip(v, t.fields)))))
         elif isinstance(t, TypeCall):
             if not isinstance(v, ConstructorValue) or v.constructor.belong_to != t.func:
@@ -112,7 +130,8 @@ def check_value(value: Any, ty: Type, what: str, dims: dict[str, int],
             params = program.adt_params.get(t.func.name, ())
             mapping: dict[Type, Type] = dict(zip(params, t.args))
             stack.append(("adt", len(v.fields), v, None))
-            stack.extend(("check", x, substitute(ft, mapping), f"{w}, field {i} of {v.name}")
+            stack.extend(("check", x, substitute(ft, mapping) if mapping else ft,
+                          _Field(w, i, v.name))
                          for i, (x, ft) in reversed(list(enumerate(zip(v.fields,
                                                                       ctor.inputs)))))
         elif isinstance(t, RefType):
@@ -127,7 +146,7 @@ def check_value(value: Any, ty: Type, what: str, dims: dict[str, int],
     return results[0]
 
 
-def _function(value: Any, ty: FuncType, what: str) -> Any:
+def _function(value: Any, ty: FuncType, what: object) -> Any:
     from kiln.runtime.vm import VMClosure
 
     if isinstance(value, (Closure, Constructor)):

@@ -29,6 +29,7 @@ from kiln.errors import EvalError, InternalError
 from kiln.eval.values import ConstructorValue, RefValue
 from kiln.ir.ty import TensorType, TupleType, Type
 from kiln.runtime.kernel import KernelFunction
+from kiln.runtime.pointers import DATA_OFFSET, data_pointer
 from kiln.ssa.ir import Function, Instr, KernelDecl, Program, Value
 
 Specializer = Callable[[KernelDecl, tuple[tuple[int, ...], ...]], KernelFunction]
@@ -86,7 +87,7 @@ class _Frame:
         self.arena: np.ndarray | None = None
         if code.arena_bytes:
             raw = np.empty(code.arena_bytes + 64, np.uint8)
-            skip = (-raw.ctypes.data) % 64
+            skip = (-data_pointer(raw)) % 64
             self.arena = raw[skip: skip + code.arena_bytes]
 
 
@@ -201,7 +202,7 @@ class VM:
                 f = self.kernels.get(a["kernel"])
                 if f is None:
                     raise InternalError(f"VM: kernel @{a['kernel']} was not compiled")
-                from kiln.codegen.library import DATA_OFFSET, CompiledKernel, data_pointer
+                from kiln.codegen.library import CompiledKernel
 
                 if isinstance(f, CompiledKernel) and self._trusted:
                     # every register is right by construction (see _trusted): no check
