@@ -20,7 +20,7 @@ from kiln.ir.expr import Call, Constant, Expr, Function, Op, const
 from kiln.ir.module import IRModule
 from kiln.ir.traverse import children, post_order, with_children
 from kiln.ir.ty import TensorType
-from kiln.transform.pass_manager import PassContext, module_pass, typed
+from kiln.transform.pass_manager import PassContext, map_typed_functions, module_pass
 
 
 def _packed(node: Expr) -> Expr | None:
@@ -102,8 +102,4 @@ def alter(func: Function) -> Function:
 @module_pass("alter-layout", opt_level=3)
 def AlterLayout(mod: IRModule, ctx: PassContext) -> IRModule:
     """Pack constant dense weights into the GEMM's panel layout (nn.dense_packed)."""
-    mod = typed(mod)
-    funcs = {gv: alter(f) for gv, f in mod.functions.items()}
-    if all(funcs[gv] is f for gv, f in mod.functions.items()):
-        return mod
-    return IRModule(funcs, mod.type_definitions)
+    return map_typed_functions(mod, alter)

@@ -394,3 +394,13 @@ def typed(mod: IRModule) -> IRModule:
     from kiln.infer import infer_types
 
     return infer_types(mod)
+
+
+def map_typed_functions(mod: IRModule, fn: Callable[[Function], Function]) -> IRModule:
+    """``fn`` applied to every global function of ``mod`` with its types checked (a module
+    pass that rewrites each function on its own); ``mod`` itself when nothing changed."""
+    mod = typed(mod)
+    funcs = {gv: fn(f) for gv, f in mod.functions.items()}
+    if all(funcs[gv] is f for gv, f in mod.functions.items()):
+        return mod
+    return IRModule(funcs, mod.type_definitions)

@@ -19,7 +19,7 @@ from kiln.ir.ty import TensorType
 from kiln.op import registry
 from kiln.op.registry import OpPattern
 from kiln.op.shape import SplitAttrs, strided_slice
-from kiln.transform.pass_manager import PassContext, module_pass, typed
+from kiln.transform.pass_manager import PassContext, map_typed_functions, module_pass
 
 FUSIBLE = (OpPattern.ELEMWISE, OpPattern.BROADCAST, OpPattern.INJECTIVE)
 
@@ -90,8 +90,4 @@ def split_to_slices(func: Function) -> Function:
 @module_pass("split-to-slices", opt_level=1)
 def SplitToSlices(mod: IRModule, ctx: PassContext) -> IRModule:
     """Replace the fields of splits that feed only fusible operators by strided slices."""
-    mod = typed(mod)
-    funcs = {gv: split_to_slices(f) for gv, f in mod.functions.items()}
-    if all(funcs[gv] is f for gv, f in mod.functions.items()):
-        return mod
-    return IRModule(funcs, mod.type_definitions)
+    return map_typed_functions(mod, split_to_slices)
