@@ -18,8 +18,10 @@ descheduled thread stalls the region for a scheduler tick.
 Waiting. An idle worker spins on the job word for a while — ``WORKER_PAUSE_SPINS`` checks
 with the target's pause instruction (``llvm.x86.sse2.pause`` on x86, nothing elsewhere), then
 checks with ``sched_yield`` up to ``WORKER_SPINS`` — so that the next region of a loop of
-small kernels finds it awake without it taking a core another thread wants; then it sleeps
-on a pthread condition variable, and the caller signals it only when some worker sleeps.
+small kernels finds it awake without it taking a core another thread wants; then, unless
+``kiln_pool_spin_ns`` asks it to go on yielding for that long since its last region
+(``KILN_SPIN_MS``; 0 by default), it sleeps on a pthread condition variable, and the caller
+signals it only when some worker sleeps.
 The caller, waiting for claimed chunks to finish, spins briefly and then yields its core
 with ``sched_yield``.
 
@@ -58,6 +60,13 @@ WORKER_PAUSE_SPINS = 8192
 WORKER_SPINS = WORKER_PAUSE_SPINS + 8192
 # Checks a waiting caller makes before it starts yielding its core on each further check.
 CALLER_SPINS = 1024
+# Nanoseconds an idle worker goes on yield-spinning after WORKER_SPINS, counted from the end
+# of its last region, before it sleeps: 0 by default. In a VM a worker that slept wakes on a
+# halted vCPU that comes back slowly: after 50 ms idle, a batch-64 MLP ran its next calls at
+# one thread's speed (0.52 ms against 0.30), and with the workers kept awake for 0.1 s at
+# ORT's (0.33; ORT's own workers spin by default) — at the price of a core kept busy
+# yielding. Set per process with KILN_SPIN_MS or kiln.codegen.set_spin_ms (threads.py).
+SPIN_NS_SYMBOL = "kiln_pool_spin_ns"
 # Worker threads the pool creates at most (kiln_num_threads beyond this + 1 are not used).
 MAX_WORKERS = 255
 # Bytes reserved for a pthread_mutex_t and for a pthread_cond_t (glibc: 40 and 48 on x86-64,
@@ -78,7 +87,7 @@ def pool_ir(triple: str) -> str:
     pause, pause_decl = _pause(triple)
     return _TEMPLATE.format(
         triple=triple, pause=pause, pause_decl=pause_decl, nthreads=NUM_THREADS_SYMBOL,
-        parallel_for=PARALLEL_FOR_SYMBOL, worker_spins=WORKER_SPINS,
+        parallel_for=PARALLEL_FOR_SYMBOL, worker_spins=WORKER_SPINS, spin_ns=SPIN_NS_SYMBOL,
         worker_pause_spins=WORKER_PAUSE_SPINS,
         caller_spins=CALLER_SPINS, max_workers=MAX_WORKERS, sync=SYNC_BYTES)
 
@@ -106,6 +115,7 @@ target triple = "{triple}"
 @pool.grain = internal global i64 0
 @pool.chunks = internal global i64 0
 @pool.helpers = internal global i64 0
+@{spin_ns} = hidden global i64 0, align 8
 
 declare i32 @pthread_create(ptr, ptr, ptr, ptr)
 declare i32 @pthread_detach(i64)
@@ -116,7 +126,21 @@ declare i32 @pthread_cond_init(ptr, ptr)
 declare i32 @pthread_cond_wait(ptr, ptr)
 declare i32 @pthread_cond_broadcast(ptr)
 declare i32 @sched_yield()
+declare i32 @clock_gettime(i32, ptr)
 {pause_decl}
+
+; CLOCK_MONOTONIC (1 on Linux, every architecture) in nanoseconds.
+define internal i64 @pool.now() nounwind {{
+entry:
+  %ts = alloca [2 x i64], align 16
+  %r = call i32 @clock_gettime(i32 1, ptr %ts)
+  %sec = load i64, ptr %ts, align 16
+  %nsp = getelementptr inbounds [2 x i64], ptr %ts, i64 0, i64 1
+  %nsec = load i64, ptr %nsp, align 8
+  %ns = mul i64 %sec, 1000000000
+  %t = add i64 %ns, %nsec
+  ret i64 %t
+}}
 
 ; Claim chunks of the current job until none is left; how many this thread ran.
 define internal i64 @pool.claim(ptr %fn, ptr %data, i64 %n, i64 %grain, i64 %chunks) nounwind {{
@@ -170,9 +194,10 @@ entry:
 wait:
   ; 0 is never an open job: a new worker joins the job open when it starts, if any
   %seen = phi i64 [ 0, %entry ], [ %job, %leave ]
+  %idle.from = call i64 @pool.now()
   br label %spin
 spin:
-  %i = phi i64 [ 0, %wait ], [ %i1, %spin.more ]
+  %i = phi i64 [ 0, %wait ], [ %i1, %spin.more ], [ %i1, %spin.clock ]
   %j = load atomic i64, ptr @pool.job seq_cst, align 8
   %j.odd = trunc i64 %j to i1
   %j.new = icmp ne i64 %j, %seen
@@ -192,7 +217,17 @@ spin.yield:
   br label %spin.more
 spin.more:
   %more = icmp ult i64 %i1, {worker_spins}
-  br i1 %more, label %spin, label %sleep
+  br i1 %more, label %spin, label %spin.late
+spin.late:
+  ; past the counted checks: yield on until {spin_ns} nanoseconds of idleness (0: sleep now)
+  %limit = load atomic i64, ptr @{spin_ns} monotonic, align 8
+  %timed = icmp sgt i64 %limit, 0
+  br i1 %timed, label %spin.clock, label %sleep
+spin.clock:
+  %clock = call i64 @pool.now()
+  %idle = sub i64 %clock, %idle.from
+  %awake = icmp slt i64 %idle, %limit
+  br i1 %awake, label %spin, label %sleep
 sleep:
   %l0 = call i32 @pthread_mutex_lock(ptr @pool.mutex)
   %s0 = atomicrmw add ptr @pool.sleepers, i32 1 seq_cst

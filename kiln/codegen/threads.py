@@ -31,7 +31,7 @@ from contextlib import contextmanager
 import llvmlite.binding as llvm
 
 from kiln.codegen.outline import NUM_THREADS_SYMBOL
-from kiln.codegen.pool import PARALLEL_FOR_SYMBOL, pool_ir
+from kiln.codegen.pool import PARALLEL_FOR_SYMBOL, SPIN_NS_SYMBOL, pool_ir
 from kiln.codegen.target import host_target, initialize
 from kiln.errors import Error, InternalError
 
@@ -42,6 +42,7 @@ _lock = threading.Lock()
 _ready = False
 _pool_engine = None  # keeps the pool's machine code alive
 _parallel_for = 0  # its address
+_spin_ns: ctypes.c_int64 | None = None  # the pool's kiln_pool_spin_ns
 
 
 def default_num_threads() -> int:
@@ -59,6 +60,22 @@ def default_num_threads() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def default_spin_ms() -> float:
+    """``KILN_SPIN_MS`` if set (milliseconds an idle worker stays awake yielding its core
+    after its last region before it sleeps), else 0: sleep after the pool's few ms of checks."""
+    text = os.environ.get("KILN_SPIN_MS", "").strip()
+    if not text:
+        return 0.0
+    try:
+        ms = float(text)
+    except ValueError:
+        ms = -1.0
+    if not 0 <= ms <= 60_000:
+        raise Error(f"KILN_SPIN_MS must be a number of milliseconds from 0 to 60000, "
+                    f"not {text!r}")
+    return ms
 
 
 def ensure_runtime() -> None:
@@ -92,10 +109,14 @@ def _install_pool() -> None:
     engine = llvm.create_mcjit_compiler(module, m.new_machine())
     engine.finalize_object()
     _parallel_for = engine.get_function_address(PARALLEL_FOR_SYMBOL)
-    if not _parallel_for:
-        raise InternalError("kiln's thread pool has no kiln_parallel_for")
+    spin = engine.get_global_value_address(SPIN_NS_SYMBOL)
+    if not _parallel_for or not spin:
+        raise InternalError("kiln's thread pool has no kiln_parallel_for or spin setting")
     llvm.add_symbol(PARALLEL_FOR_SYMBOL, _parallel_for)
     _pool_engine = engine
+    global _spin_ns
+    _spin_ns = ctypes.c_int64.from_address(spin)
+    _spin_ns.value = int(default_spin_ms() * 1e6)
 
 
 def parallel_for_address() -> int:
@@ -120,6 +141,27 @@ def set_num_threads(n: int) -> None:
         _process_count = n
         if not _calls:
             _count.value = n
+
+
+def spin_ms() -> float:
+    """Milliseconds an idle pool worker stays awake after its last region (`set_spin_ms`)."""
+    ensure_runtime()
+    assert _spin_ns is not None
+    return _spin_ns.value / 1e6
+
+
+def set_spin_ms(ms: float) -> None:
+    """Let idle pool workers stay awake, yielding their cores, for ``ms`` milliseconds after
+    their last parallel region before they sleep (process-wide; 0, the default, sleeps after
+    the pool's own few milliseconds of checks). Longer keeps the next call fast after a pause
+    where waking a sleeping thread is slow (a VM's halted vCPU), at the price of a core busy
+    yielding in between."""
+    if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 <= ms <= 60_000:
+        raise Error(f"the spin time must be a number of milliseconds from 0 to 60000, "
+                    f"not {ms!r}")
+    ensure_runtime()
+    assert _spin_ns is not None
+    _spin_ns.value = int(ms * 1e6)
 
 
 @contextmanager

@@ -208,6 +208,42 @@ def test_set_num_threads_rejects_nonsense() -> None:
             kiln.codegen.set_num_threads(bad)  # type: ignore[arg-type]
 
 
+def test_workers_may_stay_awake_longer() -> None:
+    # KILN_SPIN_MS / set_spin_ms: how long idle workers yield before they sleep; the chunks
+    # still run exactly once, and results do not change
+    from kiln.codegen import set_spin_ms, spin_ms
+
+    before = spin_ms()
+    k = row_softmax_like(300, 64)
+    x = RNG.standard_normal((300, 64)).astype(np.float32)
+    f = compile_kernels([k])[k.name]
+    want = np.empty_like(x)
+    f(x, np.array(1.5, dtype="float32"), want)
+    try:
+        set_spin_ms(20)
+        assert spin_ms() == 20
+        with threads(2):
+            for _ in range(3):
+                got = np.empty_like(x)
+                f(x, np.array(1.5, dtype="float32"), got)
+                np.testing.assert_array_equal(got, want)
+                time.sleep(0.03)  # past the spin: the workers sleep, and are woken again
+            assert sorted(c for c, _, _ in run_pool(40, 1)) == list(range(40))
+    finally:
+        set_spin_ms(before)
+    for bad in (-1, 1e9, "5", True):
+        with pytest.raises(kiln.Error, match="milliseconds"):
+            set_spin_ms(bad)  # type: ignore[arg-type]
+    env = dict(os.environ, KILN_SPIN_MS="soon")
+    done = subprocess.run([sys.executable, "-c", "import kiln.codegen as c; c.num_threads()"],
+                          env=env, text=True, capture_output=True, timeout=300, cwd=_repo())
+    assert done.returncode != 0 and "KILN_SPIN_MS must be a number" in done.stderr
+    env = dict(os.environ, KILN_SPIN_MS="7.5")
+    done = subprocess.run([sys.executable, "-c", "import kiln.codegen as c; print(c.spin_ms())"],
+                          env=env, text=True, capture_output=True, timeout=300, cwd=_repo())
+    assert done.returncode == 0 and done.stdout.split()[-1] == "7.5", done.stderr
+
+
 def test_four_python_threads_call_compiled_kernels_at_once() -> None:
     parallel = row_softmax_like(128, 64)
     a, b, i = Buffer("a", (4096,), "float64"), Buffer("b", (4096,), "float64"), Var("i")
