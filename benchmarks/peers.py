@@ -26,13 +26,15 @@ check and the numpy column) runs after all the kiln timings: once OpenBLAS has r
 parallel kernels are many times slower for a while, and torch's and ORT's are not.
 
     .venv/bin/python benchmarks/peers.py [--threads 2] [--repeat 30] [--only mlp1,matmul]
-        [--conditions idle,busy] [--unset-openblas]
+        [--conditions idle,busy] [--unset-openblas] [--spin-ms 100]
     .venv/bin/python benchmarks/peers.py --quick       # reduced sizes, few repeats: a smoke run
 
 numpy's OpenBLAS reads its environment when it loads, so the script runs itself again when it
 must change it: ``OPENBLAS_NUM_THREADS`` set to ``--threads`` if unset, and with
 ``--unset-openblas``, without ``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE`` (which force
-OpenBLAS's Haswell kernels on newer CPUs and slow numpy). On a machine shared with other work
+OpenBLAS's Haswell kernels on newer CPUs and slow numpy). ``--spin-ms`` keeps kiln's idle
+pool workers awake that long (``kiln.codegen.set_spin_ms``; ONNX Runtime's spin by default),
+which matters where waking a sleeping thread is slow (a VM). On a machine shared with other work
 every figure is noisy: compare the runtimes within a row, never an absolute time across runs.
 """
 
@@ -54,7 +56,7 @@ from typing import Any
 import numpy as np
 
 import kiln
-from kiln.codegen import num_threads, set_num_threads
+from kiln.codegen import num_threads, set_num_threads, set_spin_ms, spin_ms
 from kiln.ir.expr import Function, var
 from kiln.ir.module import IRModule
 from kiln.op import nn
@@ -423,7 +425,8 @@ def machine(threads: int) -> None:
     host = kiln.Target.host()
     print(f"CPU: {model}; kiln.Target.host(): cpu {host.cpu}, {host.vector_bits}-bit vectors, "
           f"{host.cores} cores; os.cpu_count() {os.cpu_count()}")
-    print(f"threads: kiln {num_threads()}, torch {torch.__version__} {torch.get_num_threads()}, "
+    print(f"threads: kiln {num_threads()} (idle workers awake {spin_ms():g} ms), "
+          f"torch {torch.__version__} {torch.get_num_threads()}, "
           f"onnxruntime {ort.__version__} intra-op {threads}, numpy/OpenBLAS "
           f"{os.environ.get('OPENBLAS_NUM_THREADS', '(all cores)')}")
     forced = {k: os.environ[k] for k in OPENBLAS_OVERRIDES if k in os.environ}
@@ -472,11 +475,16 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated keys: " + ",".join(
         c.key for c in cases(False)) + ",numpy_alternating")
     parser.add_argument("--conditions", default="idle,busy", help="idle, busy or both")
+    parser.add_argument("--spin-ms", type=float, default=None,
+                        help="kiln's idle workers stay awake this long (default: kiln's, 0)")
     parser.add_argument("--unset-openblas", action="store_true",
                         help="run without OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE")
     parser.add_argument("--alternating-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     reexecute_if_needed(args)
+    if args.spin_ms is not None:
+        os.environ["KILN_SPIN_MS"] = str(args.spin_ms)  # the alternating child's too
+        set_spin_ms(args.spin_ms)
     repeat = args.repeat or (10 if args.quick else 30)
     if args.alternating_child:  # prints the runs as JSON for the parent
         set_num_threads(args.threads)
