@@ -237,12 +237,11 @@ class VM:
                     def step(regs: list[Any], fr: _Frame) -> None:
                         regs[dest] = np.empty(shape, dtype)
                     return step
-                nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-                end = offset + nbytes
+                make = np.ndarray  # a view of the arena at the offset, in one call
 
                 def step(regs: list[Any], fr: _Frame) -> None:
                     # An alloc with an offset is planned into its frame, which has an arena.
-                    regs[dest] = fr.arena[offset:end].view(dtype).reshape(shape)  # type: ignore[index]
+                    regs[dest] = make(shape, dtype, fr.arena, offset)
                 return step
             case "const":
                 value = self.constants[a["index"]]
