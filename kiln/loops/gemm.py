@@ -365,7 +365,8 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
 
     def grid_epilogue(bt: Expr, acc: Buffer, tile_m: Expr, tile_n: Expr, width: int) -> Stmt:
         # The tile's columns j0 .. j0 + w - 1 are pixels (y0 + r, x) for a few rows r: spilled
-        # at offset s = j0 % cols of a row-aligned buffer, then written run by run.
+        # at offset s = j0 % cols of a row-aligned buffer, then written run by run — or, when
+        # they all lie in row y0's results (s + w <= valid), as one run of constant length.
         assert grid is not None
         cols, valid = grid.cols, grid.valid
         reach = -(-(cols - 1 + nr) // cols)  # rows a tile can touch
@@ -394,7 +395,17 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
                 parts.append(For(x, lo, Binary("max", hi - lo, Const(0, INDEX)), IfThenElse(
                     Binary("lt", x, Const(valid, INDEX)), put), "vectorized"))
                 x = Var("x")
-            return For(i, Const(0), rows, Seq(tuple(parts)))
+            spread = For(i, Const(0), rows, Seq(tuple(parts)))
+            if valid < w:
+                return spread
+            # Most tiles lie within one row's results: one vector loop of constant length
+            c = Var("c")
+            i1 = Var("i")
+            row1 = _min(tile_m * mr + i1, m - 1) if m % mr else tile_m * mr + i1
+            at = s + c
+            inside = For(i1, Const(0), rows, For(c, Const(0), Const(w), grid.write(
+                bt, row1, y0, at, Load(ctile, (i1, at))), "vectorized"))
+            return IfThenElse(Binary("le", s, Const(valid - w, INDEX)), inside, spread)
 
         nfull = n // nr
         if n % nr == 0:
