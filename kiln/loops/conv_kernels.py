@@ -332,9 +332,22 @@ def implicit_gemm(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequenc
         ci, ky, kx = taps(p)
         return w(bt * og + o, ci, ky, kx)
 
-    def tap_at(bt: Expr, kk: Expr) -> Expr:  # where (c, ky, kx) = kk reads pixel 0
+    def tap_of(kk: Expr) -> Expr:  # where (c, ky, kx) = kk of group 0 reads pixel 0
         ci, ky, kx = taps(kk if exact else g._min(kk, k - 1))
-        return geo.tap(bt * cg + ci, ky, kx)
+        return geo.tap(ci, ky, kx)
+
+    # The micro-kernel's step p reads tap kk: its offset from a table made once per call
+    # (the div/mod chain of (c, ky, kx) cost some 50 integer instructions a step beside 28
+    # FMAs on a 7×7 stride-2 kernel). The clamp to the offsets' bounds costs two and lets the
+    # verifier bound the read. A group's channels are its first channel's plus a stride.
+    tap_table = Buffer("taps", (kc * nk,), INDEX, "local")
+    group_stride = cg * geo.rows * geo.cols
+    high = int(geo.max_tap() - (groups - 1) * group_stride) if groups > 1 else geo.max_tap()
+
+    def tap_at(bt: Expr, kk: Expr) -> Expr:
+        at: Expr = Binary("max", Load(tap_table, (kk,)), Const(0, INDEX))
+        at = Binary("min", at, Const(high, INDEX))
+        return at if groups == 1 else at + bt * group_stride
 
     def packed(bt: Expr, tile: Expr, kk: Expr, c: Expr, width: int = 1) -> Expr:
         assert w_packed is not None
@@ -404,8 +417,11 @@ def implicit_gemm(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequenc
             prod = g.gemm(groups, og, geo.columns, k, weight, unused, put, dtype, schedule,
                           a_panel=packed if w_packed is not None else None,
                           b_panel=plane_columns, target=tgt, grid=grid)
-        return For(img, Const(0), Const(nimg), Allocate(planes, Seq((
+        kk = Var("kk")
+        table = For(kk, Const(0), Const(kc * nk), Store(tap_table, (kk,), tap_of(kk)))
+        images = For(img, Const(0), Const(nimg), Allocate(planes, Seq((
             geo.fill(x, img, planes, tgt), prod))))
+        return Allocate(tap_table, Seq((table, images)))
 
     t = extern(tuple(out_shape), dtype, emit)
     t.schedule = {**schedule.attrs(), "pixels": plan.pixels, "prepacked": w_packed is not None}
