@@ -69,7 +69,8 @@ def conv2d(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequence[int],
     c = x.shape[1]
     cg = w.shape[1]
     if cg == 1 and groups == c and groups > 1:
-        flat = out_shape[3] * DEPTHWISE_FLAT_ROWS <= tgt.lanes(dtype)
+        flat = (out_shape[3] * DEPTHWISE_FLAT_ROWS <= tgt.lanes(dtype)
+                 and strides[0] * strides[1] <= MAX_PHASES)
         kernel = depthwise_flat if flat else depthwise
         t = extern(tuple(out_shape), dtype, lambda write: kernel(
             x, w, strides, padding, dilation, out_shape, write, tgt))
@@ -131,6 +132,11 @@ class Planes:
     @property
     def plane(self) -> int:
         return self.rows * self.cols
+
+    @property
+    def channel_stride(self) -> int:
+        """How far apart two channels' taps are (within a phase)."""
+        return self.plane
 
     def tap(self, channel: Expr, ky: Expr, kx: Expr) -> Expr:
         """Where tap (channel, ky, kx) of output pixel 0 is read."""
@@ -203,6 +209,84 @@ class Planes:
         return Seq(tuple([body] + zero(Const(planes, INDEX), out.size - planes)))
 
 
+MAX_PHASES = 4  # stride phases beyond which the input is laid out as im2col (`Im2col`)
+
+
+@dataclass(frozen=True)
+class Im2col:
+    """The input as an im2col matrix, one row of ``oh·ow`` pixels per tap (channel, ky, kx):
+    for strides with more phases than `MAX_PHASES` (a ViT's 16×16 patches, stride 16: 256
+    phases, each a set of loops to compile, where the patch rows are short anyway). The same
+    interface as `Planes`: tap (c, ky, kx) of pixel j is at ``tap(c, ky, kx) + j``, with no
+    padding columns (``cols`` = the output width), filled with a bounds test per element."""
+
+    planes: Planes
+
+    @property
+    def out(self) -> tuple[int, int]:
+        return self.planes.out
+
+    @property
+    def cols(self) -> int:
+        return self.planes.out[1]
+
+    @property
+    def rows(self) -> int:
+        return self.planes.out[0]
+
+    @property
+    def columns(self) -> int:
+        return self.planes.out[0] * self.planes.out[1]
+
+    @property
+    def channel_stride(self) -> int:
+        kh, kw = self.planes.kernel
+        return kh * kw * self.columns
+
+    def tap(self, channel: Expr, ky: Expr, kx: Expr) -> Expr:
+        kh, kw = self.planes.kernel
+        return ((channel * kh + ky) * kw + kx) * self.columns
+
+    def max_tap(self) -> int:
+        return (self.planes.channels * self.planes.kernel[0] * self.planes.kernel[1] - 1) \
+            * self.columns
+
+    def size(self, slots: int) -> int:
+        return self.max_tap() + max(slots, self.columns)
+
+    def fill(self, x: Callable[..., Expr], img: Expr, out: Buffer, target: Target,
+             zero_first: bool = False) -> Stmt:
+        assert isinstance(x, Tensor)  # a whole input (one channel only for depthwise)
+        g_ = self.planes
+        (kh, kw), (sh, sw), (dh, dw), (top, left) = g_.kernel, g_.strides, g_.dilation, g_.padding
+        oh, ow = g_.out
+        ch, ky, kx, oy, ox = Var("ci"), Var("ky"), Var("kx"), Var("oy"), Var("ox")
+        y, xx = oy * sh + (ky * dh - top), ox * sw + (kx * dw - left)
+        spans = [None, None, oplib.window_span(oh, sh, kh, dh, top),
+                 oplib.window_span(ow, sw, kw, dw, left)]
+        value = oplib.guarded_read(x, [img, ch, y, xx], spans, Const(0.0, out.dtype))
+        at = self.tap(ch, ky, kx) + oy * ow + ox
+        body = For(ky, Const(0), Const(kh), For(kx, Const(0), Const(kw), For(
+            oy, Const(0), Const(oh), For(ox, Const(0), Const(ow), Store(out, (at,), value),
+                                         "vectorized"))))
+        total = self.max_tap() + self.columns
+        kind = "parallel" if (total >= PLANES_PARALLEL_MIN and target.cores > 1
+                              and g_.channels > 1) else "serial"
+        z = Var("z")
+        tail = For(z, Const(total), Const(out.size - total), Store(out, (z,), Const(
+            0.0, out.dtype)), "vectorized")
+        rows = For(ch, Const(0), Const(g_.channels), body, kind)
+        return Seq((rows, tail)) if out.size > total else rows
+
+
+def conv_layout(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
+                padding: Sequence[int], dilation: Sequence[int],
+                out_shape: Sequence[int]) -> Planes | Im2col:
+    """How `implicit_gemm` lays out the input: phase planes, or im2col for many phases."""
+    planes = Planes.of(x_shape, w_shape, strides, padding, dilation, out_shape)
+    return planes if planes.phases <= MAX_PHASES else Im2col(planes)
+
+
 TRANSPOSED_MIN_K = 1024  # K from which pixels may be the GEMM's rows (see `ConvPlan`)
 
 
@@ -243,7 +327,7 @@ def conv_plan(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[
     then holds up a small share, not half of the product.
     """
     tgt = lowering_target(target)
-    geo = Planes.of(x_shape, w_shape, strides, padding, dilation, out_shape)
+    geo = conv_layout(x_shape, w_shape, strides, padding, dilation, out_shape)
     _, cg, kh, kw = w_shape
     og, k = int(out_shape[1]) // groups, cg * kh * kw
     oh, ow = geo.out
@@ -304,7 +388,7 @@ def implicit_gemm(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequenc
     nimg, oc, oh, ow = out_shape
     _, cg, kh, kw = w.shape
     og = oc // groups
-    geo = Planes.of(x.shape, w.shape, strides, padding, dilation, out_shape)
+    geo = conv_layout(x.shape, w.shape, strides, padding, dilation, out_shape)
     k = cg * kh * kw
     nk = g.k_blocking(k, tgt, dtype)[1]
     plan = conv_plan(x.shape, w.shape, strides, padding, dilation, groups, out_shape,
@@ -341,7 +425,7 @@ def implicit_gemm(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequenc
     # FMAs on a 7×7 stride-2 kernel). The clamp to the offsets' bounds costs two and lets the
     # verifier bound the read. A group's channels are its first channel's plus a stride.
     tap_table = Buffer("taps", (kc * nk,), INDEX, "local")
-    group_stride = cg * geo.rows * geo.cols
+    group_stride = cg * geo.channel_stride
     high = int(geo.max_tap() - (groups - 1) * group_stride) if groups > 1 else geo.max_tap()
 
     def tap_at(bt: Expr, kk: Expr) -> Expr:
@@ -424,7 +508,8 @@ def implicit_gemm(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequenc
         return Allocate(tap_table, Seq((table, images)))
 
     t = extern(tuple(out_shape), dtype, emit)
-    t.schedule = {**schedule.attrs(), "pixels": plan.pixels, "prepacked": w_packed is not None}
+    t.schedule = {**schedule.attrs(), "pixels": plan.pixels, "prepacked": w_packed is not None,
+                  "input": "im2col" if isinstance(geo, Im2col) else "phase planes"}
     return t
 
 

@@ -54,6 +54,11 @@ CASES = [
     ((2, 6, 14, 15), (6, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 6),  # depthwise, stride 2
     ((1, 4, 9, 9), (8, 5, 3), (1, 2), (2, 1, 0, 1), (2, 1), 4),  # depthwise ×2 channels
     ((1, 3, 11, 13), (3, 3, 3), (1, 3), (1, 2, 1, 0), (1, 2), 3),  # column phases, dilated
+    # more stride phases than MAX_PHASES: the input as im2col rows (a ViT's patches)
+    ((1, 3, 32, 32), (8, 4, 4), (4, 4), (0, 0, 0, 0), (1, 1), 1),
+    ((1, 4, 13, 14), (6, 3, 3), (3, 2), (1, 2, 0, 1), (2, 1), 1),  # padded, dilated
+    ((1, 8, 12, 12), (8, 3, 3), (3, 3), (1, 1, 1, 1), (1, 1), 2),  # grouped
+    ((1, 64, 32, 32), (16, 4, 4), (4, 4), (0, 0, 0, 0), (1, 1), 1),  # K 1024: pixels as rows
     # depthwise on maps whose rows fit twice in a vector: the flat kernel
     ((1, 5, 4, 4), (5, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 5),
     ((2, 3, 7, 8), (6, 3, 3), (2, 2), (1, 1, 1, 0), (2, 1), 3),  # strided, dilated, ×2
@@ -144,6 +149,25 @@ def test_conv2d_plans_and_threads(spec: str) -> None:
         np.testing.assert_array_equal(results[0], results[1])
         want = np.maximum(reference(a, b, (1, 1), (1,) * 4, (1, 1), 1), 0)
         np.testing.assert_allclose(results[0], want, rtol=1e-4, atol=2e-5 * xs[1] * 9)
+
+
+def test_many_stride_phases_take_im2col_rows() -> None:
+    # a ViT's 16×16 stride-16 patches would be 256 phase planes (each its loops to compile:
+    # minutes); the kernel reads im2col rows instead, and agrees with torch
+    from kiln.runtime.backend import lower
+
+    x = kiln.var("x", shape=(1, 3, 64, 64), dtype="float32")
+    w = kiln.var("w", shape=(24, 3, 16, 16), dtype="float32")
+    mod = kiln.IRModule.from_expr(kiln.Function([x, w], nn.conv2d(x, w, strides=(16, 16))))
+    b = RNG.standard_normal((24, 3, 16, 16)).astype(np.float32)
+    low = lower(mod, "llvm", 3, {"w": b}, upto="lower-kernels")
+    decls = low.program.kernels.values()
+    inputs = {d.kernel.attrs["schedules"][0][1].get("input") for d in decls}
+    assert inputs == {"im2col"}
+    a = RNG.standard_normal((1, 3, 64, 64)).astype(np.float32)
+    got = kiln.build(mod, params={"w": b})(a)
+    np.testing.assert_allclose(got, reference(a, b, (16, 16), (0,) * 4, (1, 1), 1),
+                               rtol=1e-4, atol=2e-5 * 768)
 
 
 def test_pointwise_conv2d() -> None:
