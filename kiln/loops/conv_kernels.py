@@ -10,9 +10,11 @@ The float32 path of the operator's ``lower=`` rule (kiln/op/nn/conv.py).
   shift, so the GEMM's micro-kernel (kiln/loops/gemm.py) loads its B vectors straight from
   them — no per-element index arithmetic, no bounds tests, no copy per block of the
   product. The weight is the A operand, packed at compile time when it is a constant
-  (alter-layout). The epilogue writes each pixel through the fused consumers. On one Zen 5
-  core (AVX-512), side by side, a 64-channel 56×56 3×3 convolution went from 52 GFLOP/s (B
-  packed from the image element by element) to 186 (200–205 in quiet minutes).
+  (alter-layout), or B when pixels are the rows (`ConvPlan`); with more than `MAX_PHASES`
+  stride phases the input is laid out as im2col rows instead (`Im2col`). The epilogue
+  writes each pixel through the fused consumers. On one Zen 5 core (AVX-512), side by side,
+  a 64-channel 56×56 3×3 convolution went from 52 GFLOP/s (B packed from the image element
+  by element) to 186 (200–205 in quiet minutes).
 - **Depthwise** (one input channel per group, MobileNet's 3×3): a matrix product has
   nothing to block there, so each (image, channel) plane is copied once into a zero-padded
   local plane, and every output row is a vectorized loop over pixels summing the kernel's
