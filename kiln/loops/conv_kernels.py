@@ -203,8 +203,7 @@ class Planes:
                 stmts += zero(base, r0 * cols) + [interior] + zero(
                     base + (r1 + 1) * cols, (rows - 1 - r1) * cols)
         planes = self.phases * self.channels * plane
-        kind = "parallel" if (planes >= PLANES_PARALLEL_MIN and target.cores > 1
-                              and self.channels > 1) else "serial"
+        kind = _copy_kind(planes, self.channels, target)
         body = For(ch, Const(0), Const(self.channels), Seq(tuple(stmts)), kind)
         if zero_first:
             return Seq(tuple(zero(Const(0, INDEX), out.size) + [body]))
@@ -272,13 +271,18 @@ class Im2col:
             oy, Const(0), Const(oh), For(ox, Const(0), Const(ow), Store(out, (at,), value),
                                          "vectorized"))))
         total = self.max_tap() + self.columns
-        kind = "parallel" if (total >= PLANES_PARALLEL_MIN and target.cores > 1
-                              and g_.channels > 1) else "serial"
+        kind = _copy_kind(total, g_.channels, target)
         z = Var("z")
         tail = For(z, Const(total), Const(out.size - total), Store(out, (z,), Const(
             0.0, out.dtype)), "vectorized")
         rows = For(ch, Const(0), Const(g_.channels), body, kind)
         return Seq((rows, tail)) if out.size > total else rows
+
+
+def _copy_kind(floats: int, channels: int, target: Target) -> str:
+    """The loop over channels that copies an image into its layout: parallel when large."""
+    big = floats >= PLANES_PARALLEL_MIN and target.cores > 1 and channels > 1
+    return "parallel" if big else "serial"
 
 
 def conv_layout(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
@@ -428,7 +432,7 @@ def implicit_gemm(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequenc
     # verifier bound the read. A group's channels are its first channel's plus a stride.
     tap_table = Buffer("taps", (kc * nk,), INDEX, "local")
     group_stride = cg * geo.channel_stride
-    high = int(geo.max_tap() - (groups - 1) * group_stride) if groups > 1 else geo.max_tap()
+    high = geo.max_tap() - (groups - 1) * group_stride
 
     def tap_at(bt: Expr, kk: Expr) -> Expr:
         at: Expr = Binary("max", Load(tap_table, (kk,)), Const(0, INDEX))

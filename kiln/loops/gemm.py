@@ -333,6 +333,17 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
             finish = IfThenElse(Binary("eq", pc, Const(nk - 1)), finish, keep)
         return Allocate(acc, Seq((init, kloop, finish)))
 
+    def tile_rows(tile_m: Expr) -> Expr:
+        """How many rows of M tile ``tile_m`` are C's (the last tile: maybe fewer)."""
+        if m % mr:
+            return Binary("min", Const(mr, INDEX), Const(m, INDEX) - tile_m * mr)
+        return Const(mr, INDEX)
+
+    def row_of(tile_m: Expr, i: Expr) -> Expr:
+        """C's row for row ``i`` of M tile ``tile_m`` (clamped so the verifier bounds it)."""
+        row = tile_m * mr + i
+        return _min(row, m - 1) if m % mr else row
+
     def epilogue(bt: Expr, acc: Buffer, tile_m: Expr, tile_n: Expr, width: int = nr) -> Stmt:
         if grid is not None:
             return grid_epilogue(bt, acc, tile_m, tile_n, width)
@@ -341,16 +352,11 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
                                 Load(acc, (Const(i), Const(v * lanes)), lanes))
                           for i in range(mr) for v in range(width // lanes)))
         nfull = n // nr
-        rows: Expr = Const(mr, INDEX)
-        if m % mr:
-            rows = Binary("min", Const(mr, INDEX), Const(m, INDEX) - tile_m * mr)
+        rows = tile_rows(tile_m)
 
         def rows_loop(width: int, col0: Callable[[], Expr], kind: str) -> Stmt:
             i, j = Var("i"), Var("j")
-            row = tile_m * mr + i
-            if m % mr:
-                row = _min(row, m - 1)
-            body = write(bt, row, col0() + j, Load(ctile, (i, j)))
+            body = write(bt, row_of(tile_m, i), col0() + j, Load(ctile, (i, j)))
             return For(i, Const(0), rows, For(j, Const(0), Const(width), body, kind))
 
         parts: list[Stmt] = []
@@ -376,16 +382,12 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
         spill = Seq(tuple(Store(ctile, (Const(i), s + v * lanes),
                                 Load(acc, (Const(i), Const(v * lanes)), lanes))
                           for i in range(mr) for v in range(width // lanes)))
-        rows: Expr = Const(mr, INDEX)
-        if m % mr:
-            rows = Binary("min", Const(mr, INDEX), Const(m, INDEX) - tile_m * mr)
+        rows = tile_rows(tile_m)
 
         def runs(w: int) -> Stmt:
             # w columns of the tile are results (the last tile: fewer)
             i, x = Var("i"), Var("x")
-            row = tile_m * mr + i
-            if m % mr:
-                row = _min(row, m - 1)
+            row = row_of(tile_m, i)
             parts: list[Stmt] = []
             for r in range(-(-(cols - 1 + w) // cols)):
                 lo = Binary("max", s - r * cols, Const(0, INDEX))
@@ -399,12 +401,10 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
             if valid < w:
                 return spread
             # Most tiles lie within one row's results: one vector loop of constant length
-            c = Var("c")
-            i1 = Var("i")
-            row1 = _min(tile_m * mr + i1, m - 1) if m % mr else tile_m * mr + i1
+            c, i1 = Var("c"), Var("i")
             at = s + c
             inside = For(i1, Const(0), rows, For(c, Const(0), Const(w), grid.write(
-                bt, row1, y0, at, Load(ctile, (i1, at))), "vectorized"))
+                bt, row_of(tile_m, i1), y0, at, Load(ctile, (i1, at))), "vectorized"))
             return IfThenElse(Binary("le", s, Const(valid - w, INDEX)), inside, spread)
 
         nfull = n // nr

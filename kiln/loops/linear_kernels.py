@@ -13,21 +13,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kiln.loops import gemm as g
+from kiln.loops import oplib
 from kiln.loops.compute import BufferTensor, Tensor, WriteFn, extern
 from kiln.loops.ir import (
     FMA,
     INDEX,
-    Allocate,
-    Binary,
-    Broadcast,
     Const,
     Expr,
     For,
-    LetStmt,
     Load,
-    Seq,
     Stmt,
-    Store,
     Var,
 )
 from kiln.loops.ir import Buffer as LBuffer
@@ -159,43 +154,16 @@ def dot_rows(x: LBuffer, w: LBuffer, lead: tuple[int, ...], m: int, n: int, k: i
     weight is large."""
     tgt = lowering_target(target)
     lanes = tgt.lanes(x.dtype)
-    dtype = x.dtype
-    acc = LBuffer("dacc", (4, lanes), dtype, "local")
     j, i = Var("j"), Var("i")
     xrow = _split(i, lead)
-    chunks, rest = divmod(k, 4 * lanes)
-    vec_tail = (k - chunks * 4 * lanes) // lanes
-    zero = Broadcast(Const(0.0, dtype), lanes)
 
-    def xv(p: Expr) -> Expr:
-        return Load(x, (*xrow, p), lanes)
+    def step(acc: Expr, p: Expr) -> Expr:
+        return FMA(Load(x, (*xrow, p), lanes), Load(w, (j, p), lanes), acc)
 
-    def wv(p: Expr) -> Expr:
-        return Load(w, (j, p), lanes)
+    def tail(total: Expr, q: Expr) -> Expr:
+        return FMA(Load(x, (*xrow, q)), Load(w, (j, q)), total)
 
-    def acc_at(u: int) -> Load:
-        return Load(acc, (Const(u), Const(0)), lanes)
-
-    stmts: list[Stmt] = [Store(acc, (Const(u), Const(0)), zero) for u in range(4)]
-    if chunks:
-        p0 = Var("p0")
-        step = Seq(tuple(Store(acc, (Const(u), Const(0)), FMA(
-            xv(p0 * (4 * lanes) + u * lanes), wv(p0 * (4 * lanes) + u * lanes), acc_at(u)))
-            for u in range(4)))
-        stmts.append(For(p0, Const(0), Const(chunks), step))
-    for t in range(vec_tail):
-        p = Const(chunks * 4 * lanes + t * lanes, INDEX)
-        stmts.append(Store(acc, (Const(t), Const(0)), FMA(xv(p), wv(p), acc_at(t))))
-    total = Binary("add", Binary("add", acc_at(0), acc_at(1)),
-                   Binary("add", acc_at(2), acc_at(3)))
-    stmts.append(Store(acc, (Const(0), Const(0)), total))
-    s: Expr = Load(acc, (Const(0), Const(0)))
-    for lane in range(1, lanes):
-        s = Binary("add", s, Load(acc, (Const(0), Const(lane))))
-    for q in range(k - rest % lanes, k):
-        s = FMA(Load(x, (*xrow, Const(q, INDEX))), Load(w, (j, Const(q, INDEX))), s)
-    v = Var("dot", dtype)
-    stmts.append(LetStmt(v, s, write((*xrow, j), v)))
-    body = Allocate(acc, Seq(tuple(stmts)))
+    body = oplib.lane_fold(k, lanes, x.dtype, Const(0.0, x.dtype), step, "add", tail,
+                           lambda v: write((*xrow, j), v))
     kind = "parallel" if _dot_parallel(m, n, k, tgt) else "serial"
     return For(j, Const(0), Const(n), For(i, Const(0), Const(m), body), kind)

@@ -48,8 +48,7 @@ from kiln.loops.ir import (
     Var,
 )
 from kiln.loops.ir import binary as ir_binary
-from kiln.loops.schedule import NestSchedule, loop_nest, lowering_target
-from kiln.target import Target
+from kiln.loops.schedule import NestSchedule, loop_nest
 
 LowerFn = Callable[[list[Any], Any, Type], Any]
 
@@ -358,45 +357,39 @@ def zeros_if_empty(rule: LowerFn) -> LowerFn:
     return lower
 
 
-def lane_fold(buf: Buffer, row: tuple[Expr, ...], n: int, combine: str, init: Expr,
-              target: Target | None = None) -> Callable[[Callable[[Expr], Stmt]], Stmt]:
-    """Folding the ``n`` elements of ``buf[row..., :]`` (the last axis) with ``combine``
-    ("add", "max", "min"): vectors of the target's width combined lane-wise into four
-    accumulators, then across lanes, then the scalar tail — the order fixed by the shapes,
-    so the result does not depend on threads. Returns ``then -> statement``: ``then(value)``
-    is the statement that uses the result."""
-    lanes = lowering_target(target).lanes(buf.dtype)
-    acc = Buffer("fold", (4, lanes), buf.dtype, "local")
+def lane_fold(n: int, lanes: int, dtype: str, init: Expr,
+              vector_step: Callable[[Expr, Expr], Expr], combine: str,
+              scalar_step: Callable[[Expr, Expr], Expr],
+              use: Callable[[Expr], Stmt]) -> Stmt:
+    """A fold over ``n`` positions in vectors of ``lanes``: four vector accumulators
+    (``vector_step(acc, p)`` folds the ``lanes`` positions from ``p`` into ``acc``), then the
+    four and their lanes combined with ``combine`` ("add", "max", "min"), then the scalar
+    tail (``scalar_step(total, q)``); ``use(value)`` is the statement that uses the result.
+    The order is fixed by the shapes, so the result does not depend on threads. The dot
+    product of batch-1 dense (kiln/loops/linear_kernels.py) and softmax's row maximum."""
+    acc = Buffer("fold", (4, lanes), dtype, "local")
     chunks = n // (4 * lanes)
     vec_tail = (n - chunks * 4 * lanes) // lanes
 
     def at(u: int) -> Load:
         return Load(acc, (Const(u, INDEX), Const(0, INDEX)), lanes)
 
-    def vec(p: Expr) -> Load:
-        return Load(buf, (*row, p), lanes)
+    def put(u: int, value: Expr) -> Store:
+        return Store(acc, (Const(u, INDEX), Const(0, INDEX)), value)
 
-    stmts: list[Stmt] = [Store(acc, (Const(u, INDEX), Const(0, INDEX)), Broadcast(init, lanes))
-                         for u in range(4)]
+    stmts: list[Stmt] = [put(u, Broadcast(init, lanes)) for u in range(4)]
     if chunks:
         p0 = Var("p0")
         stmts.append(For(p0, Const(0, INDEX), Const(chunks, INDEX), Seq(tuple(
-            Store(acc, (Const(u, INDEX), Const(0, INDEX)),
-                  Binary(combine, at(u), vec(p0 * (4 * lanes) + u * lanes)))
-            for u in range(4)))))
+            put(u, vector_step(at(u), p0 * (4 * lanes) + u * lanes)) for u in range(4)))))
     for t in range(vec_tail):
-        p = Const(chunks * 4 * lanes + t * lanes, INDEX)
-        stmts.append(Store(acc, (Const(t, INDEX), Const(0, INDEX)), Binary(combine, at(t), vec(p))))
-    stmts.append(Store(acc, (Const(0, INDEX), Const(0, INDEX)), Binary(
-        combine, Binary(combine, at(0), at(1)), Binary(combine, at(2), at(3)))))
+        stmts.append(put(t, vector_step(at(t), Const(chunks * 4 * lanes + t * lanes, INDEX))))
+    stmts.append(put(0, Binary(combine, Binary(combine, at(0), at(1)),
+                               Binary(combine, at(2), at(3)))))
     total: Expr = Load(acc, (Const(0, INDEX), Const(0, INDEX)))
     for lane in range(1, lanes):
         total = Binary(combine, total, Load(acc, (Const(0, INDEX), Const(lane, INDEX))))
     for q in range(chunks * 4 * lanes + vec_tail * lanes, n):
-        total = Binary(combine, total, Load(buf, (*row, Const(q, INDEX))))
-    value = Var("folded", buf.dtype)
-
-    def then(use: Callable[[Expr], Stmt]) -> Stmt:
-        return Allocate(acc, Seq((*stmts, LetStmt(value, total, use(value)))))
-
-    return then
+        total = scalar_step(total, Const(q, INDEX))
+    value = Var("folded", dtype)
+    return Allocate(acc, Seq((*stmts, LetStmt(value, total, use(value)))))

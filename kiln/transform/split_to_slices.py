@@ -12,13 +12,15 @@ a call of a function), or whose sections along the axis are not known integers.
 
 from __future__ import annotations
 
+import itertools
+
 from kiln.ir.expr import Call, Expr, Function, Op, TupleGetItem
 from kiln.ir.module import IRModule
 from kiln.ir.traverse import children, post_order, with_children
 from kiln.ir.ty import TensorType
 from kiln.op import registry
 from kiln.op.registry import OpPattern
-from kiln.op.shape import SplitAttrs, strided_slice
+from kiln.op.shape import SplitAttrs, _split_sizes, strided_slice
 from kiln.transform.pass_manager import PassContext, map_typed_functions, module_pass
 
 FUSIBLE = (OpPattern.ELEMWISE, OpPattern.BROADCAST, OpPattern.INJECTIVE)
@@ -31,15 +33,9 @@ def _sections(split: Call) -> list[tuple[int, int]] | None:
         return None
     a = SplitAttrs.view(split.attrs)
     axis = a.axis % data.ndim
-    dim = data.static_shape[axis]
-    if isinstance(a.indices_or_sections, int):
-        n = a.indices_or_sections
-        if n <= 0 or dim % n:
-            return None
-        bounds = [dim // n * k for k in range(n + 1)]
-    else:
-        bounds = [0, *a.indices_or_sections, dim]
-    return list(zip(bounds[:-1], bounds[1:]))
+    sizes = [int(d) for d in _split_sizes(data.static_shape[axis], a.indices_or_sections, axis)
+             if isinstance(d, int)]  # every size, the dimension being known
+    return list(itertools.pairwise(itertools.accumulate(sizes, initial=0)))
 
 
 def _fusible_consumer(e: Expr) -> bool:

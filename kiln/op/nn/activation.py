@@ -27,6 +27,7 @@ from kiln.loops.ir import (
 )
 from kiln.loops.ir import Expr as LExpr
 from kiln.loops.ir import Var as LVar
+from kiln.loops.schedule import lowering_target
 from kiln.op import grad_helpers as gh
 from kiln.op.common import as_array, normalize_axis, require_dtype, tensor_arg
 from kiln.op.grad_helpers import call, scalar
@@ -200,8 +201,13 @@ def _softmax_lower(log: bool) -> oplib.LowerFn:
                             scan(lambda i, k: write(i, Binary("mul", Load(exps, (k,)), total)))),
                 )))
             if axis == x.ndim - 1 and isinstance(x, BufferTensor):
-                biggest = oplib.lane_fold(x.buffer, tuple(o), n, "max", oplib.lowest(dt))
-                return Allocate(acc, biggest(lambda v: LetStmt(mx, v, sums)))
+                buf, lanes = x.buffer, lowering_target().lanes(dt)
+                biggest = oplib.lane_fold(
+                    n, lanes, dt, oplib.lowest(dt),
+                    lambda a, p: Binary("max", a, Load(buf, (*o, p), lanes)), "max",
+                    lambda t, q: Binary("max", t, Load(buf, (*o, q))),
+                    lambda v: LetStmt(mx, v, sums))
+                return Allocate(acc, biggest)
             return Allocate(acc, Seq((
                 Store(acc, first, oplib.lowest(dt)),
                 scan(lambda i, k: Store(acc, first, Binary("max", Load(acc, first), x(*i)))),
