@@ -30,6 +30,19 @@ def _copy(param: Any, value: np.ndarray) -> None:
         param.copy_(torch.from_numpy(np.ascontiguousarray(value, dtype=np.float32)))
 
 
+def _encoder_layers(params: dict[str, np.ndarray], heads: int, norm_first: bool,
+                    activation: str) -> Any:
+    """``layer0_...``, ``layer1_...``, ... of ``params`` as an ``nn.ModuleList`` of
+    `_encoder_layer`s, as many as there are."""
+    from torch import nn
+
+    layers, i = [], 0
+    while f"layer{i}_in_proj_weight" in params:
+        layers.append(_encoder_layer(params, f"layer{i}", heads, norm_first, activation))
+        i += 1
+    return nn.ModuleList(layers)
+
+
 def _encoder_layer(params: dict[str, np.ndarray], p: str, heads: int, norm_first: bool,
                    activation: str) -> Any:
     """An ``nn.TransformerEncoderLayer`` (batch first, no dropout) holding the weights
@@ -207,13 +220,7 @@ def _classes() -> SimpleNamespace:
     class TransformerEncoder(nn.Module):
         def __init__(self, params: dict, heads: int, activation: str) -> None:
             super().__init__()
-            layers = []
-            i = 0
-            while f"layer{i}_in_proj_weight" in params:
-                layer = _encoder_layer(params, f"layer{i}", heads, False, activation)
-                layers.append(layer)
-                i += 1
-            self.layers = nn.ModuleList(layers)
+            self.layers = _encoder_layers(params, heads, False, activation)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             for layer in self.layers:
@@ -229,11 +236,7 @@ def _classes() -> SimpleNamespace:
             _copy(self.embed.bias, params["patch_embed_bias"])
             self.class_token = nn.Parameter(torch.from_numpy(params["class_token"].copy()))
             self.pos_embed = nn.Parameter(torch.from_numpy(params["pos_embed"].copy()))
-            layers, i = [], 0
-            while f"layer{i}_in_proj_weight" in params:
-                layers.append(_encoder_layer(params, f"layer{i}", heads, True, "gelu"))
-                i += 1
-            self.layers = nn.ModuleList(layers)
+            self.layers = _encoder_layers(params, heads, True, "gelu")
             self.norm = _layer_norm(params, "norm")
             self.head = nn.Linear(d_model, params["head_weight"].shape[0])
             _copy(self.head.weight, params["head_weight"])
@@ -250,11 +253,7 @@ def _classes() -> SimpleNamespace:
     class GPT(nn.Module):
         def __init__(self, params: dict, heads: int) -> None:
             super().__init__()
-            layers, i = [], 0
-            while f"layer{i}_in_proj_weight" in params:
-                layers.append(_encoder_layer(params, f"layer{i}", heads, True, "gelu"))
-                i += 1
-            self.layers = nn.ModuleList(layers)
+            self.layers = _encoder_layers(params, heads, True, "gelu")
             self.norm = _layer_norm(params, "norm")
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
