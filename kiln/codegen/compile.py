@@ -11,24 +11,42 @@ them). LLVM rejecting generated code is a kiln bug: an `InternalError` with LLVM
 ``modules`` lets another part of kiln (the whole-program executor) add LLVM IR of its own
 that calls kernels by their symbols (`kernel_symbol`); it is compiled, cached and linked the
 same way, and saved with the library.
+
+A cache hit is checked before it is used: its object file must be one kiln's ELF reader
+understands (for a target this host runs) and define the symbols expected of it. An entry
+that fails — or a library that will not link from its cached objects — is deleted and its
+code compiled again from the IR, so a damaged cache costs time, never a build.
+
+Progress: each kernel compiled is logged at INFO on the ``kiln.codegen.compile`` logger
+(``compiling kernel 3/57 fused_nn_conv2d``), each hit at DEBUG, and `compile_progress`
+installs a callback told of every kernel done (for the command line's progress line). The
+library prints nothing by itself.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
 
 import llvmlite.binding as llvm
 
+from kiln.codegen import elf
 from kiln.codegen.cache import DiskCache, cache_key, fingerprint, kernel_symbol
 from kiln.codegen.emit import emit_kernel
 from kiln.codegen.library import KernelLibrary, LibraryStats, ObjectCode
 from kiln.codegen.target import Machine, machine
-from kiln.errors import InternalError
+from kiln.errors import Error, InternalError
 from kiln.loops.ir import Kernel
 from kiln.loops.verify import verify
 from kiln.target import Target
+
+log = logging.getLogger(__name__)
 
 
 def llvm_ir(kernel: Kernel, opt_level: int = 3, target: Target | str | None = None) -> str:
@@ -76,6 +94,75 @@ def compile_ir(text: str, tm: Machine, what: str) -> tuple[bytes, tuple[str, ...
     return tm.emit_object(module), exported
 
 
+# --- progress ---------------------------------------------------------------------------------
+
+# ``callback(done, total, what)`` after each kernel or module of a `compile_kernels` call.
+ProgressCallback = Callable[[int, int, str], None]
+_PROGRESS: contextvars.ContextVar[ProgressCallback | None] = contextvars.ContextVar(
+    "kiln_compile_progress", default=None)
+
+
+@contextlib.contextmanager
+def compile_progress(callback: ProgressCallback | None) -> Iterator[None]:
+    """Within the block, `compile_kernels` calls ``callback(done, total, what)`` after each
+    kernel or module it compiles or finds in the cache."""
+    token = _PROGRESS.set(callback)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
+
+
+# --- cache hits that can be trusted ------------------------------------------------------------
+
+
+def usable_object(data: bytes, symbols: Sequence[str], target: Target) -> str | None:
+    """Why an object file from the cache cannot stand for code defining ``symbols`` (None:
+    it can). For a target this host runs it must be an ELF object kiln reads; an object for
+    another machine is checked only when it is one."""
+    if not target.is_host and not data.startswith(b"\x7fELF"):
+        return None
+    try:
+        table = elf.symbols(data)
+    except elf.MalformedObject as exc:
+        return f"not an object file kiln can load ({exc})"
+    missing = [s for s in symbols if s not in table.defined]
+    if missing:
+        return f"it does not define {', '.join(missing)}"
+    return None
+
+
+def cached_object(disk: DiskCache | None, key: str, symbols: Sequence[str], target: Target,
+                  what: str) -> bytes | None:
+    """The object under ``key`` if it is there and usable (`usable_object`); a bad one is
+    deleted."""
+    if disk is None:
+        return None
+    data = disk.get(key)
+    if data is None:
+        return None
+    why = usable_object(data, symbols, target)
+    if why is not None:
+        log.warning("the cached machine code of %s is unusable: %s; deleted, compiling it "
+                    "again", what, why)
+        disk.delete(key)
+        return None
+    return data
+
+
+@dataclass
+class _Job:
+    """One object file to make: where it is cached, how to make it, what it defines."""
+
+    name: str  # the symbol of a kernel, "module:i" for a module
+    key: str
+    what: str
+    make_text: Callable[[], str]
+    symbols: tuple[str, ...] | None  # what it defines; None: a module's, read from its IR
+    kernel: str | None = None  # the kernel's name, for its compile time in the stats
+    from_cache: bool = False
+
+
 def compile_kernels(
     kernels: Sequence[Kernel],
     target: Target | str | None = None,
@@ -97,54 +184,92 @@ def compile_kernels(
     tm = machine(_target(target), opt_level)
     disk = DiskCache.default() if cache else None
     stats = LibraryStats(kernels=len(kernels))
+    report = _PROGRESS.get()
+    jobs: list[_Job] = []
     objects: dict[str, ObjectCode] = {}
+    total = len(kernels) + len(modules)
+
+    def make(job: _Job) -> None:
+        k0 = time.perf_counter()
+        text = job.make_text()
+        k1 = time.perf_counter()
+        data, exported = compile_ir(text, tm, job.what)
+        k2 = time.perf_counter()
+        stats.emit_seconds += k1 - k0
+        stats.llvm_seconds += k2 - k1
+        if job.kernel is not None:
+            stats.per_kernel[job.kernel] = k2 - k0
+        stats.compiled += 1
+        job.from_cache = False
+        objects[job.name] = ObjectCode(job.symbols if job.symbols is not None else exported,
+                                       data)
+        if disk is not None:
+            disk.put(job.key, data)
+
+    def run(job: _Job, label: str) -> None:
+        jobs.append(job)
+        if disk is not None:
+            expected = job.symbols if job.symbols is not None else defined_symbols(
+                job.make_text())
+            data = (cached_object(disk, job.key, expected, tm.target, job.what)
+                    if expected is not None else None)
+            if data is not None and expected is not None:
+                log.debug("cache hit: %s", label)
+                stats.cache_hits += 1
+                job.from_cache = True
+                objects[job.name] = ObjectCode(expected, data)
+                return
+            log.debug("cache miss: %s", label)
+        log.info("compiling %s", label)
+        make(job)
+
     seen_names: set[str] = set()
-    for k in kernels:
+    for done, k in enumerate(kernels, 1):
         if k.name in seen_names:
             raise InternalError(f"two kernels to compile are named {k.name}")
         seen_names.add(k.name)
         fp = fingerprint(k)
         symbol = kernel_symbol(k, fp)
-        if symbol in objects:
-            continue
-        key = cache_key(fp, tm.key)
-        data = disk.get(key) if disk is not None else None
-        if data is not None:
-            stats.cache_hits += 1
-        else:
-            verify(k)
-            k0 = time.perf_counter()
-            text = str(emit_kernel(k, symbol, tm.triple, tm.data_layout))
-            k1 = time.perf_counter()
-            data, _ = compile_ir(text, tm, f"kernel {k.name}")
-            k2 = time.perf_counter()
-            stats.emit_seconds += k1 - k0
-            stats.llvm_seconds += k2 - k1
-            stats.per_kernel[k.name] = k2 - k0
-            stats.compiled += 1
-            if disk is not None:
-                disk.put(key, data)
-        objects[symbol] = ObjectCode((symbol,), data)
+        if symbol not in objects:
+            run(_Job(symbol, cache_key(fp, tm.key), f"kernel {k.name}",
+                     partial(_kernel_text, k, symbol, tm), (symbol,), k.name),
+                f"kernel {done}/{total} {k.name}")
+        if report is not None:
+            report(done, total, k.name)
     for i, text in enumerate(modules):
+        done = len(kernels) + i + 1
         key = cache_key("module:" + hashlib.sha256(text.encode()).hexdigest(), tm.key)
-        cached = disk.get(key) if disk is not None else None
-        module_symbols = _defined_symbols(text) if cached is not None else None
-        if cached is not None and module_symbols is not None:
-            data, exported = cached, module_symbols
-            stats.cache_hits += 1
-        else:
-            data, exported = compile_ir(text, tm, f"module {i}")
-            stats.compiled += 1
-            if disk is not None:
-                disk.put(key, data)
-        objects[f"module:{i}"] = ObjectCode(exported, data)
+        run(_Job(f"module:{i}", key, f"module {i}", partial(str, text), None),
+            f"module {done}/{total}")
+        if report is not None:
+            report(done, total, f"module {i}")
     stats.distinct = len(objects)
-    library = KernelLibrary(kernels, list(objects.values()), tm.target, opt_level, stats)
+    try:
+        library = KernelLibrary(kernels, list(objects.values()), tm.target, opt_level, stats)
+    except (Error, RuntimeError) as exc:  # RuntimeError: LLVM refusing an object file
+        stale = [job for job in jobs if job.from_cache]
+        if not stale:
+            raise
+        # Some cached object does not link (a symbol it needs, or defines, is wrong): none of
+        # them is trusted any more.
+        log.warning("the cached machine code does not link (%s); compiling %d objects again",
+                    exc, len(stale))
+        for job in stale:
+            if disk is not None:
+                disk.delete(job.key)
+            stats.cache_hits -= 1
+            make(job)
+        library = KernelLibrary(kernels, list(objects.values()), tm.target, opt_level, stats)
     stats.seconds = time.perf_counter() - t0
     return library
 
 
-def _defined_symbols(text: str) -> tuple[str, ...] | None:
+def _kernel_text(k: Kernel, symbol: str, tm: Machine) -> str:
+    verify(k)
+    return str(emit_kernel(k, symbol, tm.triple, tm.data_layout))
+
+
+def defined_symbols(text: str) -> tuple[str, ...] | None:
     """Global functions an LLVM IR module defines (parsed, not optimized), or None."""
     try:
         module = llvm.parse_assembly(text)

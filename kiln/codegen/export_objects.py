@@ -7,19 +7,24 @@ and may be for another machine than this one (``aarch64-linux-gnu``), so `kiln e
 its own objects here: the same LLVM IR (emit.py, program.py), verified, optimized with the same
 pipeline, and emitted for the Target with ``reloc="pic"``. A library whose kernels have a
 parallel loop also gets kiln's thread pool (pool.py), compiled the same way for its Target.
-They are cached on disk beside the JIT objects, under keys that say PIC and name the target.
+They are cached on disk beside the JIT objects, under keys that say PIC and name the target;
+a cached object that is not one, or lacks the symbols expected of it, is deleted and compiled
+again (compile.py's `cached_object`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import llvmlite.binding as llvm
 
 from kiln.codegen.cache import DiskCache, cache_key, fingerprint, kernel_symbol
+from kiln.codegen.compile import cached_object, defined_symbols
 from kiln.codegen.emit import emit_kernel
 from kiln.codegen.pool import pool_ir
 from kiln.codegen.target import Machine, initialize_all
@@ -27,6 +32,8 @@ from kiln.errors import Error, InternalError
 from kiln.loops.ir import Kernel
 from kiln.loops.verify import verify
 from kiln.target import Target
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,10 @@ def _compile(text: str, pm: PicMachine, what: str) -> bytes:
     return pm.machine.emit_object(module)
 
 
+def _kernel_text(k: Kernel, symbol: str, pm: PicMachine) -> str:
+    return str(emit_kernel(verify(k), symbol, pm.target.triple, pm.data_layout))
+
+
 @dataclass
 class ExportObjects:
     """The object files of an exported library, and what making them cost."""
@@ -98,11 +109,17 @@ def compile_export_objects(kernels: Sequence[Kernel], entry_text: str, pm: PicMa
     out = ExportObjects({}, [])
     done: set[str] = set()
 
-    def build(name: str, key: str, make_text, what: str, machine: PicMachine) -> None:
-        data = disk.get(key) if disk is not None else None
+    def build(name: str, key: str, make_text: Callable[[], str], what: str,
+              machine: PicMachine, symbols: tuple[str, ...] | None) -> None:
+        expected = symbols if symbols is not None or disk is None else defined_symbols(
+            make_text())
+        data = (cached_object(disk, key, expected, machine.target, what)
+                if expected is not None else None)
         if data is not None:
+            log.debug("cache hit: %s (position-independent)", what)
             out.cache_hits += 1
         else:
+            log.info("compiling %s (position-independent)", what)
             s = time.perf_counter()
             data = _compile(make_text(), machine, what)
             out.per_object[name] = time.perf_counter() - s
@@ -119,14 +136,13 @@ def compile_export_objects(kernels: Sequence[Kernel], entry_text: str, pm: PicMa
             continue
         done.add(symbol)
         build(symbol, cache_key(fp, pm.key),
-              lambda k=k, symbol=symbol: str(emit_kernel(verify(k), symbol, pm.target.triple,
-                                                         pm.data_layout)),
-              f"kernel {k.name}", pm)
+              partial(_kernel_text, k, symbol, pm),
+              f"kernel {k.name}", pm, (symbol,))
     entry_pm = pm if entry_opt_level == pm.opt_level else pic_machine(pm.target,
                                                                        entry_opt_level)
     digest = hashlib.sha256(entry_text.encode()).hexdigest()
     build("program", cache_key("module:" + digest, entry_pm.key), lambda: entry_text,
-          "the program's entry point", entry_pm)
+          "the program's entry point", entry_pm, None)
     out.seconds = time.perf_counter() - t0
     return out
 
@@ -137,7 +153,9 @@ def compile_pool_object(pm: PicMachine, cache: bool = True) -> tuple[str, bytes]
     text = pool_ir(pm.target.triple)
     key = cache_key("pool:" + hashlib.sha256(text.encode()).hexdigest(), pm.key)
     disk = DiskCache.default() if cache else None
-    data = disk.get(key) if disk is not None else None
+    symbols = defined_symbols(text) if disk is not None else None
+    data = (cached_object(disk, key, symbols, pm.target, "kiln's thread pool")
+            if symbols is not None else None)
     if data is None:
         data = _compile(text, pm, "kiln's thread pool")
         if disk is not None:
