@@ -23,7 +23,7 @@ import binascii
 import json
 import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 
@@ -37,11 +37,16 @@ class MetadataError(ValueError):
     """A metadata section that kiln cannot read (the parser adds the location)."""
 
 
-def encode(constants: Sequence[Constant]) -> str:
-    """The JSON text of a metadata section holding ``constants`` in order."""
+def encode(constants: Sequence[Constant], elided: Collection[int] = ()) -> str:
+    """The JSON text of a metadata section holding ``constants`` in order (those at the
+    indices ``elided`` by dtype and shape only, for reading: ``"elided": true``)."""
     entries = []
-    for c in constants:
+    for i, c in enumerate(constants):
         data = c.data
+        if i in elided:
+            entries.append("    " + json.dumps({"dtype": data.dtype.name,
+                                                "shape": list(data.shape), "elided": True}))
+            continue
         little = data.astype(data.dtype.newbyteorder("<"), copy=False)
         blob = base64.b64encode(np.ascontiguousarray(little).tobytes()).decode("ascii")
         entry = json.dumps({"dtype": data.dtype.name, "shape": list(data.shape), "data": blob})
@@ -81,6 +86,9 @@ def _constant(entry: object, index: int) -> Constant:
         raise MetadataError(f"{where} needs a shape: a list of non-negative integers")
     if len(shape) > 32:
         raise MetadataError(f"{where} has more than 32 dimensions")
+    if not isinstance(data, str) and entry.get("elided") is True:
+        raise MetadataError(f"{where} was elided when printed (its data left out for reading): "
+                            "print the program with its constants to parse it again")
     if not isinstance(data, str):
         raise MetadataError(f"{where} needs its data as a base64 string")
     try:

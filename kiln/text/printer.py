@@ -87,19 +87,27 @@ _SPECIAL_NUMBER = re.compile(r"(?:inf|nan)f[0-9]*")
 _TAIL, _LETVAL, _ARG = 0, 1, 2
 
 
-def astext(obj: object, show_types: bool | None = None) -> str:
+def astext(obj: object, show_types: bool | None = None, *,
+           elide_constants: int | None = None) -> str:
     """The text of a module, expression, type or type definition.
 
     With ``show_types`` None (or True), a binding or result whose checked type is known (after
     `kiln.infer_types`) is followed by ``/* ty=... */``, as TVM printed it; False leaves the
-    types out.
+    types out. With ``elide_constants`` N, a constant of more than N elements is written as
+    ``meta[relay.Constant][3] /* float32[64, 3, 7, 7] elided */`` and its data left out of the
+    metadata section: text for reading (a model's weights can be megabytes), which the parser
+    refuses; by default every constant is written exactly and the text round-trips.
     """
+    if elide_constants is not None and (isinstance(elide_constants, bool) or not isinstance(
+            elide_constants, int) or elide_constants < 0):
+        raise Error(f"elide_constants must be a non-negative integer or None, not "
+                    f"{elide_constants!r}")
     if isinstance(obj, IRModule):
         with gc_paused():
-            return _Printer(show_types).module(obj)
+            return _Printer(show_types, elide_constants).module(obj)
     if isinstance(obj, Expr):
         with gc_paused():
-            return _Printer(show_types).expression(obj)
+            return _Printer(show_types, elide_constants).expression(obj)
     if isinstance(obj, Type):
         return type_text(obj)
     if isinstance(obj, TypeData):
@@ -290,10 +298,12 @@ def _attrs_text(attrs: Attrs | dict[str, Any]) -> list[str]:
 class _Printer:
     """State shared by the definitions of one text: the metadata section, the ADT names."""
 
-    def __init__(self, show_types: bool | None) -> None:
+    def __init__(self, show_types: bool | None, elide_constants: int | None = None) -> None:
         self.show_types = show_types
+        self.elide_constants = elide_constants
         self.meta: list[Constant] = []
         self.meta_index: dict[int, int] = {}
+        self.elided: set[int] = set()
         self.type_names: set[str] = set()
 
     def meta_ref(self, c: Constant) -> str:
@@ -301,6 +311,11 @@ class _Printer:
         if i is None:
             i = self.meta_index[id(c)] = len(self.meta)
             self.meta.append(c)
+            if self.elide_constants is not None and c.data.size > self.elide_constants:
+                self.elided.add(i)
+        if i in self.elided:
+            shape = ", ".join(str(d) for d in c.data.shape)
+            return f"meta[{CONSTANT_KEY}][{i}] /* {c.data.dtype.name}[{shape}] elided */"
         return f"meta[{CONSTANT_KEY}][{i}]"
 
     def with_metadata(self, text: str) -> str:
@@ -308,7 +323,7 @@ class _Printer:
             return text
         if not text.endswith("\n"):
             text += "\n"
-        return text + "#[metadata]\n" + encode(self.meta)
+        return text + "#[metadata]\n" + encode(self.meta, elided=self.elided)
 
     def module(self, mod: IRModule) -> str:
         self.type_names = {h.name for h in mod.type_definitions}
