@@ -1,0 +1,175 @@
+"""The docs run: every fenced Python and shell block of README.md and docs/*.md, as written.
+
+A reader pastes a page's Python blocks into one session and its commands into one shell, in
+the order the page gives them, from the root of a checkout. So, per file: the ```python blocks
+run in order in one namespace, and the ```sh / ```bash / ```shell / ```console blocks with
+bash (``$ `` prompts stripped, output lines of a console block ignored), both in one
+temporary directory that holds links to the checkout's examples/, benchmarks/ and .venv/,
+with .venv/bin first on PATH so that `kiln` and `python` are the checkout's.
+
+A block that cannot run here says why, on the line before its fence:
+``<!-- not run: needs a GPU -->``. A marker without a reason fails the test. Blocks with any
+other fence (```c, ```text, a bare ```) are text: outputs, IR, file layouts.
+
+ResNet-18 at 224x224 compiles in about 7 s on a cold cache and its weights are 47 MB, so the
+default run makes the README's model with ``examples/make_resnet18.py --small`` (the same
+network on 32x32 images); ``-m slow`` runs the README exactly as written.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+# The docs whose default run uses `make_resnet18.py --small` (the others run as written).
+SMALL_MODEL = [p for p in DOCS if "examples/make_resnet18.py" in p.read_text()]
+VENV_BIN = REPO / ".venv" / "bin"
+
+PYTHON = {"python", "py", "python3"}
+SHELL = {"sh", "bash", "shell", "console"}
+FENCE = re.compile(r"^(?P<indent>\s*)```(?P<info>[^`]*)$")
+NOT_RUN = re.compile(r"^\s*<!--\s*not run\b\s*:?\s*(?P<reason>.*?)\s*-->\s*$")
+# Lines a test must not run: `make demo` / `make test` set up .venv and run the whole suite
+# (the test is already running inside it), `pip install` changes the environment under the
+# tests, and `git clone` fetches the repository we are in. Everything else runs.
+SETUP_LINE = re.compile(r"^\s*(make\b|pip3? install\b|python3? -m pip install\b|git clone\b)")
+
+
+@dataclass
+class Block:
+    path: Path
+    index: int          # the n-th fenced block of the file, from 1
+    line: int           # the line of its opening fence, from 1
+    lang: str
+    source: str
+    not_run: str | None  # the reason, when marked
+
+    @property
+    def where(self) -> str:
+        first = next((s for s in self.source.splitlines() if s.strip()), "")
+        return (f"{self.path.relative_to(REPO)}:{self.line}: block {self.index} "
+                f"(```{self.lang}): {first.strip()!r}")
+
+
+def blocks(path: Path) -> list[Block]:
+    """Every fenced block of a Markdown file, with the not-run marker before it, if any."""
+    lines = path.read_text().splitlines()
+    found: list[Block] = []
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        indent, info = m["indent"], m["info"].strip()
+        start = i
+        body: list[str] = []
+        i += 1
+        while i < len(lines) and lines[i].strip() != "```":
+            line = lines[i]
+            body.append(line[len(indent):] if line.startswith(indent) else line.lstrip())
+            i += 1
+        i += 1
+        before = next((lines[j] for j in range(start - 1, -1, -1) if lines[j].strip()), "")
+        marker = NOT_RUN.match(before)
+        lang = info.split()[0].lower() if info else ""
+        found.append(Block(path, len(found) + 1, start + 1, lang, "\n".join(body) + "\n",
+                           marker["reason"] if marker else None))
+    return found
+
+
+def shell_script(block: Block) -> str:
+    """The commands of a shell block, setup lines (SETUP_LINE) turned into no-ops."""
+    out = []
+    for line in block.source.splitlines():
+        if block.lang == "console":
+            if not line.startswith("$ "):
+                continue  # output
+            line = line[2:]
+        if SETUP_LINE.match(line):
+            line = f": not run by tests/test_docs.py: {line.strip()!r}"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def run_shell(block: Block, cwd: Path, env: dict[str, str], small: bool) -> None:
+    script = shell_script(block)
+    if small:
+        script = script.replace("examples/make_resnet18.py", "examples/make_resnet18.py --small")
+    done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        pytest.fail(f"{block.where} exited with status {done.returncode}\n--- script\n{script}"
+                    f"--- stdout\n{done.stdout[-4000:]}--- stderr\n{done.stderr[-4000:]}",
+                    pytrace=False)
+
+
+def run_python(block: Block, namespace: dict) -> None:
+    try:
+        code = compile(block.source, f"{block.path.name}:{block.line}", "exec")
+        exec(code, namespace)
+    except Exception:
+        pytest.fail(f"{block.where} raised\n{traceback.format_exc()}", pytrace=False)
+
+
+def check_doc(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+              capsys: pytest.CaptureFixture, small: bool) -> None:
+    found = blocks(path)
+    runnable = [b for b in found if b.lang in PYTHON | SHELL]
+    unexplained = [b.where for b in found if b.not_run is not None and not b.not_run]
+    assert not unexplained, f"a not-run marker needs a reason: {unexplained}"
+
+    # The docs' commands run from the root of a checkout; the files they write go here.
+    for name in ("examples", "benchmarks", ".venv"):
+        if (REPO / name).exists():
+            (tmp_path / name).symlink_to(REPO / name)
+    bin_dir = VENV_BIN if VENV_BIN.is_dir() else Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"__name__": "__docs__"}
+    ran, skipped = 0, []
+    for block in runnable:
+        if block.not_run:
+            skipped.append(f"{block.where}: {block.not_run}")
+            continue
+        if block.lang in PYTHON:
+            run_python(block, namespace)
+        else:
+            run_shell(block, tmp_path, env, small)
+        ran += 1
+    with capsys.disabled():
+        print(f"\n{path.relative_to(REPO)}: {len(found)} fenced blocks, {len(runnable)} Python "
+              f"or shell: {ran} ran, {len(skipped)} not run"
+              + "".join(f"\n  not run: {s}" for s in skipped))
+
+
+@pytest.mark.parametrize("path", DOCS, ids=[p.name for p in DOCS])
+def test_doc_runs(path, tmp_path, monkeypatch, capsys):
+    check_doc(path, tmp_path, monkeypatch, capsys, small=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", SMALL_MODEL, ids=[p.name for p in SMALL_MODEL])
+def test_doc_runs_as_written(path, tmp_path, monkeypatch, capsys):
+    check_doc(path, tmp_path, monkeypatch, capsys, small=False)
+
+
+def test_blocks_are_found_with_their_markers(tmp_path):
+    doc = tmp_path / "x.md"
+    doc.write_text("text\n<!-- not run: needs a GPU -->\n\n```python\nimport gpu\n```\n"
+                   "- item:\n  ```sh\n  kiln --help\n  ```\n```\nplain\n```\n"
+                   "<!-- not run -->\n```bash\nmake demo\n```\n")
+    found = blocks(doc)
+    assert [(b.lang, b.line, b.not_run) for b in found] == [
+        ("python", 4, "needs a GPU"), ("sh", 8, None), ("", 11, None), ("bash", 15, "")]
+    assert found[1].source == "kiln --help\n"
+    assert shell_script(found[3]) == ": not run by tests/test_docs.py: 'make demo'\n"
