@@ -50,6 +50,21 @@ class Unifier:
 
     def __init__(self) -> None:
         self.binding: dict[IncompleteType, Type] = {}
+        # Concrete types known to contain no unbound unknown, by id (kept alive beside it): the
+        # occurs check skips them, so the type of a closure nested n deep is not walked again at
+        # each of its n enclosing functions. Invariant: every unknown reachable from a type here
+        # resolves to a type here.
+        self._ground: dict[int, Type] = {}
+        # resolve's answers, valid until a binding changes (rebuilding after the solve resolves
+        # every node's type, and nested types share their parts).
+        self._resolved: dict[int, tuple[Type, Type]] = {}
+        self._resolved_version = -1
+        self._version = 0
+        self.steps = 0  # types visited by the occurs check and resolve: a measure of the work
+
+    def _bind(self, v: IncompleteType, t: Type) -> None:
+        self.binding[v] = t
+        self._version += 1
 
     def find(self, t: Type) -> Type:
         """Follow the bindings of an incomplete type to a concrete type or an unbound unknown."""
@@ -78,40 +93,77 @@ class Unifier:
         t = self.find(t)
         if isinstance(t, TensorType):
             return t
-        done: dict[int, Type] = {}
+        if self._resolved_version != self._version:
+            self._resolved.clear()
+            self._resolved_version = self._version
+        memo = self._resolved
+        hit = memo.get(id(t))
+        if hit is not None:
+            return hit[1]
         stack: list[tuple[Type, bool]] = [(t, False)]
         while stack:
             x, ready = stack.pop()
-            if id(x) in done:
+            if id(x) in memo:
                 continue
+            self.steps += 1
             if isinstance(x, IncompleteType):
                 y = self.find(x)
                 if y is x:
-                    done[id(x)] = x
-                elif id(y) in done:
-                    done[id(x)] = done[id(y)]
+                    memo[id(x)] = (x, x)
+                elif id(y) in memo:
+                    memo[id(x)] = (x, memo[id(y)][1])
                 else:
                     stack.append((x, True))
                     stack.append((y, False))
                 continue
             kids = type_children(x)
             if not kids:
-                done[id(x)] = x
+                memo[id(x)] = (x, x)
             elif not ready:
                 stack.append((x, True))
-                stack.extend((k, False) for k in kids)
+                stack.extend((k, False) for k in kids if id(k) not in memo)
             else:
-                done[id(x)] = with_type_children(x, [done[id(k)] for k in kids])
-        return done[id(t)]
+                memo[id(x)] = (x, with_type_children(x, [memo[id(k)][1] for k in kids]))
+        return memo[id(t)][1]
 
-    def occurs(self, v: IncompleteType, t: Type) -> bool:
-        stack = [t]
+    def _is_ground_kid(self, k: Type) -> bool:
+        f = self.find(k)
+        return not isinstance(f, IncompleteType) and id(f) in self._ground
+
+    def occurs(self, v: IncompleteType | None, t: Type) -> bool:
+        """Whether the unbound unknown ``v`` is inside ``t``; marks the parts found ground.
+
+        With ``v`` None it only marks: afterwards ``t`` is in ``_ground`` if it is ground.
+        """
+        ground = self._ground
+        seen: set[int] = set()
+        stack: list[tuple[Type, bool]] = [(t, False)]
         while stack:
-            x = self.find(stack.pop())
+            x, ready = stack.pop()
+            if ready:  # every part of x has been looked at
+                if all(self._is_ground_kid(k) for k in type_children(x)):
+                    ground[id(x)] = x
+                continue
+            x = self.find(x)
             if x is v:
                 return True
-            stack.extend(type_children(x))
+            if isinstance(x, IncompleteType) or id(x) in ground or id(x) in seen:
+                continue
+            self.steps += 1
+            seen.add(id(x))
+            stack.append((x, True))
+            stack.extend((k, False) for k in type_children(x))
         return False
+
+    def _rebind_root(self, root: IncompleteType, old: Type, new: Type) -> None:
+        """Point ``root`` (bound to ``old``) at the more precise ``new``; keep ``_ground`` true."""
+        if id(old) in self._ground:
+            self.occurs(None, new)
+            if id(new) not in self._ground:
+                # Types marked ground may reach ``root``, which no longer resolves to one
+                # (a polymorphic function type unified with a monomorphic one): forget them.
+                self._ground.clear()
+        self._bind(root, new)
 
     def unify(self, a: Type, b: Type) -> Type:
         """Make ``a`` and ``b`` equal; the most precise common type, or raise Mismatch."""
@@ -124,19 +176,19 @@ class Unifier:
         if isinstance(fa, IncompleteType):
             if self.occurs(fa, fb):
                 raise Mismatch(" (the type would contain itself)")
-            self.binding[fa] = fb
+            self._bind(fa, fb)
             return fb
         if isinstance(fb, IncompleteType):
             if self.occurs(fb, fa):
                 raise Mismatch(" (the type would contain itself)")
-            self.binding[fb] = fa
+            self._bind(fb, fa)
             return fa
         u = self._unify_concrete(fa, fb)
         # Keep the more precise type where the unknowns point (``?`` refined to ``5``).
         if ra is not None and u is not fa:
-            self.binding[ra] = u
+            self._rebind_root(ra, fa, u)
         if rb is not None and u is not fb:
-            self.binding[rb] = u
+            self._rebind_root(rb, fb, u)
         return u
 
     def _unify_concrete(self, a: Type, b: Type) -> Type:
