@@ -1,7 +1,7 @@
 """Write a ResNet-18 with random weights as ONNX, and an input for it: the files the docs use.
 
     python examples/make_resnet18.py            # resnet18.onnx (1x3x224x224 -> 1x1000), in.npz
-    python examples/make_resnet18.py --small    # the same network on 32x32 images, 10 classes
+    python examples/make_resnet18.py --small    # the same layers, 32x32 images, 1/4 the width
 
 The model is built with onnx.helper (torchvision's layout: Conv, BatchNormalization, Relu,
 MaxPool, Add, GlobalAveragePool, Flatten, Gemm), so it needs nothing beyond kiln's own
@@ -18,8 +18,10 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 
-def resnet18(size: int = 224, classes: int = 1000, seed: int = 18) -> onnx.ModelProto:
-    """ResNet-18 (He et al.) for one ``size``x``size`` image, He-initialized random weights."""
+def resnet18(size: int = 224, classes: int = 1000, width: int = 64, seed: int = 18
+             ) -> onnx.ModelProto:
+    """ResNet-18 (He et al.) for one ``size``x``size`` image, its stages ``width`` to
+    ``8 * width`` channels wide; He-initialized random weights."""
     rng = np.random.default_rng(seed)
     nodes: list[onnx.NodeProto] = []
     inits: list[onnx.TensorProto] = []
@@ -49,11 +51,11 @@ def resnet18(size: int = 224, classes: int = 1000, seed: int = 18) -> onnx.Model
                                       name=f"{name}.relu"))
         return f"{name}.relu"
 
-    x = conv_bn("image", "conv1", 3, 64, 7, 2, True)
+    x = conv_bn("image", "conv1", 3, width, 7, 2, True)
     nodes.append(helper.make_node("MaxPool", [x], ["pool1"], name="pool1", kernel_shape=[3, 3],
                                   strides=[2, 2], pads=[1, 1, 1, 1]))
-    x, c_in = "pool1", 64
-    for stage, c_out in enumerate([64, 128, 256, 512], start=1):
+    x, c_in = "pool1", width
+    for stage, c_out in enumerate([width, 2 * width, 4 * width, 8 * width], start=1):
         for block in range(2):
             name = f"layer{stage}.{block}"
             stride = 2 if stage > 1 and block == 0 else 1
@@ -68,7 +70,7 @@ def resnet18(size: int = 224, classes: int = 1000, seed: int = 18) -> onnx.Model
             x, c_in = f"{name}.out", c_out
     nodes.append(helper.make_node("GlobalAveragePool", [x], ["gap"], name="gap"))
     nodes.append(helper.make_node("Flatten", ["gap"], ["flat"], name="flatten"))
-    nodes.append(helper.make_node("Gemm", ["flat", weight("fc.weight", classes, 512, scale=0.5),
+    nodes.append(helper.make_node("Gemm", ["flat", weight("fc.weight", classes, c_in, scale=0.5),
                                            weight("fc.bias", classes, scale=0.05)],
                                   ["logits"], name="fc", transB=1))
     graph = helper.make_graph(
@@ -84,12 +86,13 @@ def resnet18(size: int = 224, classes: int = 1000, seed: int = 18) -> onnx.Model
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", action="store_true",
-                        help="32x32 images and 10 classes: the same layers, quicker to compile")
+                        help="32x32 images, 16 to 128 channels, 10 classes: the same layers, "
+                             "quick to compile (for tests)")
     parser.add_argument("-o", "--output", default="resnet18.onnx", help="the ONNX file")
     parser.add_argument("--inputs", default="in.npz", help="the .npz with one input")
     args = parser.parse_args()
-    size, classes = (32, 10) if args.small else (224, 1000)
-    onnx.save(resnet18(size, classes), args.output)
+    size, classes, width = (32, 10, 16) if args.small else (224, 1000, 64)
+    onnx.save(resnet18(size, classes, width), args.output)
     image = np.random.default_rng(0).random((1, 3, size, size)).astype("float32")
     np.savez(args.inputs, image=image)
     print(f"wrote {args.output} (ResNet-18, image float32[1, 3, {size}, {size}] -> "

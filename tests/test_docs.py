@@ -18,10 +18,12 @@ network on 32x32 images); ``-m slow`` runs the README exactly as written.
 
 from __future__ import annotations
 
+import linecache
 import os
 import re
 import subprocess
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,9 +116,13 @@ def run_shell(block: Block, cwd: Path, env: dict[str, str], small: bool) -> None
 
 
 def run_python(block: Block, namespace: dict) -> None:
+    # @kiln.script reads its function's source, as it would from a script file or a notebook
+    # cell: linecache is where inspect finds the source of code that has no file.
+    filename = f"{block.path.name}:{block.line}"
+    linecache.cache[filename] = (len(block.source), None, block.source.splitlines(True),
+                                 filename)
     try:
-        code = compile(block.source, f"{block.path.name}:{block.line}", "exec")
-        exec(code, namespace)
+        exec(compile(block.source, filename, "exec"), namespace)
     except Exception:
         pytest.fail(f"{block.where} raised\n{traceback.format_exc()}", pytrace=False)
 
@@ -136,20 +142,25 @@ def check_doc(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "__docs__"}
-    ran, skipped = 0, []
+    ran, skipped, slow = 0, [], []
     for block in runnable:
         if block.not_run:
             skipped.append(f"{block.where}: {block.not_run}")
             continue
+        start = time.perf_counter()
         if block.lang in PYTHON:
             run_python(block, namespace)
         else:
             run_shell(block, tmp_path, env, small)
         ran += 1
+        seconds = time.perf_counter() - start
+        if seconds > 5:
+            slow.append(f"{block.where}: {seconds:.1f} s")
     with capsys.disabled():
         print(f"\n{path.relative_to(REPO)}: {len(found)} fenced blocks, {len(runnable)} Python "
               f"or shell: {ran} ran, {len(skipped)} not run"
-              + "".join(f"\n  not run: {s}" for s in skipped))
+              + "".join(f"\n  not run: {s}" for s in skipped)
+              + "".join(f"\n  slow: {s}" for s in slow))
 
 
 @pytest.mark.parametrize("path", DOCS, ids=[p.name for p in DOCS])
