@@ -3,8 +3,9 @@
 Inputs are found by name — the parameter names of ``@main``, or for an ONNX model the graph's
 input names — or in order as numpy's ``savez`` names unnamed arrays (``arr_0``, ``arr_1``, ...).
 A missing or unknown name is an error before anything runs; the executable checks dtypes and
-shapes. Results are printed (shape, dtype, a few values) or written to an .npz: named after an
-ONNX graph's outputs, else ``output`` (``output_0``, ``output_1``, ... for a tuple).
+shapes. Results are printed (shape, dtype, a few values) or written to an .npz, named after the
+model's outputs (``exe.outputs``: an ONNX graph's output names, which .rly and .kiln files made
+from it keep), else ``output`` (``output_0``, ``output_1``, ... for a tuple).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,6 +28,9 @@ from kiln.cli.common import (
 )
 from kiln.cli.compile import build_model, compile_options
 from kiln.errors import Error
+
+if TYPE_CHECKING:
+    from kiln.runtime.build import Executable
 
 
 def arrange_inputs(path: str | None, user_names: list[str], kiln_names: list[str]
@@ -62,20 +66,24 @@ def arrange_inputs(path: str | None, user_names: list[str], kiln_names: list[str
     return positional, named
 
 
+def output_arrays(exe: Executable, result: object) -> dict[str, np.ndarray]:
+    """A result as named arrays: each output by its name (``exe.outputs``), the fields of a
+    tuple in it as ``name_0``, ``name_1``, ..."""
+    out: dict[str, np.ndarray] = {}
+    for name, value in exe.named_outputs(result).items():
+        out.update(flat_outputs(value, [name]))
+    return out
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from kiln.runtime.artifact import load
 
     progress = Progress(args.progress)
-    output_names: list[str] | None = None
     suffix = Path(args.model).suffix.lower()
     if suffix in (".rly", ".onnx"):
         model = read_model(args.model, args, "run", progress)
         progress.step("building")
         exe = build_model(model, args)
-        output_names = model.output_names
-        # Weights are bound when building: what remains of @main's parameters are the inputs.
-        kiln_names = [p.hint for p in exe.program.main.params]
-        user_names = model.input_names if model.kind == "onnx" else kiln_names
     else:
         if args.params:
             raise Error("--params binds weights when building: give it with a .rly or .onnx "
@@ -83,14 +91,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not Path(args.model).is_file():
             raise Error(f"{args.model}: no such file")
         exe = load(args.model)
-        kiln_names = user_names = [p.hint for p in exe.program.main.params]
+    # Weights are bound when building: what remains of @main's parameters are the inputs,
+    # known by the model's own names (an ONNX graph's, kept in .rly and .kiln files too).
+    kiln_names = [p.hint for p in exe.program.main.params]
+    user_names = [i.name for i in exe.inputs]
     positional, named = arrange_inputs(args.inputs, user_names, kiln_names)
     progress.step("running")
     start = time.perf_counter()
     result = exe(*positional, **named)
     elapsed = time.perf_counter() - start
     if args.output:
-        outputs = flat_outputs(result, output_names)
+        outputs = output_arrays(exe, result)
         try:
             # (as dict[str, Any]: savez's stub would check every key against allow_pickle)
             arrays: dict[str, Any] = outputs
@@ -99,7 +110,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise Error(f"{args.output}: cannot write it ({e.strerror or e})") from None
     else:
         try:
-            outputs = flat_outputs(result, output_names)
+            outputs = output_arrays(exe, result)
         except Error:
             print(repr(result))
         else:
@@ -120,9 +131,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("model", help="an executable (.kiln), a Relay text file (.rly) or an ONNX "
                      "model (.onnx)")
     run.add_argument("--inputs", help="an .npz of the model's inputs")
-    run.add_argument("-o", "--output", help="write the results to this .npz (named after an "
-                     "ONNX graph's outputs; else output, or output_0, output_1, ... for a "
-                     "tuple) instead of printing them")
+    run.add_argument("-o", "--output", help="write the results to this .npz (named after the "
+                     "model's outputs, such as an ONNX graph's; else output, or output_0, "
+                     "output_1, ... for a tuple) instead of printing them")
     run.add_argument("--time", action="store_true", help="report how long the call took")
     compile_options(run)
     add_progress(run)

@@ -47,6 +47,7 @@ from kiln.errors import Error, InternalError
 from kiln.ir.ty import DTYPES, TensorType
 from kiln.runtime.compiler import EVALUATOR, NATIVE, KernelSet, load_kernels
 from kiln.runtime.kernel_format import read_kernel, write_kernel
+from kiln.runtime.named_io import read_io, write_io
 from kiln.runtime.native import NativeExecutor
 from kiln.ssa.memory import FunctionPlan, MemoryPlan, tensor_bytes
 from kiln.ssa.serialize import (
@@ -110,7 +111,8 @@ def save(exe: Executable, path: str | Path) -> None:
     target = exe.kernels.target if backend == NATIVE else None
     meta = {"backend": backend, "target": str(target) if target is not None else EVALUATOR,
             "target_info": target.to_json() if target is not None else None,
-            "opt_level": exe.opt_level, "kiln_format": FORMAT_VERSION, "executor": executor}
+            "opt_level": exe.opt_level, "kiln_format": FORMAT_VERSION, "executor": executor,
+            "io": write_io(exe.inputs, exe.outputs)}
     # The header holds the section offsets, which depend on the header's length: place the
     # sections after a header sized generously, then pad the header to that size.
     table = [{"name": n, "offset": 0, "length": len(d)} for n, d in sections]
@@ -239,13 +241,16 @@ def load(path: str | Path, *, threads: int | None = None) -> Executable:
     program_code = sections.get("program_code")
     if executor not in (None, "vm") and program_code is None:
         raise bad(f"it names the {executor} executor but holds no code for it")
+    main = program.main
+    input_names, output_names = read_io(header.get("io"), [(p.hint, p.type) for p in main.params],
+                                        main.ret_type, bad)
     try:
         kernel_set: KernelSet = load_kernels(kernels, backend,
                                              bytes(machine) if machine is not None else None)
         kernel_set.program_code = bytes(program_code) if program_code is not None else None
         exe = Executable(program, kernel_set, plan, target=target, opt_level=opt_level,
                          timings={"load": time.perf_counter() - start_time}, executor=executor,
-                         threads=threads)
+                         threads=threads, input_names=input_names, output_names=output_names)
     except Error as e:
         raise Error(f"{path}: {e.message}") from None
     exe._timings["load"] = time.perf_counter() - start_time

@@ -2,6 +2,8 @@
 
     exe = kiln.build(mod, target="llvm", opt_level=3, params=weights)
     y = exe(x)                 # numpy in, numpy out
+    exe.inputs, exe.outputs    # names, shapes, dtypes (kiln/runtime/named_io.py)
+    exe.run(None, {"input.1": x})   # by name, as ONNX Runtime: a list of the outputs
     print(exe.stats())         # kernels, arena bytes, compile time, cache hits
     exe.save("model.kiln")     # kiln.load("model.kiln") runs it again without compiling
 
@@ -15,7 +17,7 @@ first use, for the shapes met, by the same Level-3 passes.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +30,14 @@ from kiln.runtime.compiler import KernelSet, check_target, resolve_target
 from kiln.runtime.executor import Executor, choose_executor
 from kiln.runtime.inputs import bind_arguments, fresh_outputs, quick_bind, static_signature
 from kiln.runtime.kernel import KernelFunction
+from kiln.runtime.named_io import (
+    ValueInfo,
+    declared_names,
+    input_infos,
+    order_feed,
+    output_infos,
+    select_outputs,
+)
 from kiln.runtime.vm import Specializer
 from kiln.ssa.ir import KernelDecl, Program
 from kiln.ssa.memory import MemoryPlan
@@ -89,12 +99,14 @@ def make_specializer(target: Target | str, opt_level: int) -> Specializer:
 
 
 class Executable:
-    """A compiled program: call it like a function of @main's parameters."""
+    """A compiled program: call it like a function of @main's parameters, or run it on
+    inputs by name (`run`, `run_named`) as an ONNX Runtime session."""
 
     def __init__(self, program: Program, kernels: KernelSet, plan: MemoryPlan, *,
                  target: Target | str = "llvm", opt_level: int = 3,
                  timings: Mapping[str, float] = {}, executor: str | None = None,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, input_names: Mapping[str, str] | None = None,
+                 output_names: Sequence[str] | None = None) -> None:
         self._threads: int | None = None
         self.set_threads(threads)
         self.program = program
@@ -107,6 +119,11 @@ class Executable:
         self._names = [p.hint for p in main.params]
         self._types = [p.type for p in main.params]
         self._signature = static_signature(self._types)
+        # The user's names (`input_names`: parameter name -> name; `output_names`: one for
+        # the result, or one per field of its tuple); defaults where there are none.
+        self._inputs = input_infos(list(zip(self._names, self._types)), input_names or {})
+        self._outputs, self._whole_result = output_infos(main.ret_type, output_names)
+        self._param_of = {i.name: n for i, n in zip(self._inputs, self._names)}
         self.executor: Executor = choose_executor(program, kernels,
                                                   make_specializer(target, opt_level), executor)
 
@@ -120,14 +137,72 @@ class Executable:
         if self._signature is not None and not kwargs:
             values = quick_bind(self._signature, args)
         if values is None:
-            values = bind_arguments(self._names, self._types, self.program.entry, args, kwargs,
-                                    self.program)
+            values = bind_arguments(self._names, self._types, self.program.entry, args,
+                                    self._by_parameter(kwargs), self.program)
+        return self._execute(values)
+
+    def _execute(self, values: list[Any]) -> Any:
         if self._threads is None:
             return fresh_outputs(self.executor.run(values))
         from kiln.codegen.threads import run_threads
 
         with run_threads(self._threads):
             return fresh_outputs(self.executor.run(values))
+
+    def _by_parameter(self, kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Keyword arguments with inputs given by their names (``input.1``) renamed to the
+        parameters' (``input_1``)."""
+        if all(k in self._names or k not in self._param_of for k in kwargs):
+            return kwargs
+        out: dict[str, Any] = {}
+        for key, value in kwargs.items():
+            param = key if key in self._names else self._param_of.get(key, key)
+            if param in out:
+                raise Error(f"input {key!r} is given twice (as {key!r} and as %{param})")
+            out[param] = value
+        return out
+
+    @property
+    def inputs(self) -> list[ValueInfo]:
+        """The inputs in order: name, shape and dtype of each (ONNX Runtime's
+        ``session.get_inputs()``)."""
+        return list(self._inputs)
+
+    @property
+    def outputs(self) -> list[ValueInfo]:
+        """The outputs in order (ONNX Runtime's ``session.get_outputs()``)."""
+        return list(self._outputs)
+
+    def run(self, output_names: Sequence[str] | Mapping[str, Any] | None = None,
+            input_feed: Mapping[str, Any] | None = None) -> list[Any]:
+        """Run on inputs by name, as ONNX Runtime's ``session.run(output_names, input_feed)``:
+        the outputs named in ``output_names`` (None: all of them), as a list in that order.
+        ``exe.run(feed)`` is ``exe.run(None, feed)``."""
+        if input_feed is None and isinstance(output_names, Mapping):
+            output_names, input_feed = None, output_names
+        if isinstance(output_names, Mapping):
+            raise Error("exe.run takes the output names first, then the inputs: "
+                        "exe.run(None, {name: value})")
+        picked = select_outputs(output_names, self._outputs)
+        # (the inputs' names, not the parameters', in what a wrong value's error says)
+        values = bind_arguments([i.name for i in self._inputs], self._types, self.program.entry,
+                                order_feed(input_feed or {}, self._inputs), {}, self.program)
+        results = self._split(self._execute(values))
+        return [results[i] for i in picked]
+
+    def run_named(self, input_feed: Mapping[str, Any],
+                  output_names: Sequence[str] | None = None) -> dict[str, Any]:
+        """Run on inputs by name; the outputs (those of ``output_names``, else all) by name."""
+        picked = select_outputs(output_names, self._outputs)
+        return dict(zip((self._outputs[i].name for i in picked),
+                        self.run([self._outputs[i].name for i in picked], input_feed)))
+
+    def named_outputs(self, result: Any) -> dict[str, Any]:
+        """What a call (``exe(x)``) returned, by output name."""
+        return dict(zip((o.name for o in self._outputs), self._split(result)))
+
+    def _split(self, result: Any) -> list[Any]:
+        return [result] if self._whole_result else list(result)
 
     @property
     def threads(self) -> int | None:
@@ -226,6 +301,11 @@ def build(mod: IRModule | Expr, target: Target | str = "llvm", opt_level: int = 
         mod = IRModule.from_expr(mod)
     if not isinstance(mod, IRModule):
         raise Error(f"kiln.build takes an IRModule, not {type(mod).__name__}")
+    input_names: dict[str, str] = {}
+    output_names = None
+    if "main" in mod:
+        main = mod["main"]
+        input_names, output_names = declared_names(main.attrs, [p.name_hint for p in main.params])
     check_target(target)
     if isinstance(opt_level, bool) or not isinstance(opt_level, int) or not 0 <= opt_level <= 4:
         raise Error(f"opt_level must be an integer from 0 to 4, got {opt_level!r}")
@@ -243,7 +323,8 @@ def build(mod: IRModule | Expr, target: Target | str = "llvm", opt_level: int = 
     timings["lower"] -= kernels.compile_seconds
     return Executable(low.program, kernels, plan,
                       target=target if machine is None else machine, opt_level=opt_level,
-                      timings=timings, executor=executor, threads=threads)
+                      timings=timings, executor=executor, threads=threads,
+                      input_names=input_names, output_names=output_names)
 
 
 class _StepTiming(PassInstrument):

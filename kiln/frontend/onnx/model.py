@@ -5,7 +5,9 @@ error lists all that it does not); check the graph's structure (every input prod
 cycles) and, with ``onnx.checker``, the rest of the ONNX rules; then convert: the graph's inputs
 become ``@main``'s leading parameters in order, the initializers its remaining ones (or
 constants), and the nodes a chain of let bindings ending in the graph's output (a tuple when
-there are several).
+there are several). @main's attributes keep the graph's names where kiln's differ:
+``output_names`` always, ``input_names`` when an input's name is not an identifier
+(``input.1`` becomes ``%input_1``); executables take and give values by them.
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ from kiln.frontend.onnx.table import (
     normalize_domain,
 )
 from kiln.infer import infer_types
+from kiln.ir.attrs import Attrs
 from kiln.ir.expr import Constant, Function, Var
 from kiln.ir.module import IRModule
 from kiln.ir.traverse import free_vars
 from kiln.ir.ty import ANY, Dim, SymDim, TensorType
+from kiln.runtime.named_io import INPUT_NAMES, OUTPUT_NAMES
 
 ModelLike = str | os.PathLike | bytes | bytearray | onnx.ModelProto
 
@@ -295,7 +299,11 @@ def import_model(model: ModelLike, *, params_as: str = "params",
     body = importer.finish(outputs, "the graph")
     used = set(free_vars(body))
     kept = [(v, a) for v, a in weights if v in used]
-    fn = Function((*inputs, *(v for v, _ in kept)), body)
+    # The graph's own names, which kiln identifiers cannot always keep (``input.1``): an
+    # executable takes its inputs and gives its outputs by them (kiln/runtime/named_io.py).
+    renamed = any(v.name_hint != n for v, n in zip(inputs, input_names))
+    io_names = Attrs({INPUT_NAMES: input_names} if renamed else {}, **{OUTPUT_NAMES: outputs})
+    fn = Function((*inputs, *(v for v, _ in kept)), body, attrs=io_names)
     try:
         mod = infer_types(IRModule.from_expr(fn))
     except Error as err:

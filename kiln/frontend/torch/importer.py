@@ -39,6 +39,8 @@ from kiln.frontend.torch.decompose import CHECKS, converter_name, decompose, is_
 from kiln.frontend.torch.registry import CONVERTERS, AtenCall, Missing, kiln_dtype
 from kiln.infer import infer_types
 from kiln.ir import Constant, Expr, Function, IRModule, TensorType, Tuple, Var, const
+from kiln.ir.attrs import Attrs
+from kiln.runtime.named_io import INPUT_NAMES, OUTPUT_NAMES
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _KILN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))  # kiln/
@@ -181,6 +183,8 @@ class _Importer:
         self.weights: list[Var] = []
         self.params: dict[str, np.ndarray] = {}
         self.names: set[str] = set()
+        self.input_names: list[str] = []  # the placeholders' names, one per input
+        self.output_names: list[str] | None = None  # the keys of a dict the model returns
 
     def run(self) -> tuple[IRModule, dict[str, np.ndarray]]:
         self._check_supported()
@@ -193,7 +197,14 @@ class _Importer:
             elif node.op == "output":
                 body = self._output(node)
         assert body is not None, "an exported graph always has an output node"
-        fn = Function((*self.inputs, *self.weights), body)
+        # The model's names where kiln's differ (kiln/runtime/named_io.py): an executable
+        # takes and gives values by them.
+        io_names: dict[str, object] = {}
+        if any(v.name_hint != n for v, n in zip(self.inputs, self.input_names)):
+            io_names[INPUT_NAMES] = self.input_names
+        if self.output_names is not None:
+            io_names[OUTPUT_NAMES] = self.output_names
+        fn = Function((*self.inputs, *self.weights), body, attrs=Attrs(io_names))
         try:
             mod = infer_types(IRModule.from_expr(fn))
         except TypeCheckError as e:
@@ -233,6 +244,7 @@ class _Importer:
             if isinstance(val, torch.Tensor):
                 v = Var(self._unique(_identifier(node.name)), self._type(val, node))
                 self.inputs.append(v)
+                self.input_names.append(node.name)
                 self._bind(node, v, val)
             else:
                 self.env[node] = val  # torch.export specialized a non-tensor input
@@ -341,6 +353,9 @@ class _Importer:
         spec = self.ep.call_spec.out_spec
         if spec is None or spec.num_leaves != len(kept):
             return kept[0] if len(kept) == 1 else Tuple(tuple(kept))
+        keys = spec.context if spec.type is dict else None
+        if isinstance(keys, list) and len(keys) > 1 and all(isinstance(k, str) for k in keys):
+            self.output_names = list(keys)  # a dict of outputs: a tuple of its values
         return _as_tuples(pytree.tree_unflatten(kept, spec))
 
     def _output_value(self, v: Any) -> Expr:
