@@ -19,81 +19,46 @@ calls over their total time.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kiln.cli.common import Progress, add_debug, add_progress, read_model
+from kiln.cli.common import Progress, add_debug, add_progress, check_file, int_in, read_model
 from kiln.cli.compile import build_model, compile_options
+from kiln.cli.inputs import (
+    INT_HIGH,
+    Input,
+    executable_inputs,
+    model_inputs,
+    random_inputs,
+    read_inputs,
+)
 from kiln.errors import Error
 
 if TYPE_CHECKING:
-    from kiln.ir.ty import Type
     from kiln.runtime.build import Executable
 
-INT_HIGH = 4  # random integer inputs are drawn from [0, INT_HIGH)
-
-
-def random_inputs(exe: Executable, seed: int) -> list[Any]:
-    """Random arguments for @main of ``exe`` (the rule in this module's docstring)."""
-    from kiln.ir.ty import TensorType, TupleType
-    from kiln.text.printer import type_text
-
-    rng = np.random.default_rng(seed)
-
-    def tensor(t: TensorType, name: str) -> np.ndarray:
-        if not t.is_static:
-            raise Error(f"@main's parameter %{name} has type {type_text(t)}, of symbolic "
-                        "shape: give its inputs with --inputs file.npz")
-        shape, dtype = t.static_shape, np.dtype(t.dtype)
-        if dtype.kind == "f":
-            return rng.standard_normal(shape).astype(dtype)
-        if dtype.kind in "iu":
-            return rng.integers(0, INT_HIGH, shape).astype(dtype)
-        if dtype.kind == "b":
-            return rng.integers(0, 2, shape).astype(bool)
-        raise Error(f"@main's parameter %{name} is a {t.dtype} tensor, which kiln bench "
-                    "cannot make up: give its inputs with --inputs file.npz")
-
-    args: list[Any] = []
-    for p in exe.program.main.params:
-        # A tuple parameter: its fields in order, rebuilt bottom-up (no recursion).
-        made: list[Any] = []
-        stack: list[tuple[Type, bool]] = [(p.type, False)]
-        while stack:
-            t, ready = stack.pop()
-            if isinstance(t, TupleType):
-                if ready:
-                    n = len(t.fields)
-                    fields = tuple(made[len(made) - n:]) if n else ()
-                    del made[len(made) - n:]
-                    made.append(fields)
-                else:
-                    stack.append((t, True))
-                    stack.extend((f, False) for f in reversed(t.fields))
-            elif isinstance(t, TensorType):
-                made.append(tensor(t, p.hint))
-            else:
-                raise Error(f"@main's parameter %{p.hint} has type {type_text(p.type)}, which "
-                            "kiln bench cannot make up: give its inputs with --inputs file.npz")
-        args.append(made[0])
-    return args
-
+__all__ = ["INT_HIGH", "cmd_bench", "random_inputs"]  # random_inputs: kiln/cli/inputs.py
 
 def _executable(args: argparse.Namespace, progress: Progress
-                ) -> tuple[Executable, list[str], list[str]]:
-    """The executable, and the names a user gives its inputs by beside kiln's names."""
+                ) -> tuple[Executable, list[Any], str]:
+    """The executable, its arguments (checked before a model is built), and where they came
+    from."""
     from kiln.runtime.artifact import load
 
+    def arguments(inputs: list[Input]) -> tuple[list[Any], str]:
+        if args.inputs:
+            return read_inputs(args.inputs, inputs), "inputs from " + args.inputs
+        return random_inputs(inputs, args.seed, "bench"), f"random inputs (seed {args.seed})"
+
     if Path(args.model).suffix.lower() in (".rly", ".onnx"):
+        check_file(args.params, "--params")
         model = read_model(args.model, args, "bench", progress)
+        values, where = arguments(model_inputs(model))
         progress.step("building")
-        exe = build_model(model, args)
-        kiln_names = [p.hint for p in exe.program.main.params]
-        return exe, model.input_names if model.kind == "onnx" else kiln_names, kiln_names
+        return build_model(model, args, progress), values, where
     if Path(args.model).suffix.lower() != ".kiln":
         raise Error(f"{args.model}: kiln bench reads .rly, .onnx and .kiln files")
     if args.params:
@@ -105,8 +70,10 @@ def _executable(args: argparse.Namespace, progress: Progress
         raise Error(f"{args.model}: no such file")
     progress.step(f"loading {args.model}")
     exe = load(args.model)
-    names = [p.hint for p in exe.program.main.params]
-    return exe, names, names
+    if args.threads is not None:
+        exe.set_threads(args.threads)
+    values, where = arguments(executable_inputs(exe))
+    return exe, values, where
 
 
 def _percentile(sorted_times: list[float], q: float) -> float:
@@ -114,42 +81,31 @@ def _percentile(sorted_times: list[float], q: float) -> float:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from kiln.cli.run import arrange_inputs
-    from kiln.codegen.threads import num_threads, threads
+    from kiln.codegen.threads import num_threads
     from kiln.target import Target
 
-    for flag, value, least in (("--repeat", args.repeat, 1), ("--warmup", args.warmup, 0),
-                               ("--threads", args.threads, 1)):
-        if value is not None and value < least:
-            raise Error(f"{flag} must be at least {least}, got {value}")
+    check_file(args.inputs, "--inputs")
     progress = Progress(args.progress)
-    exe, user_names, kiln_names = _executable(args, progress)
-    if args.inputs:
-        positional, named = arrange_inputs(args.inputs, user_names, kiln_names)
-        inputs = "inputs from " + args.inputs
-    else:
-        positional, named = random_inputs(exe, args.seed), {}
-        inputs = f"random inputs (seed {args.seed})"
-    nthreads = args.threads
-    with threads(nthreads) if nthreads is not None else contextlib.nullcontext():
-        progress.step(f"{args.warmup} warm-up calls")
-        for _ in range(args.warmup):
-            exe(*positional, **named)
-        repeat = args.repeat
-        if repeat is None:  # about a second's worth, from 10 to 1000 calls
-            start = time.perf_counter()
-            exe(*positional, **named)
-            repeat = min(1000, max(10, int(1.0 / max(time.perf_counter() - start, 1e-6))))
-        progress.step(f"{repeat} timed calls")
-        times = []
-        for _ in range(repeat):
-            start = time.perf_counter()
-            exe(*positional, **named)
-            times.append(time.perf_counter() - start)
-        profile = None
-        if args.profile:
-            progress.step("profiling")
-            profile = exe.profile(*positional, repeat=repeat, **named)
+    exe, arguments, inputs = _executable(args, progress)
+    progress.step(f"{args.warmup} warm-up calls")
+    for _ in range(args.warmup):
+        exe(*arguments)
+    repeat = args.repeat
+    if repeat is None:  # about a second's worth, from 10 to 1000 calls
+        start = time.perf_counter()
+        exe(*arguments)
+        repeat = min(1000, max(10, int(1.0 / max(time.perf_counter() - start, 1e-6))))
+    progress.step(f"{repeat} timed calls")
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        exe(*arguments)
+        times.append(time.perf_counter() - start)
+    profile = None
+    if args.profile:
+        progress.step("profiling")
+        profile = exe.profile(*arguments, repeat=repeat)
+    nthreads = exe.threads
     times.sort()
     median = _percentile(times, 50)
     stats = exe.stats()
@@ -181,15 +137,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        "executable (.kiln)")
     bench.add_argument("--inputs", help="an .npz of the model's inputs (as for kiln run); "
                        "default: random inputs")
-    bench.add_argument("--repeat", type=int, metavar="N",
+    bench.add_argument("--repeat", type=int_in(1), metavar="N",
                        help="timed calls (default: about a second's worth, 10 to 1000)")
-    bench.add_argument("--warmup", type=int, default=3, metavar="N",
+    bench.add_argument("--warmup", type=int_in(0), default=3, metavar="N",
                        help="untimed calls first (default 3)")
-    bench.add_argument("--threads", type=int, metavar="N",
+    bench.add_argument("--threads", type=int_in(1), metavar="N",
                        help="threads a parallel loop may use (default: KILN_NUM_THREADS, else "
                        "every core)")
-    bench.add_argument("--seed", type=int, default=0, help="seed of the random inputs "
-                       "(default 0)")
+    bench.add_argument("--seed", type=int_in(0), default=0, metavar="N",
+                       help="seed of the random inputs (default 0)")
     bench.add_argument("--profile", action="store_true",
                        help="also print the per-kernel profile table")
     compile_options(bench)

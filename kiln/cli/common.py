@@ -8,8 +8,11 @@ ONNX graph's input and output names) map to kiln's.
 
 from __future__ import annotations
 
+import difflib
+import logging
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -25,6 +28,9 @@ if TYPE_CHECKING:
     from kiln.ir.module import IRModule
 
 SOURCE_SUFFIXES = (".rly", ".onnx")
+ELIDE_CONSTANTS = 16  # printed IR leaves out the data of constants with more elements
+
+log = logging.getLogger("kiln.cli")
 
 
 @dataclass
@@ -42,20 +48,40 @@ class ModelFile:
 
 
 class Progress:
-    """Steps of a long job on stderr, each with its time; silent unless asked or on a TTY."""
+    """Steps of a long job on stderr, each with its time; silent unless asked or on a TTY
+    (then each step is still logged at INFO, which ``-v`` shows)."""
 
     def __init__(self, enabled: bool | None, stream: TextIO | None = None) -> None:
         self.stream = stream if stream is not None else sys.stderr
+        isatty = getattr(self.stream, "isatty", None)
+        self.tty = bool(isatty and isatty())
         if enabled is None:
-            isatty = getattr(self.stream, "isatty", None)
-            enabled = bool(isatty and isatty())
+            enabled = self.tty
         self.enabled = enabled
         self.start = time.perf_counter()
+        self._shown = -1  # the last share of the kernels reported (tenths, off a terminal)
 
     def step(self, message: str) -> None:
         if self.enabled:
             elapsed = time.perf_counter() - self.start
             print(f"kiln: [{elapsed:6.2f} s] {message}", file=self.stream, flush=True)
+        else:
+            log.info(message)
+
+    def kernels(self, done: int, total: int, name: str) -> None:
+        """A `kiln.codegen.compile.compile_progress` callback: ``compiling kernels: 12/57``,
+        rewritten in place on a terminal, every tenth of the way otherwise."""
+        if not self.enabled or total == 0:
+            return
+        if self.tty:
+            end = "\n" if done == total else ""
+            print(f"\rkiln: compiling kernels: {done}/{total}", end=end, file=self.stream,
+                  flush=True)
+            return
+        tenth = done * 10 // total
+        if tenth != self._shown:
+            self._shown = tenth
+            print(f"kiln: compiling kernels: {done}/{total}", file=self.stream, flush=True)
 
 
 def file_kind(path: str, allowed: tuple[str, ...], command: str) -> str:
@@ -173,11 +199,74 @@ def flat_outputs(value: object, names: list[str] | None = None) -> dict[str, np.
 
 
 def add_debug(p: argparse.ArgumentParser) -> None:
-    """``--debug`` after the subcommand too (``kiln run --debug ...``)."""
+    """The global options after the subcommand too (``kiln run --debug -v ...``): --debug,
+    -v/--verbose, -q/--quiet."""
     import argparse
 
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                    help="show tracebacks (and type-check after every pass)")
+    add_verbosity(p, argparse.SUPPRESS)
+
+
+def add_verbosity(p: argparse.ArgumentParser, default: object = None) -> None:
+    """-v (INFO: steps, each kernel compiled; -vv DEBUG: cache hits and misses) and -q (errors
+    only) for kiln's loggers; ``default`` argparse.SUPPRESS after a subcommand."""
+    p.add_argument("-v", "--verbose", action="count", default=0 if default is None else default,
+                   help="say more on stderr: -v what is done (each kernel compiled), -vv "
+                   "debugging detail (cache hits and misses)")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   default=False if default is None else default,
+                   help="print only errors on stderr")
+
+
+def int_in(least: int, most: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer from ``least`` to ``most`` (None: no upper bound)."""
+    import argparse
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"want an integer, not {text!r}") from None
+        if value < least or (most is not None and value > most):
+            span = f"from {least} to {most}" if most is not None else f"at least {least}"
+            raise argparse.ArgumentTypeError(f"must be {span}, got {value}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def check_pass_names(names: Iterable[str], option: str, allow_all: bool = False) -> None:
+    """Every name is a registered pass ('*' too when ``allow_all``); a kiln.Error with the
+    closest name otherwise."""
+    from kiln.transform import list_passes
+
+    known = [info.name for info in list_passes()]
+    for name in names:
+        if name in known or (allow_all and name == "*"):
+            continue
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise Error(f"{option} {name}: no pass is named {name!r}{hint} (kiln optimize --list "
+                    "shows them all)")
+
+
+def pass_list(text: str | None) -> list[str]:
+    """Comma-separated pass names."""
+    return [n.strip() for n in (text or "").split(",") if n.strip()]
+
+
+def check_file(path: str | None, option: str) -> None:
+    """A file an option names exists."""
+    if path is not None and not Path(path).is_file():
+        raise Error(f"{option} {path}: no such file")
+
+
+def add_show_constants(p: argparse.ArgumentParser, when: str) -> None:
+    p.add_argument("--show-constants", action="store_true",
+                   help=f"print every constant's data ({when}: a constant of more than "
+                   f"{ELIDE_CONSTANTS} elements is shown by dtype and shape only)")
 
 
 def add_progress(p: argparse.ArgumentParser) -> None:

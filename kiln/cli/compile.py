@@ -8,7 +8,20 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kiln.cli.common import ModelFile, Progress, add_debug, add_progress, read_model, write_text
+from kiln.cli.common import (
+    ELIDE_CONSTANTS,
+    ModelFile,
+    Progress,
+    add_debug,
+    add_progress,
+    add_show_constants,
+    check_file,
+    check_pass_names,
+    int_in,
+    pass_list,
+    read_model,
+    write_text,
+)
 from kiln.errors import Error
 
 if TYPE_CHECKING:
@@ -16,17 +29,50 @@ if TYPE_CHECKING:
     from kiln.transform import PassContext, PassInstrument, PassTimingInstrument
 
 
+def check_pass_options(args: argparse.Namespace) -> None:
+    """--disable, --dump-before, --dump-after (and --passes) name passes that exist."""
+    check_pass_names(pass_list(args.disable), "--disable")
+    check_pass_names(args.dump_before or [], "--dump-before", allow_all=True)
+    check_pass_names(args.dump_after or [], "--dump-after", allow_all=True)
+    check_pass_names(pass_list(getattr(args, "passes", None)), "--passes")
+
+
 def pass_context(args: argparse.Namespace, timing: PassTimingInstrument) -> PassContext:
     """The PassContext the options ask for: opt level, disabled passes, --time (into
-    ``timing``), --dump-before/--dump-after (to stderr), --debug (verify after each pass)."""
-    from kiln.transform import DumpIR, PassContext
+    ``timing``), --dump-before/--dump-after (to stderr; big constants elided unless
+    --show-constants), --debug (verify after each pass)."""
+    from kiln.transform import PassContext
 
     instruments: list[PassInstrument] = [timing] if args.time else []
     if args.dump_before or args.dump_after:
-        instruments.append(DumpIR(args.dump_before or [], args.dump_after or [], sys.stderr))
-    disabled = [n for n in (args.disable or "").split(",") if n]
-    return PassContext(opt_level=args.opt_level, disabled_pass=disabled, instruments=instruments,
-                       debug=getattr(args, "debug", False))
+        elide = None if args.show_constants else ELIDE_CONSTANTS
+        instruments.append(dump_instrument(args.dump_before or [], args.dump_after or [],
+                                           elide))
+    return PassContext(opt_level=args.opt_level, disabled_pass=pass_list(args.disable),
+                       instruments=instruments, debug=getattr(args, "debug", False))
+
+
+def dump_instrument(before: list[str], after: list[str], elide: int | None) -> PassInstrument:
+    """`kiln.transform.DumpIR`'s dumps on stderr, a module printed with ``elide_constants``."""
+    from kiln.ir.module import IRModule
+    from kiln.text import astext
+    from kiln.transform import PassInstrument
+    from kiln.transform.pass_manager import IR, PassInfo
+
+    class Dump(PassInstrument):
+        def dump(self, when: str, names: list[str], mod: IR, info: PassInfo) -> None:
+            if info.name in names or "*" in names:
+                text = (astext(mod, elide_constants=elide) if isinstance(mod, IRModule)
+                        else mod.text())
+                print(f"// ---- IR {when} {info.name} ----\n{text}", file=sys.stderr)
+
+        def run_before_pass(self, mod: IR, info: PassInfo) -> None:
+            self.dump("before", before, mod, info)
+
+        def run_after_pass(self, mod: IR, info: PassInfo) -> None:
+            self.dump("after", after, mod, info)
+
+    return Dump()
 
 
 def cmd_optimize(args: argparse.Namespace) -> int:
@@ -43,6 +89,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         return 0
     if not args.model:
         raise Error("kiln optimize needs a model file (or --list)")
+    check_pass_options(args)
+    check_file(args.params, "--params")
     model = read_model(args.model, args, "optimize", Progress(args.progress))
     mod, params = model.module, model.params
     timing = PassTimingInstrument()
@@ -50,22 +98,28 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         if args.passes:
             if params:
                 mod = bind_params(mod, params)
-            names = [n.strip() for n in args.passes.split(",") if n.strip()]
-            mod = Sequential([get_pass(n) for n in names], name="passes")(mod)
+            mod = Sequential([get_pass(n) for n in pass_list(args.passes)], name="passes")(mod)
         else:
             mod = optimize(mod, opt_level=args.opt_level, params=params or None)
-    write_text(astext(mod), args.output)
+    # Weights elided only for reading on a terminal: a file or a pipe gets text that parses.
+    to_terminal = args.output in (None, "-") and sys.stdout.isatty()
+    elide = ELIDE_CONSTANTS if to_terminal and not args.show_constants else None
+    write_text(astext(mod, elide_constants=elide), args.output)
     if args.time:
         print(timing.render(), file=sys.stderr)
     return 0
 
 
-def build_model(model: ModelFile, args: argparse.Namespace) -> Executable:
-    """The executable of a model, its weights bound."""
+def build_model(model: ModelFile, args: argparse.Namespace,
+                progress: Progress | None = None) -> Executable:
+    """The executable of a model, its weights bound (``--threads``, if the command has it,
+    applied to it); ``progress`` shows the kernels compiled."""
+    from kiln.codegen.compile import compile_progress
     from kiln.runtime.build import build
 
-    return build(model.module, target=args.target, opt_level=args.opt_level,
-                 params=model.params or None)
+    with compile_progress(progress.kernels if progress is not None else None):
+        return build(model.module, target=args.target, opt_level=args.opt_level,
+                     params=model.params or None, threads=getattr(args, "threads", None))
 
 
 def list_build_passes() -> str:
@@ -85,12 +139,14 @@ def cmd_build(args: argparse.Namespace) -> int:
         return 0
     if not args.model:
         raise Error("kiln build needs a model file (or --list-passes)")
+    check_pass_options(args)
+    check_file(args.params, "--params")
     progress = Progress(args.progress)
     model = read_model(args.model, args, "build", progress)
     progress.step("building")
     timing = PassTimingInstrument()
     with pass_context(args, timing):
-        exe = build_model(model, args)
+        exe = build_model(model, args, progress)
     if args.time:
         print(timing.render(), file=sys.stderr)
     out = args.output or str(Path(args.model).with_suffix(".kiln"))
@@ -107,7 +163,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 def compile_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--params", help="an .npz of weights to bind to @main's parameters by name")
-    p.add_argument("--opt-level", type=int, default=3, choices=range(5), metavar="N",
+    p.add_argument("--opt-level", type=int_in(0, 4), default=3, metavar="N",
                    help="optimization level 0-4 (default 3)")
     p.add_argument("--target", default="llvm",
                    help="what to compile for: llvm (this machine, the default), "
@@ -122,7 +178,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     opt.add_argument("model", nargs="?", help="a Relay text file (.rly) or an ONNX model (.onnx)")
     opt.add_argument("--passes", help="comma-separated pass names (default: the standard "
                      "pipeline of kiln.optimize)")
-    opt.add_argument("--opt-level", type=int, default=3, help="optimization level (default 3)")
+    opt.add_argument("--opt-level", type=int_in(0, 4), default=3, metavar="N",
+                     help="optimization level 0-4 (default 3)")
     opt.add_argument("--disable", help="comma-separated pass names to skip")
     opt.add_argument("--params", help="an .npz of weights to bind to @main's parameters by name")
     opt.add_argument("-o", "--output", help="write the result here instead of stdout")
@@ -132,6 +189,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                      help="print the IR before this pass ('*' for all)")
     opt.add_argument("--dump-after", action="append", metavar="PASS",
                      help="print the IR after this pass ('*' for all)")
+    add_show_constants(opt, "by default, on a terminal and in dumps")
     add_progress(opt)
     add_debug(opt)
     opt.set_defaults(run=cmd_optimize)
@@ -155,6 +213,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     bld.add_argument("--dump-after", action="append", metavar="PASS",
                      help="print the IR after this pass ('*' for all): Relay text for Level "
                      "1, the SSA program and loop IR for the back end")
+    add_show_constants(bld, "by default, in dumps")
     add_progress(bld)
     add_debug(bld)
     bld.set_defaults(run=cmd_build)

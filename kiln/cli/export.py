@@ -6,12 +6,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from kiln.cli.common import Progress, add_debug, add_progress, read_model
+from kiln.cli.common import Progress, add_debug, add_progress, check_file, int_in, read_model
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from kiln.runtime.export import export_library
 
+    check_file(args.params, "--params")
     progress = Progress(args.progress)
     model = read_model(args.model, args, "export", progress)
     out = args.output or str(Path(args.model).with_suffix(".so"))
@@ -43,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--name", help="the C prefix of the functions and macros (default: the "
                    "output's file name, e.g. model_run)")
     p.add_argument("--params", help="an .npz of weights to bind to @main's parameters by name")
-    p.add_argument("--opt-level", type=int, default=3, choices=range(5), metavar="N",
+    p.add_argument("--opt-level", type=int_in(0, 4), default=3, metavar="N",
                    help="optimization level 0-4 (default 3)")
     p.add_argument("--cc", help="the C compiler that links (default: cc, or "
                    "TRIPLE-gcc for another architecture)")

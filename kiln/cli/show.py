@@ -4,7 +4,10 @@
 model without converting it); ``--level`` prints a Relay
 program or an imported ONNX model as kiln sees it: ``relay`` (typed text), ``fused`` (after
 kiln.optimize, weights bound), ``ssa`` (the SSA program and its memory plan) or ``loops`` (each
-kernel's loop IR). A compiled executable (.kiln) shows its signature and SSA program.
+kernel's loop IR). A compiled executable (.kiln) shows its signature and SSA program. Relay
+text is for reading: a constant of more than a few elements (a weight) is shown by its dtype
+and shape only unless ``--show-constants`` (``kiln import`` and ``kiln optimize -o`` write
+text that parses).
 """
 
 from __future__ import annotations
@@ -12,7 +15,18 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from kiln.cli.common import Progress, add_debug, add_progress, file_kind, read_model, write_text
+from kiln.cli.common import (
+    ELIDE_CONSTANTS,
+    Progress,
+    add_debug,
+    add_progress,
+    add_show_constants,
+    check_file,
+    file_kind,
+    int_in,
+    read_model,
+    write_text,
+)
 from kiln.errors import Error
 
 if TYPE_CHECKING:
@@ -24,17 +38,19 @@ LEVELS = ("relay", "fused", "ssa", "loops")
 
 
 def level_text(mod: IRModule, params: dict[str, np.ndarray], level: str,
-               opt_level: int) -> str:
-    """The text of a module at ``level`` (``params`` bound from ``fused`` on)."""
+               opt_level: int, elide_constants: int | None = None) -> str:
+    """The text of a module at ``level`` (``params`` bound from ``fused`` on; Relay text with
+    `astext`'s ``elide_constants``)."""
     from kiln.infer import infer_types
     from kiln.runtime.backend import lower
     from kiln.text import astext
     from kiln.transform.pipeline import optimize
 
     if level == "relay":
-        return astext(infer_types(mod))
+        return astext(infer_types(mod), elide_constants=elide_constants)
     if level == "fused":
-        return astext(optimize(mod, opt_level=opt_level, params=params or None))
+        return astext(optimize(mod, opt_level=opt_level, params=params or None),
+                      elide_constants=elide_constants)
     low = lower(mod, opt_level=opt_level, params=params or None,
                 upto="plan-memory" if level == "ssa" else "decompose-math")
     program = low.program
@@ -62,9 +78,11 @@ def cmd_show(args: argparse.Namespace) -> int:
 
         write_text(summary(args.model), args.output)
         return 0
+    check_file(args.params, "--params")
     model = read_model(args.model, args, "show", Progress(args.progress))
-    write_text(level_text(model.module, model.params, args.level or "relay", args.opt_level),
-               args.output)
+    elide = None if args.show_constants else ELIDE_CONSTANTS
+    write_text(level_text(model.module, model.params, args.level or "relay", args.opt_level,
+                          elide), args.output)
     return 0
 
 
@@ -82,8 +100,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     show.add_argument("--level", choices=LEVELS, help="which level to print")
     show.add_argument("-o", "--output", help="write the text here instead of stdout")
     show.add_argument("--params", help="an .npz of weights to bind to @main's parameters")
-    show.add_argument("--opt-level", type=int, default=3, choices=range(5), metavar="N",
+    show.add_argument("--opt-level", type=int_in(0, 4), default=3, metavar="N",
                       help="optimization level 0-4 (default 3)")
+    add_show_constants(show, "by default")
     add_progress(show)
     add_debug(show)
     show.set_defaults(run=cmd_show)

@@ -67,7 +67,7 @@ def test_bench_a_saved_executable(relay_file, tmp_path, capsys):
 
 
 def test_random_inputs_follow_the_parameter_types(tmp_path):
-    from kiln.cli.bench import INT_HIGH, random_inputs
+    from kiln.cli.inputs import INT_HIGH, executable_inputs, random_inputs
 
     path = tmp_path / "ints.rly"
     path.write_text("""#[version = "0.0.5"]
@@ -76,22 +76,54 @@ def @main(%i: Tensor[(50), int64], %x: Tensor[(2, 3), float32]) {
 }
 """)
     exe = kiln.build(read_relay(str(path)))
-    ints, floats = random_inputs(exe, 7)
+    ints, floats = random_inputs(executable_inputs(exe), 7, "bench")
     assert ints.dtype == np.int64 and ints.shape == (50,)
     assert ints.min() >= 0 and ints.max() < INT_HIGH
     assert floats.dtype == np.float32 and floats.shape == (2, 3)
-    again = random_inputs(exe, 7)
+    again = random_inputs(executable_inputs(exe), 7, "bench")
     assert np.array_equal(ints, again[0]) and np.array_equal(floats, again[1])
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--repeat", "0"], "--repeat must be at least 1"),
-    (["--threads", "0"], "--threads must be at least 1"),
-    (["--warmup", "-1"], "--warmup must be at least 0"),
+    (["--repeat", "0"], "argument --repeat: must be at least 1, got 0"),
+    (["--threads", "0"], "argument --threads: must be at least 1, got 0"),
+    (["--warmup", "-1"], "argument --warmup: must be at least 0, got -1"),
+    (["--seed", "-1"], "argument --seed: must be at least 0, got -1"),
+    (["--opt-level", "5"], "argument --opt-level: must be from 0 to 4, got 5"),
+    (["--repeat", "many"], "argument --repeat: want an integer, not 'many'"),
 ])
 def test_bad_arguments_are_errors(relay_file, capsys, argv, message):
-    assert main(["bench", str(relay_file), *argv]) == 1
+    with pytest.raises(SystemExit) as e:  # bad arguments: status 2, before anything is read
+        main(["bench", str(relay_file), *argv])
+    assert e.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_bench_with_threads_sets_the_executables_count(relay_file, tmp_path, capsys):
+    assert main(["bench", str(relay_file), "--repeat", "2", "--warmup", "0",
+                 "--threads", "2"]) == 0
+    assert ", 2 threads," in capsys.readouterr().out
+    exe = kiln.build(read_relay(str(relay_file)))
+    exe.save(tmp_path / "small.kiln")
+    assert main(["bench", str(tmp_path / "small.kiln"), "--repeat", "2", "--warmup", "0",
+                 "--threads", "1"]) == 0
+    assert ", 1 thread," in capsys.readouterr().out
+
+
+def test_bench_checks_its_inputs_before_building(relay_file, tmp_path, capsys, monkeypatch):
+    import sys
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("built before the inputs were checked")
+
+    monkeypatch.setattr(sys.modules["kiln.runtime.build"], "build", no_build)
+    np.savez(tmp_path / "bad.npz", x=np.zeros((4, 9), np.float32),
+             w=np.zeros((16, 8), np.float32), b=np.zeros(16, np.float32))
+    assert main(["bench", str(relay_file), "--inputs", str(tmp_path / "bad.npz")]) == 1
+    err = capsys.readouterr().err
+    assert "input 'x' has shape [4, 9], but the model expects Tensor[(4, 8), float32]" in err
+    assert main(["bench", str(relay_file), "--inputs", str(tmp_path / "none.npz")]) == 1
+    assert f"--inputs {tmp_path / 'none.npz'}: no such file" in capsys.readouterr().err
 
 
 def test_bad_files_and_symbolic_shapes_are_errors(tmp_path, capsys):
