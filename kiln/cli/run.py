@@ -1,9 +1,10 @@
 """``kiln run``: a compiled executable, a Relay program or an ONNX model on inputs from an .npz.
 
 Inputs are found by name — the parameter names of ``@main``, or for an ONNX model the graph's
-input names — or in order as numpy's ``savez`` names unnamed arrays (``arr_0``, ``arr_1``, ...).
-A missing or unknown name is an error before anything runs; the executable checks dtypes and
-shapes. Results are printed (shape, dtype, a few values) or written to an .npz, named after the
+input names — or in order as numpy's ``savez`` names unnamed arrays (``arr_0``, ``arr_1``,
+...); ``--random`` makes them up from @main's parameter types instead (kiln/cli/inputs.py). A
+missing or unknown name, a wrong dtype or shape is an error before anything is compiled.
+Results are printed (shape, dtype, a few values) or written to an .npz, named after the
 model's outputs (``exe.outputs``: an ONNX graph's output names, which .rly and .kiln files made
 from it keep), else ``output`` (``output_0``, ``output_1``, ... for a tuple).
 """
@@ -22,48 +23,17 @@ from kiln.cli.common import (
     Progress,
     add_debug,
     add_progress,
+    check_file,
     flat_outputs,
+    int_in,
     read_model,
-    read_npz,
 )
 from kiln.cli.compile import build_model, compile_options
+from kiln.cli.inputs import executable_inputs, model_inputs, random_inputs, read_inputs
 from kiln.errors import Error
 
 if TYPE_CHECKING:
     from kiln.runtime.build import Executable
-
-
-def arrange_inputs(path: str | None, user_names: list[str], kiln_names: list[str]
-                   ) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
-    """The arrays of ``path`` as positional and keyword arguments of @main (kiln's names)."""
-    shown = ", ".join(repr(n) for n in user_names)
-    if path is None:
-        if user_names:
-            raise Error(f"the model takes inputs {shown}: give them with --inputs file.npz")
-        return [], {}
-    arrays = read_npz(path, "inputs") or {}
-    positional: list[np.ndarray] = []
-    while f"arr_{len(positional)}" in arrays:
-        positional.append(arrays.pop(f"arr_{len(positional)}"))
-    if len(positional) > len(user_names):
-        raise Error(f"{path} has {len(positional)} unnamed arrays (arr_0, ...), but the model "
-                    f"takes {len(user_names)} inputs: {shown or 'none'}")
-    to_kiln = dict(zip(user_names, kiln_names)) | dict(zip(kiln_names, kiln_names))
-    named: dict[str, np.ndarray] = {}
-    for key, value in arrays.items():
-        if key not in to_kiln:
-            raise Error(f"{path} has an array {key!r}, which is not an input of the model "
-                        f"(its inputs: {shown or 'none'})")
-        named[to_kiln[key]] = value
-    given = set(kiln_names[:len(positional)]) | set(named)
-    missing = [u for u, k in zip(user_names, kiln_names) if k not in given]
-    if missing:
-        raise Error(f"{path} lacks input{'s' if len(missing) > 1 else ''} "
-                    f"{', '.join(repr(m) for m in missing)} (the model takes {shown})")
-    twice = [u for u, k in zip(user_names, kiln_names[:len(positional)]) if k in named]
-    if twice:
-        raise Error(f"{path} gives input {twice[0]!r} twice: by position and by name")
-    return positional, named
 
 
 def output_arrays(exe: Executable, result: object) -> dict[str, np.ndarray]:
@@ -78,12 +48,18 @@ def output_arrays(exe: Executable, result: object) -> dict[str, np.ndarray]:
 def cmd_run(args: argparse.Namespace) -> int:
     from kiln.runtime.artifact import load
 
+    check_file(args.inputs, "--inputs")
     progress = Progress(args.progress)
     suffix = Path(args.model).suffix.lower()
     if suffix in (".rly", ".onnx"):
+        check_file(args.params, "--params")
         model = read_model(args.model, args, "run", progress)
+        # The inputs are checked against @main's types before the (long) build.
+        inputs = model_inputs(model)
+        arguments = (random_inputs(inputs, args.seed, "run") if args.random
+                     else read_inputs(args.inputs, inputs))
         progress.step("building")
-        exe = build_model(model, args)
+        exe = build_model(model, args, progress)
     else:
         if args.params:
             raise Error("--params binds weights when building: give it with a .rly or .onnx "
@@ -91,14 +67,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not Path(args.model).is_file():
             raise Error(f"{args.model}: no such file")
         exe = load(args.model)
-    # Weights are bound when building: what remains of @main's parameters are the inputs,
-    # known by the model's own names (an ONNX graph's, kept in .rly and .kiln files too).
-    kiln_names = [p.hint for p in exe.program.main.params]
-    user_names = [i.name for i in exe.inputs]
-    positional, named = arrange_inputs(args.inputs, user_names, kiln_names)
+        if args.threads is not None:
+            exe.set_threads(args.threads)
+        inputs = executable_inputs(exe)
+        arguments = (random_inputs(inputs, args.seed, "run") if args.random
+                     else read_inputs(args.inputs, inputs))
     progress.step("running")
     start = time.perf_counter()
-    result = exe(*positional, **named)
+    result = exe(*arguments)
     elapsed = time.perf_counter() - start
     if args.output:
         outputs = output_arrays(exe, result)
@@ -130,7 +106,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                          "parameter names), or arr_0, arr_1, ... in order.")
     run.add_argument("model", help="an executable (.kiln), a Relay text file (.rly) or an ONNX "
                      "model (.onnx)")
-    run.add_argument("--inputs", help="an .npz of the model's inputs")
+    given = run.add_mutually_exclusive_group()
+    given.add_argument("--inputs", help="an .npz of the model's inputs")
+    given.add_argument("--random", action="store_true",
+                       help="random inputs of @main's parameter types instead (floats standard "
+                       "normal, integers in [0, 4), booleans uniform; seeded by --seed)")
+    run.add_argument("--seed", type=int_in(0), default=0, metavar="N",
+                     help="seed of --random's inputs (default 0)")
+    run.add_argument("--threads", type=int_in(1), metavar="N",
+                     help="threads a parallel loop may use (default: KILN_NUM_THREADS, else "
+                     "every core)")
     run.add_argument("-o", "--output", help="write the results to this .npz (named after the "
                      "model's outputs, such as an ONNX graph's; else output, or output_0, "
                      "output_1, ... for a tuple) instead of printing them")
