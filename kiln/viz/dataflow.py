@@ -1,9 +1,13 @@
 """A module's ``@main`` as a dataflow graph to draw: operator nodes, value edges, fused groups.
 
-Each node is one value: a parameter of ``@main`` (an input), a constant, an operator call, a
-tuple, a projection that cannot be seen through, or an output of ``@main`` (one per field of a
-result tuple). Let-bound variables are transparent: an edge runs from the node that computes the
-value to each node that uses it. A call of a fused function (``Primitive=1``, what ``fuse-ops``
+Each node is one value: a parameter of ``@main`` (an input, or a weight when it is named in
+``weights``), a constant, an operator call, a tuple, a projection that cannot be seen through, or
+an output of ``@main`` (one per field of a result tuple). An operator node keeps its call, for
+its attributes and the logical shapes of its weights (`weights.py`), and the call's source span,
+which says where it came from (`origin.py`).
+
+Let-bound variables are transparent: an edge runs from the node that computes the value to each
+node that uses it. A call of a fused function (``Primitive=1``, what ``fuse-ops``
 makes) is opened up: its operator nodes are drawn, each marked with the group of that call, and
 the picture outlines each group. Anything else — an ``if``, a ``match``, a closure, a call of a
 global function — is one opaque node fed by the variables it uses.
@@ -13,10 +17,11 @@ The walk keeps its own stack: programs are thousands of let bindings deep.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TypeGuard
 
-from kiln.errors import Error
+from kiln.errors import Error, Span
 from kiln.ir.expr import (
     Call,
     Constant,
@@ -34,18 +39,31 @@ from kiln.ir.expr import (
 from kiln.ir.module import IRModule
 from kiln.ir.traverse import free_vars
 from kiln.ir.ty import TensorType, TupleType, Type
+from kiln.op.registry import lookup
 from kiln.text.printer import type_text
 
 
 @dataclass
 class Node:
-    """One value in the picture: ``label`` (what computes it) and ``detail`` (its type)."""
+    """One value in the picture: ``label`` (what computes it) and ``detail`` (its type).
+
+    ``inputs`` are the nodes it reads, in argument order; ``lines`` what is drawn inside it
+    below its type (its weights); ``attrs`` its non-default attributes and ``name`` where it
+    came from, drawn on request.
+    """
 
     label: str
     detail: str
-    kind: str  # "input", "constant", "op", "tuple", "get", "output" or "other"
+    kind: str  # "input", "weight", "constant", "op", "tuple", "get", "output" or "other"
     group: int | None = None
     title: str = ""
+    inputs: list[int] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+    attrs: list[str] = field(default_factory=list)
+    name: str = ""
+    call: Call | None = None
+    span: Span | None = None
+    members: int = 1  # the operators it stands for (more when it is collapsed)
 
 
 @dataclass
@@ -65,10 +83,27 @@ class DataflowGraph:
     groups: list[Group] = field(default_factory=list)
 
     def add(self, node: Node, inputs: list[int]) -> int:
+        node.inputs = list(inputs)
         self.nodes.append(node)
         index = len(self.nodes) - 1
         self.edges.extend((i, index) for i in inputs)
         return index
+
+    def renumbered(self, nodes: list[Node], new: list[int | None]) -> DataflowGraph:
+        """A graph of ``nodes`` where old node ``i`` is ``new[i]`` (None: gone); each node's
+        inputs are renumbered, and edges into a node from itself or twice are dropped."""
+        out = DataflowGraph(groups=self.groups)
+        for node in nodes:
+            inputs = [new[i] for i in node.inputs]
+            out.nodes.append(node)
+            node.inputs = [i for i in inputs if i is not None]
+        seen: set[tuple[int, int]] = set()
+        for u, v in self.edges:
+            a, b = new[u], new[v]
+            if a is not None and b is not None and a != b and (a, b) not in seen:
+                seen.add((a, b))
+                out.edges.append((a, b))
+        return out
 
 
 def type_label(ty: Type | None) -> str:
@@ -94,6 +129,27 @@ def _op_label(op: Expr) -> str:
         case Var(name_hint=name):
             return f"%{name}"
     return "call"
+
+
+def attr_text(value: object) -> str:
+    """An attribute's value as the picture shows it: ``[2, 2]``, ``NCHW``, ``0.5``."""
+    if isinstance(value, tuple):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    return str(value)
+
+
+def _attrs(call: Call) -> list[str]:
+    opdef = lookup(call.op.name) if isinstance(call.op, Op) else None
+    if opdef is None:
+        return []
+    return [f"{k}={attr_text(v)}" for k, v in opdef.non_default_attrs(call.attrs).items()]
+
+
+def _constant_detail(c: Constant) -> str:
+    """A scalar constant's value, else the type of the constant."""
+    if c.data.size == 1 and c.data.ndim == 0:
+        return f"{c.data.item():g} ({c.data.dtype.name})"
+    return type_label(c.checked_type_ or c.tensor_type)
 
 
 _OPAQUE_LABELS = {If: "if", Match: "match", Function: "fn"}
@@ -148,8 +204,7 @@ class _Builder:
                 self.value[key] = self.lookup(sc, e)
             elif isinstance(e, Constant):
                 self.value[key] = self.graph.add(
-                    Node("constant", type_label(e.checked_type_ or e.tensor_type), "constant",
-                         group), [])
+                    Node("constant", _constant_detail(e), "constant", group), [])
             elif isinstance(e, Call) and _is_primitive(e.op):
                 fn = e.op
                 if stage == 0:
@@ -182,7 +237,8 @@ class _Builder:
                         if isinstance(e.op, Var):
                             inputs.insert(0, self.lookup(sc, e.op))
                     label = _op_label(e.op)
-                    node = self.graph.add(Node(label, ty, "op", group), inputs)
+                    node = self.graph.add(Node(label, ty, "op", group, call=e,
+                                               attrs=_attrs(e), span=e.span), inputs)
                     if group is not None:
                         self.graph.groups[group - 1].ops.append(label)
                 self.value[key] = node
@@ -207,16 +263,18 @@ class _Builder:
         return self.value[(scope, id(root))]
 
 
-def dataflow_graph(mod: IRModule, name: str = "main") -> DataflowGraph:
+def dataflow_graph(mod: IRModule, name: str = "main",
+                   weights: Collection[str] = ()) -> DataflowGraph:
     """The dataflow graph of ``mod``'s function ``name`` (type-check the module first for
-    shapes on the nodes)."""
+    shapes on the nodes); its parameters named in ``weights`` are weights, not inputs."""
     if name not in mod:
         raise Error(f"the module has no function @{name} to draw")
     fn = mod[name]
     b = _Builder()
     for p in fn.params:
         ty = p.checked_type_ or p.type_annotation
-        b.env[(0, id(p))] = b.graph.add(Node(f"%{p.name_hint}", type_label(ty), "input"), [])
+        kind = "weight" if p.name_hint in weights else "input"
+        b.env[(0, id(p))] = b.graph.add(Node(f"%{p.name_hint}", type_label(ty), kind), [])
     tail = fn.body
     while isinstance(tail, Let):  # the let chain of @main, so that its result tuple shows
         b.env[(0, id(tail.var))] = b.walk(tail.value, 0)
