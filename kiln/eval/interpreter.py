@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import Error, EvalError, InternalError
+from kiln.eval.convert import exact_array
 from kiln.eval.values import Closure, ConstructorValue, RefValue
 from kiln.infer import infer_types
 from kiln.ir.adt import (
@@ -307,15 +308,7 @@ def _convert_arg(value: Any, ty: Type, what: str, dims: dict[str, int]) -> Any:
             if array.dtype.name != ty.dtype:
                 raise Error(f"{what} expects {ty}, but got an array of dtype {array.dtype.name}")
         elif isinstance(value, (bool, int, float, list, tuple)):
-            try:
-                array = np.asarray(value, dtype=ty.dtype)
-                exact = np.array_equal(array, np.asarray(value), equal_nan=True)
-            except (ValueError, TypeError, OverflowError) as exc:
-                raise Error(f"{what} expects {ty}, but got {value!r}: {exc}") from None
-            if not exact:
-                raise Error(
-                    f"{what} expects {ty}; {value!r} does not convert to {ty.dtype} exactly"
-                )
+            array = exact_array(value, ty.dtype, what, str(ty))
         else:
             raise Error(f"{what} expects {ty}, but got a {type(value).__name__}")
         if array.ndim != len(ty.shape):

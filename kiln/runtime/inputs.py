@@ -1,8 +1,8 @@
 """Checking what a caller passes to an executable, before any native code sees it.
 
 Every argument of the entry function is checked against its parameter's type: a tensor must
-be an array (or a Python number or list that converts exactly) of the declared dtype and
-shape, with symbolic dimensions consistent across arguments; tuples, ADT values,
+be an array of the declared dtype and shape (or a Python number or list that converts exactly:
+kiln/eval/convert.py), with symbolic dimensions consistent across arguments; tuples, ADT values,
 references and closures must be of the right kind. A mismatch is a `kiln.Error` naming the
 parameter, what it expects and what it got. Arrays native code could not read directly —
 non-contiguous, misaligned or of foreign byte order — are copied, not refused.
@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import Error
+from kiln.eval.convert import exact_array
 from kiln.eval.values import Closure, ConstructorValue, RefValue
 from kiln.ir.adt import Constructor
 from kiln.ir.ty import (
@@ -60,14 +61,7 @@ def _tensor(value: Any, ty: TensorType, what: object, dims: dict[str, int]) -> n
             raise Error(f"{what} expects {type_text(ty)}, but got an array of dtype "
                         f"{array.dtype.name} and shape {array.shape}")
     elif isinstance(value, (bool, int, float, list, tuple)):
-        try:
-            array = np.asarray(value, dtype=ty.dtype)
-            exact = np.array_equal(array, np.asarray(value), equal_nan=True)
-        except (ValueError, TypeError, OverflowError) as exc:
-            raise Error(f"{what} expects {type_text(ty)}, but got {value!r}: {exc}") from None
-        if not exact:
-            raise Error(f"{what} expects {type_text(ty)}; {value!r} does not convert to "
-                        f"{ty.dtype} exactly")
+        array = exact_array(value, ty.dtype, what, type_text(ty))
     else:
         raise Error(f"{what} expects {type_text(ty)}, but got a {type(value).__name__}")
     if array.ndim != len(ty.shape):
