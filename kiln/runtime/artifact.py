@@ -8,6 +8,8 @@ The file (``.kiln``), all integers little-endian:
           16   u64    length H of the header
           24   H      header: UTF-8 JSON {"sections": [{"name", "offset", "length"}], ...}
            …          sections, each starting at a multiple of 64
+    end - 80   16     seal: the id of the key that sealed the file (zeros: not sealed)
+    end - 64   32     seal: HMAC-SHA256 under that key of every byte before the seal's MAC
     end - 32   32     SHA-256 of every byte before it
 
 Sections: ``program`` (the SSA program as JSON, kiln/ssa/serialize.py), ``kernels`` (each
@@ -24,13 +26,31 @@ picks the same one. The header's ``target`` is the target's canonical string and
 
 Loading reads the file into one aligned buffer, checks the magic, version and checksum
 before looking at anything else, and then reads each section field by field: a truncated
-or corrupted file is a `kiln.Error` naming the file, never a crash. Nothing is unpickled
-and no code from the file runs except the machine code itself.
+or corrupted file is a `kiln.Error` naming the file, never a crash. Nothing is unpickled.
+
+**Trust.** The SHA-256 only catches damage: anyone can recompute it. Machine code in the
+file runs with the user's rights, so it is used only when the file's *seal* (kiln/trust.py)
+checks out: an HMAC made by `save` with this user's local key (the default) or a key the
+caller names. ``load(trust=...)`` says which seals count:
+
+- ``"local"`` (the default): sealed here, by this user's local key;
+- ``"key"``: by the local key, a key under the config directory's ``trusted-keys/``, or
+  the ``key=`` given;
+- ``"any"``: every file's machine code is used as it is — loading it is running it.
+
+A file whose seal does not count is not refused: its machine code and its program's entry
+point are ignored and made again from the loop IR in the file, after the loop verifier has
+proved every access in bounds (`read_kernel`), the SSA verifier has checked the program
+(arena offsets inside their arenas included), and with every kernel call from the VM
+checked against the kernel's signature. Such a file can at worst compute wrong numbers; it
+cannot read or write outside its buffers or run code of its own. Rebuilding costs what a
+build's code generation costs (the disk cache makes it quick the second time).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import struct
@@ -45,7 +65,7 @@ import numpy as np
 from kiln.codegen.target import check_runnable
 from kiln.errors import Error, InternalError
 from kiln.ir.ty import DTYPES, TensorType
-from kiln.runtime.compiler import EVALUATOR, NATIVE, KernelSet, load_kernels
+from kiln.runtime.compiler import EVALUATOR, NATIVE, KernelSet, compile_kernels, load_kernels
 from kiln.runtime.kernel_format import read_kernel, write_kernel
 from kiln.runtime.named_io import read_io, write_io
 from kiln.runtime.native import NativeExecutor
@@ -58,15 +78,26 @@ from kiln.ssa.serialize import (
 )
 from kiln.ssa.verify import problems
 from kiln.target import Target
+from kiln.trust import (
+    ID_BYTES,
+    MAC_BYTES,
+    NO_KEY,
+    check_trust,
+    key_id,
+    local_key,
+    mac,
+    trusted_keys,
+)
 
 if TYPE_CHECKING:
     from kiln.runtime.build import Executable
 
 MAGIC = b"KILNEXE\x00"
-FORMAT_VERSION = 3  # 3: the header records the kiln.Target
+FORMAT_VERSION = 4  # 3: the header records the kiln.Target; 4: the seal
 _ALIGN = 64
 _PREFIX = struct.Struct("<8sIIQ")  # magic, version, reserved, header length
 _DIGEST = 32
+_SEAL = ID_BYTES + MAC_BYTES
 
 
 class _Bad(Error):
@@ -77,8 +108,11 @@ def _pad(n: int) -> int:
     return (-n) % _ALIGN
 
 
-def save(exe: Executable, path: str | Path) -> None:
-    """Write ``exe`` to ``path`` (atomically: a temporary file renamed into place)."""
+def save(exe: Executable, path: str | Path, *, key: bytes | None = None) -> None:
+    """Write ``exe`` to ``path`` (atomically: a temporary file renamed into place), sealed
+    with ``key`` (32 bytes, e.g. `kiln.trust.read_key` of a shared key file) or, by default,
+    this user's local key (unsealed when there is none: such a file's machine code is
+    rebuilt whenever it is loaded, unless with ``trust="any"``)."""
     program = exe.program
     doc = write_program(program, relay_function_text)
     doc["plan"] = {name: [p.arena_bytes, p.intermediate_bytes, p.planned, p.heap, p.heap_bytes]
@@ -133,6 +167,12 @@ def save(exe: Executable, path: str | Path) -> None:
     for _, data in sections:
         body += data
         body += b"\0" * _pad(len(data))
+    seal_key = local_key() if key is None else _key_bytes(key)
+    if seal_key is None:
+        body += NO_KEY + b"\0" * MAC_BYTES
+    else:
+        body += key_id(seal_key)
+        body += mac(seal_key, body)
     body += hashlib.sha256(body).digest()
     path = Path(path)
     try:
@@ -161,11 +201,57 @@ def _read(path: Path) -> np.ndarray:
     return buf
 
 
-def load(path: str | Path, *, threads: int | None = None) -> Executable:
-    """The executable saved in ``path``, ready to run (nothing is recompiled); ``threads``
-    as for `kiln.build` (`Executable.set_threads`)."""
+def _key_bytes(key: bytes) -> bytes:
+    if not isinstance(key, bytes) or len(key) != 32:
+        raise Error("a kiln key is 32 bytes (kiln.trust.read_key reads one from its file)")
+    return key
+
+
+def sealed_by(data: memoryview, trust: str, key: bytes | None = None) -> bytes | None:
+    """The id of the key whose seal on the file's bytes ``data`` counts under ``trust``, or
+    None when none does (``trust="any"``: the file's key id, or the zero id)."""
+    body_end = len(data) - _DIGEST
+    seal_at = body_end - _SEAL
+    kid = bytes(data[seal_at: seal_at + ID_BYTES])
+    if trust == "any":
+        return kid
+    if kid == NO_KEY:
+        return None
+    keys: dict[bytes, bytes] = {}
+    if trust == "local":
+        local = local_key()
+        if local is not None:
+            keys[key_id(local)] = local
+    else:
+        keys = trusted_keys()
+        if key is not None:
+            keys[key_id(key)] = key
+    k = keys.get(kid)
+    if k is None:
+        return None
+    want = mac(k, data[:seal_at + ID_BYTES])
+    return kid if hmac.compare_digest(want, bytes(data[seal_at + ID_BYTES: body_end])) else None
+
+
+def load(path: str | Path, *, threads: int | None = None, trust: str = "local",
+         key: bytes | None = None) -> Executable:
+    """The executable saved in ``path``, ready to run; ``threads`` as for `kiln.build`
+    (`Executable.set_threads`).
+
+    Loading a ``.kiln`` file can mean running its machine code, so ``trust`` says whose
+    files may do that: ``"local"`` (default) files sealed by this user's local key, i.e.
+    saved by kiln here; ``"key"`` also those sealed by a key under the config directory's
+    ``trusted-keys/`` or by ``key`` (32 bytes); ``"any"`` every file (only for files you
+    would run as programs). Any other file still loads, but its machine code is made again
+    from its verified loop IR (nothing in it runs, and it cannot access memory outside its
+    buffers); ``exe.code_source`` says which happened: ``"file"``, ``"rebuilt"`` or
+    ``"evaluator"``. See docs/runtime.md, "What a .kiln file is trusted with".
+    """
     from kiln.runtime.build import Executable
 
+    check_trust(trust)
+    if key is not None:
+        key = _key_bytes(key)
     start_time = time.perf_counter()
     path = Path(path)
     buf = _read(path)
@@ -174,7 +260,7 @@ def load(path: str | Path, *, threads: int | None = None) -> Executable:
     def bad(why: str) -> _Bad:
         return _Bad(f"{path}: not a valid kiln executable: {why}")
 
-    if len(buf) < _PREFIX.size + _DIGEST:
+    if len(buf) < _PREFIX.size + _SEAL + _DIGEST:
         raise bad("it is too short (truncated?)")
     magic, version, _, hlen = _PREFIX.unpack_from(data, 0)
     if magic != MAGIC:
@@ -184,6 +270,8 @@ def load(path: str | Path, *, threads: int | None = None) -> Executable:
     body_end = len(buf) - _DIGEST
     if hashlib.sha256(data[:body_end]).digest() != bytes(data[body_end:]):
         raise bad("checksum mismatch (the file is truncated or corrupted)")
+    trusted = sealed_by(data, trust, key) is not None
+    body_end -= _SEAL
     if _PREFIX.size + hlen > body_end:
         raise bad("the header runs past the end")
     try:
@@ -245,14 +333,24 @@ def load(path: str | Path, *, threads: int | None = None) -> Executable:
     input_names, output_names = read_io(header.get("io"), [(p.hint, p.type) for p in main.params],
                                         main.ret_type, bad)
     try:
-        kernel_set: KernelSet = load_kernels(kernels, backend,
-                                             bytes(machine) if machine is not None else None)
-        kernel_set.program_code = bytes(program_code) if program_code is not None else None
+        if trusted or backend != NATIVE:
+            kernel_set: KernelSet = load_kernels(
+                kernels, backend, bytes(machine) if machine is not None else None)
+            kernel_set.program_code = bytes(program_code) if program_code is not None else None
+            source = "file" if backend == NATIVE else "evaluator"
+        else:  # not sealed by a key that counts: nothing of its machine code is used, and
+            # its code is made for this machine (which can run the file's target: checked
+            # above), so no string from the file reaches LLVM
+            target = Target.host()
+            kernel_set = compile_kernels(kernels, target, opt_level)
+            source = "rebuilt"
+        kernel_set.checked_calls = not trusted
         exe = Executable(program, kernel_set, plan, target=target, opt_level=opt_level,
                          timings={"load": time.perf_counter() - start_time}, executor=executor,
                          threads=threads, input_names=input_names, output_names=output_names)
     except Error as e:
         raise Error(f"{path}: {e.message}") from None
+    exe.code_source = source
     exe._timings["load"] = time.perf_counter() - start_time
     return exe
 

@@ -115,6 +115,10 @@ class Executable:
         self.target = target
         self.opt_level = opt_level
         self._timings = dict(timings)
+        # where the machine code came from: "built" here, or by kiln.load "file" (the
+        # file's own, its seal trusted), "rebuilt" (made again from its loop IR) or
+        # "evaluator" (none: the loop IR is evaluated)
+        self.code_source = "built"
         main = program.main
         self._names = [p.hint for p in main.params]
         self._types = [p.type for p in main.params]
@@ -270,11 +274,13 @@ class Executable:
         with run_threads(self._threads):
             return profile_executable(self, values, repeat)
 
-    def save(self, path: str | Path) -> None:
-        """Write the executable to one file: `kiln.load` runs it without compiling."""
+    def save(self, path: str | Path, *, key: bytes | None = None) -> None:
+        """Write the executable to one file: `kiln.load` runs it without compiling. The
+        file is sealed with ``key`` (32 bytes) or, by default, this user's local key
+        (kiln/trust.py), which is what lets `kiln.load` use its machine code as it is."""
         from kiln.runtime.artifact import save
 
-        save(self, path)
+        save(self, path, key=key)
 
     def __repr__(self) -> str:
         return (f"<kiln.Executable {self.signature}: {len(self.kernels.functions)} kernels, "

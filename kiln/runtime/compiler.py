@@ -45,6 +45,9 @@ class KernelSet:
     program_code: bytes | None = None  # a saved whole-program entry point's machine code
     target: Target | None = None  # what native kernels were built for (None: evaluated)
     opt_level: int = 3
+    # Check every call from the VM against the kernel's signature: the program came from a
+    # file whose seal does not count, so its types are not right by construction.
+    checked_calls: bool = False
 
     def __post_init__(self) -> None:
         # unsaid, the target is the library's; native kernels without one: this machine's

@@ -83,7 +83,7 @@ class VMExecutor:
     name = "vm"
 
     def __init__(self, program: Program, kernels: KernelSet, specialize: Specializer) -> None:
-        self.vm = VM(program, kernels.functions, specialize)
+        self.vm = VM(program, kernels.functions, specialize, checked=kernels.checked_calls)
         self.entry = program.entry
 
     def run(self, args: list[Any]) -> Any:

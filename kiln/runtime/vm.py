@@ -118,15 +118,17 @@ class VM:
     """Runs the functions of one SSA program."""
 
     def __init__(self, program: Program, kernels: dict[str, KernelFunction],
-                 specialize: Specializer | None = None) -> None:
+                 specialize: Specializer | None = None, *, checked: bool = False) -> None:
         self.program = program
         self.kernels = kernels
         self.specialize = specialize
         self._dynamic: dict[tuple[str, tuple[tuple[int, ...], ...]], KernelFunction] = {}
-        # Kernels take registers unchecked unless the program reads references: a reference
-        # passed in is shared state whose contents the boundary leaves as they are.
-        self._trusted = not any(ins.op == "ref_read" for fn in program.functions.values()
-                                for blk in fn.blocks for ins in blk.instrs)
+        # Kernels take registers unchecked unless the program reads references (a reference
+        # passed in is shared state whose contents the boundary leaves as they are) or came
+        # from a file whose seal does not count (``checked``: see kiln/runtime/artifact.py).
+        self._trusted = not checked and not any(
+            ins.op == "ref_read" for fn in program.functions.values()
+            for blk in fn.blocks for ins in blk.instrs)
         self._lock = threading.Lock()
         self.constants = []
         for c in program.constants:

@@ -75,6 +75,7 @@ class _Checker:
     def __init__(self, prog: Program) -> None:
         self.prog = prog
         self.problems: list[str] = []
+        self.fn: Function | None = None
 
     def fail(self, where: str, message: str) -> None:
         self.problems.append(f"{where}: {message}")
@@ -95,8 +96,12 @@ class _Checker:
         if not isinstance(ins.type, TensorType) or not ins.type.is_static:
             return f"alloc needs a tensor type of static shape, not {ins.type}"
         off = ins.attrs.get("offset")
-        if off is not None and (not isinstance(off, int) or off < 0):
+        if off is not None and (type(off) is not int or off < 0):
             return f"alloc has a bad offset {off!r}"
+        arena = self.fn.arena_bytes if self.fn is not None else 0
+        if off is not None and off + tensor_bytes(ins.type) > arena:
+            return (f"alloc at offset {off} of {tensor_bytes(ins.type)} bytes runs past the "
+                    f"end of its function's arena of {arena} bytes")
         return None
 
     def rule_kernel(self, ins: Instr) -> str | None:
@@ -242,6 +247,7 @@ class _Checker:
     # --- structure -----------------------------------------------------------------------------
 
     def function(self, fn: Function) -> None:
+        self.fn = fn
         where_fn = f"@{fn.name}"
         blocks = set(fn.blocks)
         if len(fn.blocks) != len(blocks):
