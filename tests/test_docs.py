@@ -8,8 +8,13 @@ temporary directory that holds links to the checkout's examples/, benchmarks/ an
 with .venv/bin first on PATH so that `kiln` and `python` are the checkout's.
 
 A block that cannot run here says why, on the line before its fence:
-``<!-- not run: needs a GPU -->``. A marker without a reason fails the test. Blocks with any
-other fence (```c, ```text, a bare ```) are text: outputs, IR, file layouts.
+``<!-- not run: needs a GPU -->``. A marker without a reason fails the test. A block whose
+text the page asks the reader to save, ``<!-- save as: main.c -->``, is written to that file
+when its turn comes. A block that needs tools kiln's own setup may not have installed
+(``<!-- needs: aarch64-linux-gnu-gcc qemu-aarch64 -->``, what `make cross-tools` installs where
+apt can) runs where they are on PATH and is counted as not run elsewhere. Blocks with any other
+fence (```c, ```text, a bare ```) are text:
+outputs, IR, file layouts.
 
 ResNet-18 at 224x224 compiles in about 7 s on a cold cache and its weights are 47 MB, so the
 default run makes the README's model with ``examples/make_resnet18.py --small`` (the same
@@ -21,6 +26,7 @@ from __future__ import annotations
 import linecache
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -40,6 +46,8 @@ PYTHON = {"python", "py", "python3"}
 SHELL = {"sh", "bash", "shell", "console"}
 FENCE = re.compile(r"^(?P<indent>\s*)```(?P<info>[^`]*)$")
 NOT_RUN = re.compile(r"^\s*<!--\s*not run\b\s*:?\s*(?P<reason>.*?)\s*-->\s*$")
+NEEDS = re.compile(r"^\s*<!--\s*needs:\s*(?P<tools>[\w. -]+?)\s*-->\s*$")
+SAVE_AS = re.compile(r"^\s*<!--\s*save as:\s*(?P<name>[\w./-]+)\s*-->\s*$")
 # Lines a test must not run: `make demo` / `make test` set up .venv and run the whole suite
 # (the test is already running inside it), `pip install` changes the environment under the
 # tests, and `git clone` fetches the repository we are in. Everything else runs.
@@ -54,6 +62,7 @@ class Block:
     lang: str
     source: str
     not_run: str | None  # the reason, when marked
+    save_as: str | None = None
 
     @property
     def where(self) -> str:
@@ -82,10 +91,13 @@ def blocks(path: Path) -> list[Block]:
             i += 1
         i += 1
         before = next((lines[j] for j in range(start - 1, -1, -1) if lines[j].strip()), "")
-        marker = NOT_RUN.match(before)
+        marker, save, needs = NOT_RUN.match(before), SAVE_AS.match(before), NEEDS.match(before)
+        missing = [t for t in needs["tools"].split() if not shutil.which(t)] if needs else []
         lang = info.split()[0].lower() if info else ""
         found.append(Block(path, len(found) + 1, start + 1, lang, "\n".join(body) + "\n",
-                           marker["reason"] if marker else None))
+                           marker["reason"] if marker
+                           else f"needs {', '.join(missing)}, not installed" if missing else None,
+                           save["name"] if save else None))
     return found
 
 
@@ -130,7 +142,7 @@ def run_python(block: Block, namespace: dict) -> None:
 def check_doc(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
               capsys: pytest.CaptureFixture, small: bool) -> None:
     found = blocks(path)
-    runnable = [b for b in found if b.lang in PYTHON | SHELL]
+    runnable = [b for b in found if b.lang in PYTHON | SHELL or b.save_as]
     unexplained = [b.where for b in found if b.not_run is not None and not b.not_run]
     assert not unexplained, f"a not-run marker needs a reason: {unexplained}"
 
@@ -148,7 +160,9 @@ def check_doc(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
             skipped.append(f"{block.where}: {block.not_run}")
             continue
         start = time.perf_counter()
-        if block.lang in PYTHON:
+        if block.save_as:
+            (tmp_path / block.save_as).write_text(block.source)
+        elif block.lang in PYTHON:
             run_python(block, namespace)
         else:
             run_shell(block, tmp_path, env, small)
@@ -157,8 +171,8 @@ def check_doc(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         if seconds > 5:
             slow.append(f"{block.where}: {seconds:.1f} s")
     with capsys.disabled():
-        print(f"\n{path.relative_to(REPO)}: {len(found)} fenced blocks, {len(runnable)} Python "
-              f"or shell: {ran} ran, {len(skipped)} not run"
+        print(f"\n{path.relative_to(REPO)}: {len(found)} fenced blocks, {len(runnable)} Python, "
+              f"shell or saved: {ran} ran, {len(skipped)} not run"
               + "".join(f"\n  not run: {s}" for s in skipped)
               + "".join(f"\n  slow: {s}" for s in slow))
 
@@ -178,9 +192,12 @@ def test_blocks_are_found_with_their_markers(tmp_path):
     doc = tmp_path / "x.md"
     doc.write_text("text\n<!-- not run: needs a GPU -->\n\n```python\nimport gpu\n```\n"
                    "- item:\n  ```sh\n  kiln --help\n  ```\n```\nplain\n```\n"
-                   "<!-- not run -->\n```bash\nmake demo\n```\n")
+                   "<!-- not run -->\n```bash\nmake demo\n```\n"
+                   "<!-- save as: main.c -->\n```c\nint x;\n```\n")
     found = blocks(doc)
     assert [(b.lang, b.line, b.not_run) for b in found] == [
-        ("python", 4, "needs a GPU"), ("sh", 8, None), ("", 11, None), ("bash", 15, "")]
+        ("python", 4, "needs a GPU"), ("sh", 8, None), ("", 11, None), ("bash", 15, ""),
+        ("c", 19, None)]
+    assert found[4].save_as == "main.c" and found[4].source == "int x;\n"
     assert found[1].source == "kiln --help\n"
     assert shell_script(found[3]) == ": not run by tests/test_docs.py: 'make demo'\n"
