@@ -13,7 +13,9 @@ family: ``ops_math.py`` (elementwise), ``ops_trig.py`` (inverse trigonometry), `
 ``ops_training.py`` (optimizer steps); `converters.py` loads them all. Operators that ONNX
 defines by a function body and that the table lacks are converted through that body
 (`functions.py`). `summary.py` describes a model without converting it (``kiln show``);
-`conformance.py` runs the ONNX backend node tests.
+`conformance.py` runs the ONNX backend node tests. `limits.py` bounds the work and memory a
+model may cost while it is imported (hostile files), configurable by ``limits=`` and
+``KILN_MAX_*`` environment variables.
 
 The ``onnx`` package is imported on first use, not by ``import kiln``: the functions here
 import the modules that do the work when called, and the other names load on first access.
@@ -28,11 +30,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
+    from kiln.frontend.onnx.limits import Limits
     from kiln.ir.module import IRModule
 
 # name -> the module that defines it, loaded on first access (PEP 562).
 _LAZY = {
     "ImportedModel": "model",
+    "Limits": "limits",
     "import_model": "model",
     "load_model": "model",
     "MAX_OPSET": "table",
@@ -45,7 +49,9 @@ _LAZY = {
 def from_onnx(model: Any, *, params_as: str = "params",
               shapes: Mapping[str, Sequence[Any]] | None = None,
               constants: Mapping[str, Any] | None = None,
-              check: bool = True) -> tuple[IRModule, dict[str, np.ndarray]]:
+              check: bool = True,
+              limits: Limits | Mapping[str, Any] | None = None
+              ) -> tuple[IRModule, dict[str, np.ndarray]]:
     """An ONNX model (a path, bytes or an onnx.ModelProto) as a kiln module and its weights.
 
     Imports onnx on the first call; the arguments are those of
@@ -53,7 +59,8 @@ def from_onnx(model: Any, *, params_as: str = "params",
     """
     from kiln.frontend.onnx.model import from_onnx as convert
 
-    return convert(model, params_as=params_as, shapes=shapes, constants=constants, check=check)
+    return convert(model, params_as=params_as, shapes=shapes, constants=constants, check=check,
+                   limits=limits)
 
 
 def summary(model: Any) -> str:
@@ -70,5 +77,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'kiln.frontend.onnx' has no attribute {name!r}")
 
 
-__all__ = ["MAX_OPSET", "MIN_OPSET", "ImportedModel", "converter", "from_onnx",
+__all__ = ["MAX_OPSET", "MIN_OPSET", "ImportedModel", "Limits", "converter", "from_onnx",
            "import_model", "load_model", "summary", "supported_operators"]

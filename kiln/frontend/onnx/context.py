@@ -18,6 +18,7 @@ import onnx
 from onnx import numpy_helper
 
 from kiln.errors import Error
+from kiln.frontend.onnx import limits as _limits
 from kiln.infer import infer_types
 from kiln.ir.expr import Constant, Expr
 from kiln.ir.ty import TensorType, Type
@@ -188,6 +189,32 @@ class NodeContext:
     def error(self, message: str) -> Error:
         return Error(f"{self.where}: {message}")
 
+    # --- import limits (limits.py) ----------------------------------------------------------
+
+    @property
+    def limits(self) -> _limits.Limits:
+        return self.graph.limits if self.graph is not None else _limits.Limits.from_env()
+
+    def check_elements(self, shape: Sequence[int], what: str) -> None:
+        """An array of ``shape`` is about to be made now: within ``max_elements``."""
+        _limits.check_elements(self.where, shape, what, self.limits)
+
+    def check_shape(self, shape: Sequence[object], what: str) -> None:
+        """A tensor of the converted model will have ``shape``: within the limits."""
+        _limits.check_shape(self.where, shape, what, self.limits)
+
+    def check_rank(self, rank: int, what: str) -> None:
+        """A tensor of rank ``rank`` is about to be made: at most `limits.MAX_RANK`."""
+        _limits.check_rank(self.where, rank, what)
+
+    def check_unroll(self, n: int, what: str) -> None:
+        """A Python loop of ``n`` steps is about to run: within ``max_unroll``."""
+        _limits.check_unroll(self.where, n, what, self.limits)
+
+    def check_scale(self, scale: float, what: str, shrink: bool = False) -> None:
+        """A resize factor: positive, finite, within ``max_resize_scale``."""
+        _limits.check_scale(self.where, scale, what, self.limits, shrink)
+
     # --- inputs ------------------------------------------------------------------------------
 
     def has(self, i: int) -> bool:
@@ -244,7 +271,24 @@ class NodeContext:
         return c
 
     def ints(self, i: int, what: str) -> list[int]:
-        return [int(v) for v in np.asarray(self.need_const(i, what)).reshape(-1)]
+        """The values of input ``i``, known at import time, as int64 numbers."""
+        array = np.asarray(self.need_const(i, what)).reshape(-1)
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            bad = array[~np.isfinite(array)][0]
+            raise self.error(f"input {i} ({what}) holds {bad}, which is not an integer")
+        values = [int(v) for v in array.tolist()]
+        for k, v in enumerate(values):
+            if not _INT64_MIN <= v <= _INT64_MAX:
+                raise self.error(f"input {i} ({what}) holds {array[k]}, which is out of the "
+                                 "range of int64")
+        return values
+
+    def int_scalar(self, i: int, what: str) -> int:
+        """The one value of input ``i`` (a scalar or a 1-element tensor) as an int64 number."""
+        values = self.ints(i, what)
+        if not values:
+            raise self.error(f"input {i} ({what}) is empty; it must hold one number")
+        return values[0]
 
     # --- attributes --------------------------------------------------------------------------
 
@@ -290,9 +334,24 @@ def type_of(e: Expr, where: str) -> Type:
         raise Error(f"{where}: {err.kind}: {err.message}") from None
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
 def const_like(value: float | int | bool | Sequence[Any] | np.ndarray, dtype: str) -> Constant:
-    """A constant of a dtype (the converters' scalars and small tables)."""
-    return Constant(np.asarray(value, dtype=dtype))
+    """A constant of a dtype (the converters' scalars and small tables).
+
+    A value converted to a float dtype whose range it exceeds becomes +-inf, as ONNX Runtime's
+    C++ cast makes it (an attribute's 1e300 for a float16 tensor); one that an integer dtype
+    cannot hold (nan, inf, 1e30, -1 for uint8) is a kiln.Error naming the value and the dtype.
+    """
+    if np.dtype(dtype).kind == "f":
+        with np.errstate(over="ignore", invalid="ignore"):
+            return Constant(np.asarray(value).astype(dtype, copy=False))
+    try:
+        return Constant(np.asarray(value, dtype=dtype))
+    except (OverflowError, ValueError, TypeError):
+        shown = value if np.ndim(value) == 0 else "a value"
+        raise Error(f"{shown} cannot be represented as {dtype}") from None
 
 
 def cast(x: Expr, dtype: str) -> Expr:

@@ -186,7 +186,7 @@ def convert_function_call(importer: GraphImporter, node: onnx.NodeProto, body: o
     opsets = {normalize_domain(o.domain): int(o.version) for o in body.opset_import}
     for d, version in importer.opsets.items():
         opsets.setdefault(d, version)
-    child = GraphImporter(opsets, importer.names)
+    child = GraphImporter(opsets, importer.names, budget=importer.budget)
     child.bindings = importer.bindings  # one let chain
     prefix = next((o for o in node.output if o), node.op_type) + "__"
     rename: dict[str, str] = {}

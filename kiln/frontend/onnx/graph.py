@@ -6,6 +6,10 @@ evaluated at once with the reference interpreter (shape computations, ``Constant
 that operators whose attributes come from tensors in ONNX (Reshape's shape, Slice's starts)
 get static attributes in kiln. Outputs larger than `FOLD_LIMIT` elements are left to run time.
 
+Every node output's type is checked against the import limits (`limits.py`: a rank numpy has,
+at most ``max_tensor_elements`` elements), and every node converted counts against
+``max_nodes``, so that a small hostile file cannot make the import run for ever.
+
 Subgraphs (the branches of ``If``, the bodies of ``Loop`` and ``Scan``) are converted by a
 child importer that sees the values of the enclosing graphs.
 """
@@ -13,6 +17,7 @@ child importer that sees the values of the enclosing graphs.
 from __future__ import annotations
 
 import heapq
+import math
 import re
 from collections.abc import Iterable, Sequence
 
@@ -23,10 +28,13 @@ from kiln.errors import Error, EvalError, InternalError
 from kiln.eval import interpret
 from kiln.frontend.onnx.context import NodeContext, Value, describe_node, in_context, type_of
 from kiln.frontend.onnx.functions import convert_function_call, function_body
+from kiln.frontend.onnx.limits import Budget, Limits, check_shape
 from kiln.frontend.onnx.table import lookup, normalize_domain
+from kiln.infer import infer_types
 from kiln.ir.expr import Constant, Expr, Let, Tuple, TupleGetItem, Var
 from kiln.ir.module import IRModule
-from kiln.ir.ty import TensorType, TupleType
+from kiln.ir.traverse import post_order
+from kiln.ir.ty import TensorType, TupleType, Type
 
 FOLD_LIMIT = 1 << 20  # elements: larger results computed from constants are left to run time
 
@@ -41,15 +49,19 @@ class Names:
     def __init__(self) -> None:
         self.taken: set[str] = set()
         self.onnx_name: dict[str, str] = {}
+        # base -> the next suffix to try: names are never released, so the ones below it are
+        # taken (an unrolled loop asks for the same name thousands of times).
+        self._next: dict[str, int] = {}
 
     def fresh(self, onnx_name: str) -> str:
         base = re.sub(r"[^A-Za-z0-9_]", "_", onnx_name) or "v"
         if not (base[0].isalpha() or base[0] == "_"):
             base = "v" + base
-        name, k = base, 1
+        name, k = base, self._next.get(base, 1)
         while name in self.taken:
             name = f"{base}_{k}"
             k += 1
+        self._next[base] = k
         self.taken.add(name)
         self.onnx_name[name] = onnx_name
         return name
@@ -89,10 +101,14 @@ class GraphImporter:
     """Converts the nodes of one graph into let bindings over an environment of `Value`s."""
 
     def __init__(self, opsets: dict[str, int], names: Names,
-                 outer: GraphImporter | None = None) -> None:
+                 outer: GraphImporter | None = None, budget: Budget | None = None) -> None:
         self.opsets = opsets
         self.names = names
         self.outer = outer
+        # One budget per import, shared with the subgraphs' and function bodies' importers.
+        if budget is None:
+            budget = outer.budget if outer is not None else Budget(Limits.from_env())
+        self.budget: Budget = budget
         self.env: dict[str, Value] = {}
         self.bindings: list[tuple[Var, Expr]] = []
 
@@ -107,6 +123,10 @@ class GraphImporter:
             scope = scope.outer
         return None
 
+    @property
+    def limits(self) -> Limits:
+        return self.budget.limits
+
     def define(self, name: str, value: Value) -> None:
         self.env[name] = value
 
@@ -117,21 +137,47 @@ class GraphImporter:
             if v is not None and v.expr is e:
                 return v  # the output is an input (Identity, a no-op Reshape)
         ty = type_of(e, where)
+        self.check_type(ty, where, f"output {onnx_name!r}")
         if isinstance(e, Constant):
             return Value(e, ty, e.data)
         if isinstance(e, Var):
             return Value(e, ty)
-        if foldable and _small_tensor(ty):
+        if foldable and _small_tensor(ty) and self._fits_folding(e):
             try:
                 array = np.asarray(interpret(IRModule.from_expr(e)))
-            except EvalError:
-                array = None  # it fails at run time too; leave it there
+            except (EvalError, MemoryError):
+                array = None  # it fails at run time too (or needs it); leave it there
             if array is not None:
                 c = Constant(array)
                 return Value(c, ty, c.data)
         var = Var(self.names.fresh(onnx_name), ty)
         self.bindings.append((var, e))
         return Value(var, ty)
+
+    def check_type(self, ty: Type, where: str, what: str) -> None:
+        """A kiln.Error when a value of type ``ty`` (a tensor, or a tuple of them) exceeds the
+        import limits."""
+        stack: list[tuple[Type, str]] = [(ty, what)]
+        while stack:
+            t, name = stack.pop()
+            if isinstance(t, TensorType):
+                check_shape(where, t.shape, name, self.limits)
+            elif isinstance(t, TupleType):
+                stack.extend((f, f"{name}, field {k}") for k, f in enumerate(t.fields))
+
+    def _fits_folding(self, e: Expr) -> bool:
+        """Whether every tensor computed on the way to ``e`` is small enough to compute now
+        (a small result may come from a large intermediate, as a one-hot mask)."""
+        try:
+            typed = infer_types(e)
+        except Error:
+            return False
+        limit = self.limits.max_elements
+        for sub in post_order(typed):
+            t = sub.checked_type_
+            if isinstance(t, TensorType) and t.is_static and math.prod(t.static_shape) > limit:
+                return False
+        return True
 
     # --- nodes -------------------------------------------------------------------------------
 
@@ -190,6 +236,8 @@ class GraphImporter:
         domain = normalize_domain(node.domain)
         opset = self.opsets.get(domain, 0)
         conv = lookup(domain, node.op_type, opset)
+        if self.outer is not None:  # a subgraph's node: converted once per use of the graph
+            self.budget.count_node(where)
         inputs: list[Value | None] = [self.lookup(n) if n else None for n in node.input]
         if conv is None:
             body = function_body(node, opset, inputs)
@@ -218,6 +266,12 @@ class GraphImporter:
         except (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError,
                 OverflowError, AttributeError, AssertionError) as exc:
             raise Error(f"{where}: cannot convert it: {type(exc).__name__}: {exc}") from None
+        except MemoryError as exc:
+            raise Error(f"{where}: converting it needs more memory than there is ({exc}); a "
+                        "size in the model is probably far larger than intended") from None
+        except RecursionError:
+            raise Error(f"{where}: its subgraphs are nested too deeply for kiln to convert") \
+                from None
         self.bind_outputs(node, result, where, foldable, inputs)
 
     def bind_outputs(self, node: onnx.NodeProto, result: object, where: str,
@@ -271,7 +325,7 @@ def _first_name(node: onnx.NodeProto) -> str:
 def _small_tensor(ty: object) -> bool:
     if not isinstance(ty, TensorType) or not ty.is_static:
         return False
-    return int(np.prod(ty.static_shape, dtype=np.int64)) <= FOLD_LIMIT
+    return math.prod(ty.static_shape) <= FOLD_LIMIT
 
 
 def _cycle_message(nodes: Sequence[onnx.NodeProto], deps: list[set[int]], done: set[int]) -> str:

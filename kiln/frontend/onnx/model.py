@@ -26,6 +26,7 @@ from kiln.frontend.onnx import converters  # noqa: F401 - fills the converter ta
 from kiln.frontend.onnx.context import Value, kiln_dtype, tensor_to_array
 from kiln.frontend.onnx.functions import expand_functions, has_function
 from kiln.frontend.onnx.graph import GraphImporter, Names
+from kiln.frontend.onnx.limits import Budget, LimitsLike, resolve
 from kiln.frontend.onnx.table import (
     DEFAULT_DOMAIN,
     MAX_OPSET,
@@ -231,10 +232,11 @@ def _declared_shape(info: onnx.ValueInfoProto) -> tuple[int | None, ...] | None:
 def import_model(model: ModelLike, *, params_as: str = "params",
                  shapes: Mapping[str, Sequence[Any]] | None = None,
                  constants: Mapping[str, Any] | None = None,
-                 check: bool = True) -> ImportedModel:
+                 check: bool = True, limits: LimitsLike = None) -> ImportedModel:
     """Convert an ONNX model; see `from_onnx`. Also says how the names were mapped."""
     if params_as not in ("params", "constants"):
         raise Error(f"params_as must be 'params' or 'constants', not {params_as!r}")
+    budget = Budget(resolve(limits))
     proto = load_model(model)
     opsets = check_opsets(proto)
     proto = expand_functions(proto, opsets)
@@ -243,7 +245,7 @@ def import_model(model: ModelLike, *, params_as: str = "params",
         raise Error("kiln cannot convert these ONNX operators:\n  " + "\n  ".join(missing))
     graph = proto.graph
     names = Names()
-    importer = GraphImporter(opsets, names)
+    importer = GraphImporter(opsets, names, budget=budget)
     init_names = {t.name for t in graph.initializer}
     shapes = dict(shapes or {})
     constants = dict(constants or {})
@@ -261,6 +263,7 @@ def import_model(model: ModelLike, *, params_as: str = "params",
         if not info.name or importer.lookup(info.name) is not None:
             raise Error(f"graph input {info.name!r} is declared twice or has no name")
         ty = input_type(info, names, shapes.get(info.name))
+        importer.check_type(ty, f"graph input {info.name!r}", "the input")
         if info.name in constants:
             c = Constant(_bound_input(info.name, constants[info.name], ty))
             importer.define(info.name, Value(c, c.tensor_type, c.data))
@@ -315,7 +318,8 @@ def import_model(model: ModelLike, *, params_as: str = "params",
 def from_onnx(model: ModelLike, *, params_as: str = "params",
               shapes: Mapping[str, Sequence[Any]] | None = None,
               constants: Mapping[str, Any] | None = None,
-              check: bool = True) -> tuple[IRModule, dict[str, np.ndarray]]:
+              check: bool = True,
+              limits: LimitsLike = None) -> tuple[IRModule, dict[str, np.ndarray]]:
     """An ONNX model (a path, bytes or an onnx.ModelProto) as a kiln module and its weights.
 
     The graph's inputs become @main's leading parameters, in order; its initializers the
@@ -323,8 +327,10 @@ def from_onnx(model: ModelLike, *, params_as: str = "params",
     embedded as constants). ``shapes`` gives or overrides input shapes by ONNX name;
     ``constants`` fixes graph inputs to values (inputs that are shapes or axes, which kiln
     needs at import time), which then are not parameters. One graph output is the result;
-    several are a tuple. ``check`` runs ``onnx.checker`` on the model.
+    several are a tuple. ``check`` runs ``onnx.checker`` on the model. ``limits`` raises the
+    import limits that protect against hostile files (a `limits.Limits`, or a dict such as
+    ``{"max_unroll": 2**20}`` over the ``KILN_MAX_*`` environment variables; `limits.py`).
     """
     imported = import_model(model, params_as=params_as, shapes=shapes, constants=constants,
-                            check=check)
+                            check=check, limits=limits)
     return imported.module, imported.params

@@ -147,10 +147,10 @@ def loop(ctx: NodeContext) -> list[Expr]:
     try:
         return _loop_recursive(ctx, body, n_state)
     except NeedsConstant:
-        trip = ctx.const(0)
-        if trip is None or int(np.asarray(trip).reshape(-1)[0]) > UNROLL_LIMIT:
+        trip = ctx.int_scalar(0, "trip count") if ctx.const(0) is not None else None
+        if trip is None or trip > UNROLL_LIMIT:
             raise
-        return _loop_unrolled(ctx, body, n_state, int(np.asarray(trip).reshape(-1)[0]))
+        return _loop_unrolled(ctx, body, n_state, trip)
 
 
 def _loop_recursive(ctx: NodeContext, body: onnx.GraphProto, n_state: int) -> list[Expr]:
@@ -251,6 +251,7 @@ def scan_8(ctx: NodeContext) -> list[Expr]:
     seqs = [ctx.value(1 + n_state + k) for k in range(m)]
     batch = ctx.shape(1 + n_state)[0]
     steps = ctx.shape(1 + n_state)[1]
+    ctx.check_unroll(batch, "the batch size (kiln converts Scan-8's body once per batch entry)")
     if ctx.has(0):
         lens = ctx.ints(0, "sequence_lens")
         if any(n != steps for n in lens):

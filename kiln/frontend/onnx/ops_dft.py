@@ -66,6 +66,8 @@ def dft(ctx: NodeContext, axis: int, n: int | None) -> Expr:
     if n <= 0:
         raise ctx.error(f"dft_length must be positive, not {n}")
     dtype = ctx.dtype(0)
+    rows_out = n if inverse and onesided else n // 2 + 1 if onesided else n
+    ctx.check_elements((rows_out, n_in), "its cosine and sine matrices")
     a, b, imag, out_len = _matrices(n_in, n, inverse, onesided)
     x = cast(ctx.x(0), "float64")  # sums of n terms: float64 keeps float32 results exact
     # Move the signal axis last, the complex axis just before it.

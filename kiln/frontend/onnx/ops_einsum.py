@@ -56,7 +56,7 @@ def parse(ctx: NodeContext, equation: str, ranks: list[int]) -> tuple[list[str],
     return out_terms, out
 
 
-def diagonal(x: Expr, letters: str, shape: list[int], dtype: str
+def diagonal(ctx: NodeContext, x: Expr, letters: str, shape: list[int], dtype: str
              ) -> tuple[Expr, str, list[int]]:
     """Take the diagonal of every repeated letter until each occurs once."""
     while True:
@@ -68,6 +68,7 @@ def diagonal(x: Expr, letters: str, shape: list[int], dtype: str
         n = shape[p]
         mask_shape = [1] * len(shape)
         mask_shape[p] = mask_shape[q] = n
+        ctx.check_elements((n, n), f"the identity mask of the repeated letter {repeated!r}")
         mask = Constant(np.eye(n).reshape(mask_shape).astype(dtype))
         x = op.sum(op.multiply(x, mask), axis=[q])
         letters = letters[:q] + letters[q + 1:]
@@ -85,7 +86,7 @@ def einsum(ctx: NodeContext) -> Expr:
     for i, (t, s) in enumerate(zip(terms, shapes)):
         x, letters, shape = ctx.x(i), t, s
         if len(set(letters)) != len(letters):
-            x, letters, shape = diagonal(x, letters, shape, dtype)
+            x, letters, shape = diagonal(ctx, x, letters, shape, dtype)
         for c, d in zip(letters, shape):
             if sizes.setdefault(c, d) != d and d != 1 and sizes[c] != 1:
                 raise ctx.error(f"letter {c!r} stands for sizes {sizes[c]} and {d}")
@@ -93,6 +94,8 @@ def einsum(ctx: NodeContext) -> Expr:
         operands.append((x, letters, shape))
     summed = "".join(sorted({c for _, ls, _ in operands for c in ls} - set(out)))
     order = out + summed
+    ctx.check_shape([sizes[c] for c in order], "the product of all operands' axes (which kiln "
+                    "computes before summing)")
     product: Expr | None = None
     for x, letters, shape in operands:
         present = [c for c in order if c in letters]

@@ -80,6 +80,10 @@ def grid_sample(ctx: NodeContext) -> Expr:
                                                                        "reflection"):
         raise ctx.error(f"mode {mode!r} / padding_mode {padding!r} is not one ONNX defines")
     align = bool(ctx.attr("align_corners", 0))
+    taps_per_axis = {"nearest": 1, "linear": 2, "cubic": 4}[mode]
+    ctx.check_unroll(taps_per_axis ** k, f"the samples per output element ({taps_per_axis} per "
+                     f"axis over {k} axes, each a gather kiln builds in turn)")
+    ctx.check_elements((shape[0],), "its table of batch offsets")
     n, channels, sizes = shape[0], shape[1], shape[2:]
     out = list(gshape[1:-1])
     dtype, gdtype = ctx.dtype(0), ctx.dtype(1)

@@ -31,6 +31,8 @@ def onnx_slice(ctx: NodeContext, starts: list[int], ends: list[int], axes: list[
     if not len(starts) == len(ends) == len(axes) == len(steps):
         raise ctx.error(f"starts {starts}, ends {ends}, axes {axes} and steps {steps} must "
                         "have one value per sliced axis")
+    if len(axes) > ndim:
+        raise ctx.error(f"it slices {len(axes)} axes of a tensor of rank {ndim}")
     begin, end, strides, kaxes = [], [], [], []
     for s, e, a, st in zip(starts, ends, axes, steps):
         a = norm_axis(ctx, a, ndim)
@@ -96,9 +98,13 @@ def strides_of(shape: tuple[int, ...] | list[int]) -> list[int]:
     return out[::-1]
 
 
-def grid_offsets(shape: tuple[int, ...], strides: list[int], skip: int) -> np.ndarray:
+def grid_offsets(ctx: NodeContext, shape: tuple[int, ...], strides: list[int], skip: int
+                 ) -> np.ndarray:
     """Sum over the axes but ``skip`` of (position along the axis) * stride, for each element."""
+    ctx.check_elements(shape, "its table of element offsets")
     total = np.zeros(shape, dtype="int64")
+    if total.size == 0:
+        return total  # (an empty tensor may still have a huge dimension)
     for k, d in enumerate(shape):
         if k == skip:
             continue
@@ -115,7 +121,7 @@ def gather_elements(ctx: NodeContext) -> Expr:
     strides = strides_of(shape)
     idx = positive_index(ctx.x(1), shape[axis], ctx.dtype(1))
     flat = op.add(op.multiply(idx, const_like(strides[axis], "int64")),
-                  Constant(grid_offsets(ishape, strides, axis)))
+                  Constant(grid_offsets(ctx, ishape, strides, axis)))
     return op.take(reshape(ctx.x(0), [-1]), flat, axis=0, mode="clip")
 
 
@@ -129,7 +135,7 @@ def gather_nd(ctx: NodeContext) -> Expr:
     idx = positive_index(ctx.x(1), Constant(np.asarray(lead[b:], "int64")), ctx.dtype(1))
     flat = op.sum(op.multiply(idx, Constant(np.asarray(strides[b:], "int64"))), axis=[-1])
     if b:
-        batch = grid_offsets(tuple(ishape[:b]), strides[:b], -1)
+        batch = grid_offsets(ctx, tuple(ishape[:b]), strides[:b], -1)
         flat = op.add(flat, Constant(batch.reshape(batch.shape + (1,) * (len(ishape) - 1 - b))))
     data = reshape(ctx.x(0), [math.prod(lead), *shape[b + m:]])
     return op.take(data, flat, axis=0, mode="clip")
@@ -142,6 +148,8 @@ def scatter_flat(ctx: NodeContext, data: Expr, flat: Expr, updates: Expr, n: int
                  reduction: str) -> Expr:
     """data (n, t) with rows ``flat`` (k,) replaced or combined with updates (k, t)."""
     dtype = ctx.dtype(0)
+    ctx.check_elements((n,), "its table of positions")
+    ctx.check_shape((k, n, ctx.tensor_type(updates).shape[-1]), "its one-hot update mask")
     hit = op.equal(op.reshape(flat, newshape=[k, 1]),
                    Constant(np.arange(n, dtype="int64").reshape(1, n)))  # (k, n)
     mask = op.expand_dims(hit, axis=2)  # (k, n, 1)
@@ -156,8 +164,9 @@ def scatter_flat(ctx: NodeContext, data: Expr, flat: Expr, updates: Expr, n: int
     if reduction == "mul":
         return op.multiply(data, op.prod(op.where(mask, upd, op.ones_like(upd)), axis=[0]))
     if reduction in ("max", "min"):
-        big = (np.inf if dtype_of(dtype).is_float else np.iinfo(dtype).max)
-        fill = const_like(-big if reduction == "max" else big, dtype)
+        info = None if dtype_of(dtype).is_float else np.iinfo(dtype)
+        low, high = (-np.inf, np.inf) if info is None else (int(info.min), int(info.max))
+        fill = const_like(low if reduction == "max" else high, dtype)
         picked = op.where(mask, upd, op.add(zero, fill))
         best = op.max(picked, axis=[0]) if reduction == "max" else op.min(picked, axis=[0])
         combine = op.maximum if reduction == "max" else op.minimum
@@ -173,7 +182,7 @@ def scatter_elements(ctx: NodeContext) -> Expr:
     strides = strides_of(shape)
     idx = positive_index(ctx.x(1), shape[axis], ctx.dtype(1))
     flat = op.add(op.multiply(idx, const_like(strides[axis], "int64")),
-                  Constant(grid_offsets(ishape, strides, axis)))
+                  Constant(grid_offsets(ctx, ishape, strides, axis)))
     n, k = math.prod(shape), math.prod(ishape)
     out = scatter_flat(ctx, reshape(ctx.x(0), [n, 1]), reshape(flat, [k]),
                        reshape(ctx.x(2), [k, 1]), n, k, ctx.attr("reduction", "none"))
@@ -199,9 +208,13 @@ def scatter_nd(ctx: NodeContext) -> Expr:
 
 @converter("OneHot", since=9)
 def one_hot(ctx: NodeContext) -> Expr:
-    depth = int(np.asarray(ctx.need_const(1, "depth")).reshape(-1)[0])
+    depth = ctx.int_scalar(1, "depth")
+    if depth < 1:
+        raise ctx.error(f"depth must be positive, not {depth}")
+    ctx.check_elements((depth,), "its table of positions (depth)")
     values = ctx.x(2)
     rank = ctx.ndim(0) + 1
+    ctx.check_rank(rank, "the result")
     axis = norm_axis(ctx, ctx.attr("axis", -1), rank)
     idx = ctx.x(0)
     if ctx.dtype(0) != "int64":
@@ -220,8 +233,12 @@ def one_hot(ctx: NodeContext) -> Expr:
 @converter("Trilu", since=14)
 def trilu(ctx: NodeContext) -> Expr:
     shape = ctx.shape(0)
-    k = int(np.asarray(ctx.need_const(1, "k")).reshape(-1)[0]) if ctx.has(1) else 0
+    if len(shape) < 2:
+        raise ctx.error(f"Trilu takes a tensor of rank 2 or more, not shape {shape}")
     rows, cols = shape[-2], shape[-1]
+    k = ctx.int_scalar(1, "k") if ctx.has(1) else 0
+    k = min(max(k, -rows), cols)  # further out, the mask is all or nothing already
+    ctx.check_elements((rows, cols), "its triangular mask")
     if ctx.attr("upper", 1):
         keep = np.triu(np.ones((rows, cols), dtype=bool), k)
     else:
@@ -269,6 +286,9 @@ def _wrap_pad(ctx: NodeContext, x: Expr, before: list[int], after: list[int]) ->
         n = shape[a]
         if not isinstance(n, int):
             raise ctx.error(f"wrap padding needs dimension {a} to be known, not {n}")
+        if n == 0:
+            raise ctx.error(f"wrap padding needs dimension {a} to be non-empty")
+        ctx.check_elements((b + n + e,), f"its wrapped positions along axis {a}")
         idx = np.arange(-b, n + e) % n
         x = op.take(x, Constant(idx.astype("int64")), axis=a)
     return x
@@ -329,5 +349,5 @@ def reverse_sequence(ctx: NodeContext) -> Expr:
     source = op.broadcast_to(source, shape=list(shape))
     strides = strides_of(shape)
     flat = op.add(op.multiply(source, const_like(strides[time_axis], "int64")),
-                  Constant(grid_offsets(tuple(shape), strides, time_axis)))
+                  Constant(grid_offsets(ctx, tuple(shape), strides, time_axis)))
     return op.take(reshape(ctx.x(0), [-1]), flat, axis=0, mode="clip")

@@ -109,6 +109,7 @@ def _conv3d(ctx: NodeContext, x: Expr, w: Expr, shape: tuple[int, ...],
     o, cg, kd = wshape[0], wshape[1], wshape[2]
     sd, dd, pd0, pd1 = strides[0], dilations[0], pads[0], pads[3]
     out_d = (d + pd0 + pd1 - (kd - 1) * dd - 1) // sd + 1
+    ctx.check_unroll(kd, "the kernel's depth (one slice of the input per depth tap)")
     if pd0 or pd1:
         x = op.nn.pad(x, [(0, 0), (0, 0), (pd0, pd1), (0, 0), (0, 0)],
                       const_like(0, ctx.dtype(0)))

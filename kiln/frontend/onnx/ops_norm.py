@@ -95,15 +95,23 @@ def lrn(ctx: NodeContext) -> Expr:
     x, dtype = ctx.x(0), ctx.dtype(0)
     shape = ctx.shape(0)
     size = ctx.need_attr("size")
+    if not isinstance(size, int) or size < 1:
+        raise ctx.error(f"attribute size must be a positive integer, not {size!r}")
+    if len(shape) < 2:
+        raise ctx.error(f"LRN takes an N-C-... input, not one of shape {shape}")
     alpha, beta, bias = ctx.attr("alpha", 1e-4), ctx.attr("beta", 0.75), ctx.attr("bias", 1.0)
-    before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
+    c = shape[1]
+    # The window reaches at most c - 1 channels to each side: the rest is padding, zeros.
+    before = min((size - 1) // 2, max(c - 1, 0))
+    after = min(size - 1 - (size - 1) // 2, max(c - 1, 0))
+    ctx.check_unroll(before + after + 1, f"the window of attribute size={size} over {c} "
+                     "channels (LRN adds one slice of its input per channel of the window)")
     sq = op.multiply(x, x)
     widths = [(0, 0)] * len(shape)
     widths[1] = (before, after)
     padded = op.nn.pad(sq, widths, const_like(0, dtype))
-    c = shape[1]
     total = None
-    for k in range(size):
+    for k in range(before + after + 1):
         part = op.strided_slice(padded, begin=[k], end=[k + c], axes=[1])
         total = part if total is None else op.add(total, part)
     assert total is not None
@@ -162,7 +170,8 @@ converter("LogSoftmax", since=13)(_softmax_converter(op.nn.log_softmax, True))
 converter("LogSoftmax", since=1)(_softmax_converter(op.nn.log_softmax, False))
 
 
-def _hardmax_last(x: Expr, n: int, dtype: str) -> Expr:
+def _hardmax_last(ctx: NodeContext, x: Expr, n: int, dtype: str) -> Expr:
+    ctx.check_elements((n,), "its table of positions")
     best = op.argmax(x, axis=[-1], keepdims=True)  # the first maximum
     hit = op.equal(cast(best, "int64"), Constant(np.arange(n, dtype="int64")))
     return cast(hit, dtype)
@@ -174,7 +183,7 @@ def hardmax_13(ctx: NodeContext) -> Expr:
     axis = norm_axis(ctx, ctx.attr("axis", -1), len(shape))
     perm = [k for k in range(len(shape)) if k != axis] + [axis]
     x = op.transpose(ctx.x(0), axes=perm) if axis != len(shape) - 1 else ctx.x(0)
-    y = _hardmax_last(x, shape[axis], ctx.dtype(0))
+    y = _hardmax_last(ctx, x, shape[axis], ctx.dtype(0))
     if axis == len(shape) - 1:
         return y
     return op.transpose(y, axes=[perm.index(k) for k in range(len(shape))])
@@ -186,4 +195,4 @@ def hardmax_1(ctx: NodeContext) -> Expr:
     axis = norm_axis(ctx, ctx.attr("axis", 1), len(shape))
     inner = math.prod(shape[axis:])
     flat = reshape(ctx.x(0), [math.prod(shape[:axis]), inner])
-    return reshape(_hardmax_last(flat, inner, ctx.dtype(0)), list(shape))
+    return reshape(_hardmax_last(ctx, flat, inner, ctx.dtype(0)), list(shape))

@@ -32,6 +32,7 @@ def broadcast_param(ctx: NodeContext, i: int, axis: int, rank: int, length: int)
         if len(shape) != rank:
             raise ctx.error(f"a blocked scale or zero point must have rank {rank}, not "
                             f"{len(shape)}")
+        ctx.check_elements((length,), "its table of block indices")
         index = Constant((np.arange(length) // block).astype("int64"))
         return op.take(p, index, axis=axis)
     if len(shape) != 1 or shape[0] != length:

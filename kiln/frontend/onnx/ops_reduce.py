@@ -59,6 +59,7 @@ def _reduce(ctx: NodeContext, axes: list[int], keep: bool) -> Expr:
     if any(shape[a] == 0 for a in axes) and t.is_static:
         out = [1 if k in axes else d for k, d in enumerate(t.static_shape)
                if keep or k not in axes]
+        ctx.check_elements(out, "the reduction of an empty tensor")
         return Constant(np.full(out, _EMPTY[name](dtype), dtype=dtype))
     floating = dtype_of(dtype).is_float
     match name:
@@ -160,8 +161,9 @@ def _scan_mask(n: int, exclusive: bool, reverse: bool) -> np.ndarray:
 
 def _cumulative(ctx: NodeContext, product: bool) -> Expr:
     shape = ctx.shape(0)
-    axis = norm_axis(ctx, int(np.asarray(ctx.need_const(1, "axis")).reshape(-1)[0]), len(shape))
+    axis = norm_axis(ctx, ctx.int_scalar(1, "axis"), len(shape))
     n = shape[axis]
+    ctx.check_elements((n, n), "its scan mask")
     mask = _scan_mask(n, bool(ctx.attr("exclusive", 0)), bool(ctx.attr("reverse", 0)))
     dtype = ctx.dtype(0)
     x, back = _to_last(ctx, ctx.x(0), axis, len(shape))
@@ -188,10 +190,11 @@ def cumprod(ctx: NodeContext) -> Expr:
 def topk(ctx: NodeContext) -> list[Expr]:
     shape = ctx.shape(0)
     axis = norm_axis(ctx, ctx.attr("axis", -1), len(shape))
-    k = int(np.asarray(ctx.need_const(1, "K")).reshape(-1)[0])
+    k = ctx.int_scalar(1, "K")
     n = shape[axis]
     if not 0 <= k <= n:
         raise ctx.error(f"K={k} is outside [0, {n}]")
+    ctx.check_elements((n, n), "its table of comparisons")
     largest = bool(ctx.attr("largest", 1))
     x, back = _to_last(ctx, ctx.x(0), axis, len(shape))
     xi = op.expand_dims(x, axis=-1)  # (..., n, 1): element i

@@ -173,6 +173,8 @@ def resize(ctx: NodeContext, scales: list[float] | None, sizes: list[int] | None
         if len(roi) != 2 * len(axes):
             raise ctx.error(f"roi has {len(roi)} values; it needs 2 per resized axis "
                             f"({2 * len(axes)})")
+        if not all(math.isfinite(r) for r in roi):
+            raise ctx.error(f"roi {roi} must be finite")
         for k, a in enumerate(axes):
             full_roi[a], full_roi[rank + a] = roi[k], roi[len(axes) + k]
     scale = [1.0] * rank
@@ -181,6 +183,8 @@ def resize(ctx: NodeContext, scales: list[float] | None, sizes: list[int] | None
         if len(sizes) != len(axes):
             raise ctx.error(f"sizes has {len(sizes)} values for {len(axes)} axes")
         for a, n in zip(axes, sizes):
+            if n < 0:
+                raise ctx.error(f"sizes {sizes} must not be negative")
             scale[a], out[a] = n / shape[a] if shape[a] else 1.0, int(n)
         policy = ctx.attr("keep_aspect_ratio_policy", "stretch")
         if policy != "stretch":
@@ -195,8 +199,9 @@ def resize(ctx: NodeContext, scales: list[float] | None, sizes: list[int] | None
         if len(scales) != len(axes):
             raise ctx.error(f"scales has {len(scales)} values for {len(axes)} axes")
         for a, s in zip(axes, scales):
-            if s <= 0:
+            if not s > 0:
                 raise ctx.error(f"scales must be positive, not {s}")
+            ctx.check_scale(float(s), f"the scale of axis {a}")
             scale[a], out[a] = float(s), int(math.floor(s * shape[a]))
     else:
         raise ctx.error("it needs scales or sizes")
@@ -213,6 +218,12 @@ def resize(ctx: NodeContext, scales: list[float] | None, sizes: list[int] | None
         if shape[a] == 0 or out[a] == 0:
             raise ctx.error(f"axis {a} resizes from {shape[a]} to {out[a]} elements; kiln "
                             "resizes non-empty axes only")
+        # The weights are made row by row, in numpy, now: a bounded table and loop.
+        ctx.check_scale(scale[a], f"the scale of axis {a} ({shape[a]} to {out[a]})",
+                        shrink=antialias)
+        ctx.check_unroll(out[a], f"the output length of axis {a} (kiln computes the weights "
+                         "of each output position in turn)")
+        ctx.check_elements((out[a], shape[a]), f"the weight matrix of axis {a}")
         w, outside = axis_weights(kernel, coordinate_mode, out[a], shape[a], scale[a], a_roi,
                                   bool(ctx.attr("exclude_outside", 0)))
         x = apply_axis(x, current, a, w, outside, float(ctx.attr("extrapolation_value", 0.0)),

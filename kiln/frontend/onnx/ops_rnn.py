@@ -47,6 +47,8 @@ _ACTIVATIONS: dict[str, tuple[int, int, Callable[..., Activation]]] = {
 
 _DEFAULTS = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}
 _GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
+# About how many kiln operations one unrolled step makes (for the import limit max_unroll).
+_STEP_OPS = {"RNN": 8, "GRU": 24, "LSTM": 32}
 
 
 def activations(ctx: NodeContext, kind: str, directions: int, dtype: str) -> list[list[Activation]]:
@@ -104,11 +106,15 @@ def recurrent(ctx: NodeContext, kind: str) -> list[Expr]:
         raise ctx.error(f"W has shape {ctx.shape(1)}, expected {(dirs, gates * hidden, size)}")
     clip = ctx.attr("clip")
     acts = activations(ctx, kind, dirs, dtype)
-    lens = ctx.ints(4, "sequence_lens") if ctx.has(4) else [seq] * batch
+    ctx.check_unroll(seq * dirs * _STEP_OPS[kind],
+                     f"the unrolled layer ({seq} steps x {dirs} direction(s) x about "
+                     f"{_STEP_OPS[kind]} kiln operations per {kind} step)")
+    lens = ctx.ints(4, "sequence_lens") if ctx.has(4) else []
     masked = any(n != seq for n in lens)
     if masked and direction != "forward":
         raise ctx.error("sequence_lens shorter than the sequence are imported for the forward "
                         "direction only")
+    ctx.check_elements((batch, hidden), "its zero state")
     zeros_state = const_like(np.zeros((batch, hidden)), dtype)
     flat_x = op.reshape(x, newshape=[seq * batch, size])
     ys, hs, cs = [], [], []

@@ -85,7 +85,10 @@ def size(ctx: NodeContext) -> Expr:
 @converter("ConstantOfShape", since=9)
 def constant_of_shape(ctx: NodeContext) -> Expr:
     shape = ctx.ints(0, "shape")
+    ctx.check_shape(shape, "the result")
     value = ctx.attr("value")
+    if value is not None and np.asarray(value).size != 1:
+        raise ctx.error(f"attribute 'value' must hold one element, not {np.asarray(value).size}")
     fill = np.zeros((), "float32") if value is None else np.asarray(value).reshape(-1)[0]
     dtype = fill.dtype.name
     if math.prod(shape) <= 1 << 16:
@@ -95,11 +98,16 @@ def constant_of_shape(ctx: NodeContext) -> Expr:
 
 @converter("EyeLike", since=9)
 def eye_like(ctx: NodeContext) -> Expr:
-    rows, cols = ctx.shape(0)
+    shape = ctx.shape(0)
+    if len(shape) != 2:
+        raise ctx.error(f"EyeLike takes a 2-D input, not one of shape {shape}")
+    rows, cols = shape
     dtype = ctx.dtype(0)
     if "dtype" in ctx.attrs:
         dtype = kiln_dtype(ctx.attrs["dtype"], f"{ctx.where}: dtype")
-    return Constant(np.eye(rows, cols, k=ctx.attr("k", 0), dtype=dtype))
+    ctx.check_elements(shape, "the identity matrix")
+    k = min(max(int(ctx.attr("k", 0)), -rows), cols)  # further out is all zeros too
+    return Constant(np.eye(rows, cols, k=k, dtype=dtype))
 
 
 @converter("Range", since=11)
@@ -107,8 +115,16 @@ def range_(ctx: NodeContext) -> Expr:
     start, limit, delta = ctx.const(0), ctx.const(1), ctx.const(2)
     dtype = ctx.dtype(0)
     if start is not None and limit is not None and delta is not None:
-        n = max(int(np.ceil((limit.item() - start.item()) / delta.item())), 0)
-        values = start.item() + np.arange(n) * delta.item()
+        first, last, step = (np.asarray(v).reshape(-1)[0].item() for v in (start, limit, delta))
+        if not all(math.isfinite(v) for v in (first, last, step)) or step == 0:
+            raise ctx.error(f"Range({first}, {last}, {step}) has no length: start, limit and "
+                            "delta must be finite and delta non-zero")
+        if isinstance(first, int) and isinstance(last, int) and isinstance(step, int):
+            n = max(-((first - last) // step), 0)  # ceil((last - first) / step), exactly
+        else:
+            n = max(math.ceil((last - first) / step), 0)
+        ctx.check_elements((n,), "the range")
+        values = first + np.arange(n) * step
         return Constant(np.asarray(values).astype(dtype))
     return op.arange(ctx.x(0), ctx.x(1), ctx.x(2), dtype=dtype)
 
@@ -178,6 +194,7 @@ def squeeze_1(ctx: NodeContext) -> Expr:
 
 def _unsqueeze(ctx: NodeContext, axes: list[int]) -> Expr:
     rank = ctx.ndim(0) + len(axes)
+    ctx.check_rank(rank, "the result")
     out = sorted(norm_axis(ctx, a, rank) for a in axes)
     if len(set(out)) != len(out):
         raise ctx.error(f"axes {axes} repeat an axis")
@@ -216,8 +233,12 @@ def _split(ctx: NodeContext, sizes: list[int] | None) -> list[Expr]:
     n = shape[axis]
     if sizes is None:
         parts = ctx.attr("num_outputs", ctx.num_outputs)
+        if parts < 1:
+            raise ctx.error(f"it splits into {parts} parts; it needs at least 1")
+        ctx.check_unroll(parts, "the number of parts it splits into")
         step = -(-n // parts)  # the last part may be smaller (opset 18)
         sizes = [min(step, n - k * step) for k in range(parts)]
+    ctx.check_unroll(len(sizes), "the number of parts it splits into")
     if sum(sizes) != n or any(s < 0 for s in sizes):
         raise ctx.error(f"split sizes {sizes} do not add up to dimension {axis} ({n})")
     outs: list[Expr] = []
@@ -244,6 +265,7 @@ def expand(ctx: NodeContext) -> Expr:
     target = ctx.ints(1, "shape")
     shape = ctx.shape(0)
     ndim = max(len(shape), len(target))
+    ctx.check_rank(ndim, "the result")
     a = (1,) * (ndim - len(shape)) + tuple(shape)
     b = (1,) * (ndim - len(target)) + tuple(target)
     out = []
@@ -295,7 +317,8 @@ def dropout(ctx: NodeContext) -> list[Expr]:
                                "mode it drops random elements, which kiln does not do")
     x = ctx.x(0)
     t = ctx.t(0)
-    mask = (Constant(np.ones(t.static_shape, dtype=bool)) if t.is_static
+    small = t.is_static and math.prod(t.static_shape) <= 1 << 16  # else made at run time
+    mask = (Constant(np.ones(t.static_shape, dtype=bool)) if small
             else op.ones_like(cast(x, "bool")))
     return [x, mask]
 
