@@ -24,6 +24,7 @@ network on 32x32 images); ``-m slow`` runs the README exactly as written.
 from __future__ import annotations
 
 import linecache
+import multiprocessing
 import os
 import re
 import shutil
@@ -32,6 +33,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import pytest
@@ -127,20 +129,52 @@ def run_shell(block: Block, cwd: Path, env: dict[str, str], small: bool) -> None
                     pytrace=False)
 
 
-def run_python(block: Block, namespace: dict) -> None:
-    # @kiln.script reads its function's source, as it would from a script file or a notebook
-    # cell: linecache is where inspect finds the source of code that has no file.
-    filename = f"{block.path.name}:{block.line}"
-    linecache.cache[filename] = (len(block.source), None, block.source.splitlines(True),
-                                 filename)
-    try:
-        exec(compile(block.source, filename, "exec"), namespace)
-    except Exception:
-        pytest.fail(f"{block.where} raised\n{traceback.format_exc()}", pytrace=False)
+def _session(conn: Connection, cwd: str, env: dict[str, str]) -> None:
+    """A reader's Python session: runs the blocks it is sent, in one namespace, in ``cwd``."""
+    os.chdir(cwd)
+    os.environ.update(env)
+    namespace: dict = {"__name__": "__main__"}
+    while (job := conn.recv()) is not None:
+        filename, source = job
+        # @kiln.script reads its function's source, as from a script file or a notebook
+        # cell: linecache is where inspect finds the source of code that has no file.
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        try:
+            exec(compile(source, filename, "exec"), namespace)
+            conn.send(None)
+        except BaseException:
+            conn.send(traceback.format_exc())
+        sys.stdout.flush()
 
 
-def check_doc(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-              capsys: pytest.CaptureFixture, small: bool) -> None:
+class PythonSession:
+    """A Python process of its own per file, so that what the docs do to kiln's process state
+    (a pass registered, a thread count set, a directory changed) stays out of the tests'."""
+
+    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_session, args=(child, str(cwd), env),
+                                       daemon=True)
+        self.process.start()
+
+    def run(self, block: Block) -> None:
+        self.conn.send((f"{block.path.name}:{block.line}", block.source))
+        if not self.conn.poll(600):
+            pytest.fail(f"{block.where} ran for more than 600 s", pytrace=False)
+        error = self.conn.recv()
+        if error is not None:
+            pytest.fail(f"{block.where} raised\n{error}", pytrace=False)
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            self.conn.send(None)
+            self.process.join(30)
+        if self.process.is_alive():
+            self.process.kill()
+
+
+def check_doc(path: Path, tmp_path: Path, capsys: pytest.CaptureFixture, small: bool) -> None:
     found = blocks(path)
     runnable = [b for b in found if b.lang in PYTHON | SHELL or b.save_as]
     unexplained = [b.where for b in found if b.not_run is not None and not b.not_run]
@@ -152,8 +186,21 @@ def check_doc(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
             (tmp_path / name).symlink_to(REPO / name)
     bin_dir = VENV_BIN if VENV_BIN.is_dir() else Path(sys.executable).parent
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
-    monkeypatch.chdir(tmp_path)
-    namespace: dict = {"__name__": "__docs__"}
+    session = PythonSession(tmp_path, env)
+    try:
+        ran, skipped, slow = run_blocks(runnable, session, tmp_path, env, small)
+    finally:
+        session.close()
+    with capsys.disabled():
+        print(f"\n{path.relative_to(REPO)}: {len(found)} fenced blocks, {len(runnable)} Python, "
+              f"shell or saved: {ran} ran, {len(skipped)} not run"
+              + "".join(f"\n  not run: {s}" for s in skipped)
+              + "".join(f"\n  slow: {s}" for s in slow))
+
+
+def run_blocks(runnable: list[Block], session: PythonSession, tmp_path: Path,
+               env: dict[str, str], small: bool) -> tuple[int, list[str], list[str]]:
+    """Runs the blocks in order; the number that ran, the ones not run, the slow ones."""
     ran, skipped, slow = 0, [], []
     for block in runnable:
         if block.not_run:
@@ -163,29 +210,25 @@ def check_doc(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         if block.save_as:
             (tmp_path / block.save_as).write_text(block.source)
         elif block.lang in PYTHON:
-            run_python(block, namespace)
+            session.run(block)
         else:
             run_shell(block, tmp_path, env, small)
         ran += 1
         seconds = time.perf_counter() - start
         if seconds > 5:
             slow.append(f"{block.where}: {seconds:.1f} s")
-    with capsys.disabled():
-        print(f"\n{path.relative_to(REPO)}: {len(found)} fenced blocks, {len(runnable)} Python, "
-              f"shell or saved: {ran} ran, {len(skipped)} not run"
-              + "".join(f"\n  not run: {s}" for s in skipped)
-              + "".join(f"\n  slow: {s}" for s in slow))
+    return ran, skipped, slow
 
 
 @pytest.mark.parametrize("path", DOCS, ids=[p.name for p in DOCS])
-def test_doc_runs(path, tmp_path, monkeypatch, capsys):
-    check_doc(path, tmp_path, monkeypatch, capsys, small=True)
+def test_doc_runs(path, tmp_path, capsys):
+    check_doc(path, tmp_path, capsys, small=True)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", SMALL_MODEL, ids=[p.name for p in SMALL_MODEL])
-def test_doc_runs_as_written(path, tmp_path, monkeypatch, capsys):
-    check_doc(path, tmp_path, monkeypatch, capsys, small=False)
+def test_doc_runs_as_written(path, tmp_path, capsys):
+    check_doc(path, tmp_path, capsys, small=False)
 
 
 def test_blocks_are_found_with_their_markers(tmp_path):
