@@ -82,6 +82,9 @@ def collapse(graph: DataflowGraph, key: Sequence[Hashable | None],
     for u, v in graph.edges:
         if of[u] != of[v]:
             leaves[u] = True
+    size: dict[int | None, int] = {}
+    for node in graph.nodes:
+        size[node.group] = size.get(node.group, 0) + 1
     nodes: list[Node] = []
     for q in range(m):
         mine = members[q]
@@ -92,7 +95,10 @@ def collapse(graph: DataflowGraph, key: Sequence[Hashable | None],
         block = blocks[k]
         outs = [graph.nodes[i].detail for i in mine if leaves[i]] or [graph.nodes[mine[-1]].detail]
         detail = outs[0] if len(outs) == 1 else f"{outs[0]}, +{len(outs) - 1} more"
+        # Inside the group its members shared, if that group keeps other nodes.
         groups = {graph.nodes[i].group for i in mine}
+        if len(groups) == 1 and len(mine) == size.get(next(iter(groups)), 0):
+            groups = {None}  # the whole group
         total = sum(graph.nodes[i].members for i in mine)
         ops = sorted({graph.nodes[i].label for i in mine})
         title = f"{block.label}: {total} operators ({', '.join(ops)})"
@@ -101,12 +107,12 @@ def collapse(graph: DataflowGraph, key: Sequence[Hashable | None],
                           attrs=list(block.attrs), name=block.name, members=total))
     out = graph.renumbered(nodes, list(of))
     # A group some of whose operators went into a block is labelled by those left.
-    ops: dict[int, list[str]] = {}
+    left: dict[int, list[str]] = {}
     for node in out.nodes:
         if node.group is not None:
-            ops.setdefault(node.group, []).append(node.label)
-    out.groups = [Group(f"fused: {' + '.join(dict.fromkeys(ops[g]))}" if g in ops else grp.label,
-                        ops.get(g, []))
+            left.setdefault(node.group, []).append(node.label)
+    out.groups = [Group(f"fused: {' + '.join(dict.fromkeys(left[g]))}" if g in left
+                        else grp.label, left.get(g, []))
                   for g, grp in enumerate(graph.groups, 1)]
     return out
 
