@@ -7,6 +7,8 @@
     exe = kiln.build(mod)               # compile to machine code; exe(x), exe.save(path)
 """
 
+import logging as _logging
+
 from kiln import op, transform
 from kiln.ad import grad
 from kiln.errors import Error, EvalError, InternalError, ParseError, TypeCheckError
@@ -48,3 +50,7 @@ __all__ = [
     *_ir_all,
 ]
 __version__ = "0.1.0"
+
+# kiln logs through the "kiln" logger tree and leaves configuring it to the application
+# (the `kiln` command's -v/-q do): without a handler of its own nothing reaches stderr.
+_logging.getLogger("kiln").addHandler(_logging.NullHandler())

@@ -221,9 +221,11 @@ class Target:
         """The target `to_json` wrote (its fields as saved: no table is consulted)."""
         if not isinstance(doc, dict) or not isinstance(doc.get("features"), list):
             raise Error("a saved target must be an object with a list of features")
+        sizes = [doc[k] for k in ("l1d", "l2", "l3", "cores")]
+        if not all(type(n) is int and 0 <= n < 1 << 48 for n in sizes):
+            raise Error(f"a saved target's cache sizes and cores must be integers, not {sizes}")
         t = Target(str(doc["triple"]), str(doc["cpu"]),
-                   frozenset(str(f) for f in doc["features"]), int(doc["l1d"]),
-                   int(doc["l2"]), int(doc["l3"]), int(doc["cores"]))
+                   frozenset(str(f) for f in doc["features"]), *sizes)
         if "fingerprint" in doc and doc["fingerprint"] != t.fingerprint:
             raise Error(f"the saved target's fingerprint {doc['fingerprint']!r} does not match "
                         f"its fields ({t.fingerprint})")

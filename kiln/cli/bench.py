@@ -25,7 +25,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kiln.cli.common import Progress, add_debug, add_progress, check_file, int_in, read_model
+from kiln.cli.common import (
+    Progress,
+    add_debug,
+    add_progress,
+    add_trust,
+    check_file,
+    int_in,
+    load_executable,
+    read_model,
+)
 from kiln.cli.compile import build_model, compile_options
 from kiln.cli.inputs import (
     INT_HIGH,
@@ -46,7 +55,6 @@ def _executable(args: argparse.Namespace, progress: Progress
                 ) -> tuple[Executable, list[Any], str]:
     """The executable, its arguments (checked before a model is built), and where they came
     from."""
-    from kiln.runtime.artifact import load
 
     def arguments(inputs: list[Input]) -> tuple[list[Any], str]:
         if args.inputs:
@@ -69,7 +77,7 @@ def _executable(args: argparse.Namespace, progress: Progress
     if not Path(args.model).is_file():
         raise Error(f"{args.model}: no such file")
     progress.step(f"loading {args.model}")
-    exe = load(args.model)
+    exe = load_executable(args)
     if args.threads is not None:
         exe.set_threads(args.threads)
     values, where = arguments(executable_inputs(exe))
@@ -150,5 +158,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        help="also print the per-kernel profile table")
     compile_options(bench)
     add_progress(bench)
+    add_trust(bench)
     add_debug(bench)
     bench.set_defaults(run=cmd_bench)

@@ -198,6 +198,29 @@ def flat_outputs(value: object, names: list[str] | None = None) -> dict[str, np.
     return out if names is not None else dict(sorted(out.items()))
 
 
+def add_trust(p: argparse.ArgumentParser) -> None:
+    """--trust and --key: whose .kiln files may run their own machine code (kiln.load)."""
+    p.add_argument("--trust", choices=("local", "key", "any"), default="local",
+                   help="for a .kiln file: use its machine code if it was saved by kiln here "
+                   "(local, the default), or sealed with a trusted key (key: the config "
+                   "directory's trusted-keys/ or --key), or always (any: only for files you "
+                   "would run as programs); otherwise it is compiled again from its verified "
+                   "loop IR")
+    p.add_argument("--key", metavar="FILE", help="a key file (64 hex digits) whose seal counts "
+                   "with --trust key")
+
+
+def load_executable(args: argparse.Namespace):  # noqa: ANN201 -- kiln.Executable
+    """The .kiln file ``args.model``, loaded with the --trust/--key the user gave."""
+    from kiln.runtime.artifact import load
+    from kiln.trust import read_key
+
+    if args.key is not None and args.trust != "key":
+        raise Error("--key names a key whose seal counts: give it with --trust key")
+    key = read_key(args.key) if args.key is not None else None
+    return load(args.model, trust=args.trust, key=key)
+
+
 def add_debug(p: argparse.ArgumentParser) -> None:
     """The global options after the subcommand too (``kiln run --debug -v ...``): --debug,
     -v/--verbose, -q/--quiet."""

@@ -23,9 +23,11 @@ from kiln.cli.common import (
     Progress,
     add_debug,
     add_progress,
+    add_trust,
     check_file,
     flat_outputs,
     int_in,
+    load_executable,
     read_model,
 )
 from kiln.cli.compile import build_model, compile_options
@@ -46,7 +48,6 @@ def output_arrays(exe: Executable, result: object) -> dict[str, np.ndarray]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from kiln.runtime.artifact import load
 
     check_file(args.inputs, "--inputs")
     progress = Progress(args.progress)
@@ -66,7 +67,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                         "model")
         if not Path(args.model).is_file():
             raise Error(f"{args.model}: no such file")
-        exe = load(args.model)
+        exe = load_executable(args)
         if args.threads is not None:
             exe.set_threads(args.threads)
         inputs = executable_inputs(exe)
@@ -121,6 +122,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      "output_1, ... for a tuple) instead of printing them")
     run.add_argument("--time", action="store_true", help="report how long the call took")
     compile_options(run)
+    add_trust(run)
     add_progress(run)
     add_debug(run)
     run.set_defaults(run=cmd_run)

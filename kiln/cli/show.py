@@ -21,9 +21,11 @@ from kiln.cli.common import (
     add_debug,
     add_progress,
     add_show_constants,
+    add_trust,
     check_file,
     file_kind,
     int_in,
+    load_executable,
     read_model,
     write_text,
 )
@@ -65,12 +67,11 @@ def level_text(mod: IRModule, params: dict[str, np.ndarray], level: str,
 def cmd_show(args: argparse.Namespace) -> int:
     kind = file_kind(args.model, (".rly", ".onnx", ".kiln"), "show")
     if kind == ".kiln":
-        from kiln.runtime.artifact import load
 
         if args.level not in (None, "ssa"):
             raise Error(f"{args.model} is a compiled executable: kiln show prints its SSA "
                         f"program (--level ssa), not --level {args.level}")
-        exe = load(args.model)
+        exe = load_executable(args)
         write_text(f"// {exe.signature}\n{exe.program}\n", args.output)
         return 0
     if kind == ".onnx" and args.level is None:
@@ -104,6 +105,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                       help="optimization level 0-4 (default 3)")
     add_show_constants(show, "by default")
     add_progress(show)
+    add_trust(show)
     add_debug(show)
     show.set_defaults(run=cmd_show)
 

@@ -118,7 +118,8 @@ class _Verifier:
                         raise self.fail(f"bitcast changes the lanes: {expr_text(e)}")
                     stack.append(a)
                 case Select(cond=c, a=a, b=b):
-                    if c.dtype != "bool" or a.dtype != b.dtype or a.lanes != b.lanes:
+                    if (c.dtype != "bool" or a.dtype != b.dtype or a.lanes != b.lanes
+                            or c.lanes not in (1, a.lanes)):
                         raise self.fail(f"ill-typed select {expr_text(e)}")
                     stack.extend((c, a, b))
                 case Broadcast(value=v):
@@ -246,6 +247,10 @@ class _Verifier:
                 case For(var=v, start=start, extent=ext, body=body, kind=loop_kind):
                     self.check_expr(start)
                     self.check_expr(ext)
+                    if not all(dtype_of(x.dtype).is_integer and x.lanes == 1
+                               for x in (v, start, ext)):
+                        raise self.fail(f"loop {v.name} needs a scalar integer variable, start "
+                                        "and extent")
                     if loop_kind == "parallel" and in_parallel:
                         raise self.fail("parallel loops must not nest")
                     if loop_kind == "unrolled" and not (isinstance(ext, Const)

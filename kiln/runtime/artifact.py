@@ -52,6 +52,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import os
 import struct
 import tempfile
@@ -91,6 +92,8 @@ from kiln.trust import (
 
 if TYPE_CHECKING:
     from kiln.runtime.build import Executable
+
+log = logging.getLogger(__name__)
 
 MAGIC = b"KILNEXE\x00"
 FORMAT_VERSION = 4  # 3: the header records the kiln.Target; 4: the seal
@@ -301,7 +304,8 @@ def load(path: str | Path, *, threads: int | None = None, trust: str = "local",
         raise
     except Error as e:
         raise bad(e.message) from None
-    except (KeyError, TypeError, ValueError, UnicodeDecodeError, RecursionError) as e:
+    except (KeyError, TypeError, ValueError, UnicodeDecodeError, RecursionError,
+            OverflowError, AttributeError, IndexError) as e:
         raise bad(f"a malformed section ({type(e).__name__}: {e})") from None
     found = problems(program)
     if found:
@@ -342,6 +346,8 @@ def load(path: str | Path, *, threads: int | None = None, trust: str = "local",
             # its code is made for this machine (which can run the file's target: checked
             # above), so no string from the file reaches LLVM
             target = Target.host()
+            log.info("%s is not sealed by a key trusted under trust=%r: its machine code is "
+                     "compiled again from its verified loop IR", path, trust)
             kernel_set = compile_kernels(kernels, target, opt_level)
             source = "rebuilt"
         kernel_set.checked_calls = not trusted
@@ -350,6 +356,12 @@ def load(path: str | Path, *, threads: int | None = None, trust: str = "local",
                          threads=threads, input_names=input_names, output_names=output_names)
     except Error as e:
         raise Error(f"{path}: {e.message}") from None
+    except Exception as e:
+        if trusted:
+            raise
+        # Verified loop IR and SSA that the code generator still cannot take: the file is
+        # malformed in a way the verifiers do not describe (this is not kiln's own file).
+        raise bad(f"its kernels or program do not compile ({type(e).__name__}: {e})") from None
     exe.code_source = source
     exe._timings["load"] = time.perf_counter() - start_time
     return exe

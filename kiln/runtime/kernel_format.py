@@ -50,6 +50,11 @@ from kiln.loops.ir import (
 from kiln.loops.verify import verify
 
 
+# No kernel kiln makes has wider vectors (64 int8 lanes fill a 512-bit register); a file
+# asking for more would only make LLVM build absurd types.
+MAX_LANES = 256
+
+
 class MalformedKernel(Error):
     """A saved kernel that does not read back."""
 
@@ -285,16 +290,16 @@ def _read_node(kind: str, f: list[Any], node: Any, buf: Any, var: Any) -> Any:
             value, dtype, lanes = f
             value = _attr_in(value)
             _need(isinstance(value, (int, float, bool, np.generic)) and dtype in DTYPES
-                  and type(lanes) is int and lanes >= 1, "a constant")
+                  and type(lanes) is int and 1 <= lanes <= MAX_LANES, "a constant")
             return Const(value, dtype, lanes)
         case "Var":
             name, dtype, lanes = f
             _need(isinstance(name, str) and dtype in DTYPES and type(lanes) is int
-                  and lanes >= 1, "a variable")
+                  and 1 <= lanes <= MAX_LANES, "a variable")
             return Var(name, dtype, lanes)
         case "Load":
             b, idx, lanes = f
-            _need(type(lanes) is int and lanes >= 1, "lanes")
+            _need(type(lanes) is int and 1 <= lanes <= MAX_LANES, "lanes")
             return Load(buf(b), tuple(node(i) for i in _list(idx)), lanes)
         case "Binary":
             op, a, b = f
@@ -306,9 +311,11 @@ def _read_node(kind: str, f: list[Any], node: Any, buf: Any, var: Any) -> Any:
             return Unary(op, node(a))
         case "Cast":
             dtype, a = f
+            _need(dtype in DTYPES, f"dtype {dtype!r}")
             return Cast(dtype, node(a))
         case "Bitcast":
             dtype, a = f
+            _need(dtype in DTYPES, f"dtype {dtype!r}")
             return Bitcast(dtype, node(a))
         case "Select":
             return Select(*(node(i) for i in f))
@@ -316,7 +323,7 @@ def _read_node(kind: str, f: list[Any], node: Any, buf: Any, var: Any) -> Any:
             return FMA(*(node(i) for i in f))
         case "Broadcast":
             v, lanes = f
-            _need(type(lanes) is int and lanes >= 1, "lanes")
+            _need(type(lanes) is int and 1 <= lanes <= MAX_LANES, "lanes")
             return Broadcast(node(v), lanes)
         case "For":
             v, start, extent, body, loop_kind = f
