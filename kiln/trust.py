@@ -50,7 +50,7 @@ def key_id(key: bytes) -> bytes:
     return hashlib.sha256(b"kiln key id\0" + key).digest()[:ID_BYTES]
 
 
-def mac(key: bytes, data: bytes | memoryview) -> bytes:
+def mac(key: bytes, data: bytes | bytearray | memoryview) -> bytes:
     """The HMAC-SHA256 of ``data`` under ``key``."""
     return hmac.new(key, data, hashlib.sha256).digest()
 
