@@ -38,13 +38,13 @@ def fuzz(tmp_path, exe, args, count, seed):
     return counts
 
 
-@pytest.mark.parametrize("count", [120, pytest.param(2000, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("count", [300, pytest.param(2000, marks=pytest.mark.slow)])
 def test_fuzzed_native_programs_load_and_run_or_are_errors(tmp_path, count):
     exe = build(kiln.parse(MODEL), params=params())
     fuzz(tmp_path, exe, [x_input()], count, seed=1)
 
 
-@pytest.mark.parametrize("count", [80, pytest.param(1000, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("count", [200, pytest.param(1000, marks=pytest.mark.slow)])
 def test_fuzzed_vm_programs_load_and_run_or_are_errors(tmp_path, count):
     exe = build(kiln.parse(LIST_MODEL))
     fuzz(tmp_path, exe, [np.linspace(-1, 1, 4, dtype="float32")], count, seed=2)
