@@ -265,8 +265,8 @@ class Executable:
         if repeat is not None and (isinstance(repeat, bool) or not isinstance(repeat, int)
                                    or repeat < 1):
             raise Error(f"repeat must be a positive integer, got {repeat!r}")
-        values = bind_arguments(self._names, self._types, self.program.entry, args, kwargs,
-                                self.program)
+        values = bind_arguments(self._names, self._types, self.program.entry, args,
+                                self._by_parameter(kwargs), self.program)
         if self._threads is None:
             return profile_executable(self, values, repeat)
         from kiln.codegen.threads import run_threads
