@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from kiln.frontend.torch.registry import AtenCall, Missing, converter
 from kiln.ir import Expr
-from kiln.op import broadcast_to, expand_dims, nn, reshape, squeeze
+from kiln.op import broadcast_to, expand_dims, nn, reshape, squeeze, strided_slice
 
 
 def _pair(v: int | Sequence[int], what: str, n: AtenCall) -> tuple[int, int]:
@@ -48,11 +48,65 @@ def convolution(n: AtenCall, x: Expr, weight: Expr, bias: Expr | None, stride: S
 
 
 def _pool_sizes(n: AtenCall, x: Expr, kernel: Sequence[int], stride: Sequence[int],
-                padding: Sequence[int], dilation: Sequence[int] = (1,)) -> dict:
+                padding: Sequence[int], dilation: Sequence[int], ceil_mode: bool
+                ) -> tuple[dict, tuple[int, int] | None]:
+    """kiln's pooling attributes for torch's, and torch's output size (H, W) (None where the
+    sizes are symbolic: then kiln's are torch's).
+
+    Two differences from kiln's (TVM's) sizes are bridged. A window larger than the padded
+    input (EfficientNet's ``AvgPool2d(1280, ceil_mode=True)`` on a 7×7 map) gives torch one
+    output, which reads the taps inside the padded input: the kernel is cut to those. In ceil
+    mode torch drops a last window that would start in the right padding, kiln keeps it: the
+    caller slices it off (`_cropped`).
+    """
     k = _pair(kernel, "kernel_size", n)
     s = _pair(stride, "stride", n) if stride else k  # torch: stride defaults to the kernel
-    return dict(pool_size=k, strides=s, padding=_pair(padding, "padding", n),
-                dilation=_pair(dilation, "dilation", n))
+    p, d = _pair(padding, "padding", n), _pair(dilation, "dilation", n)
+    attrs = dict(pool_size=k, strides=s, padding=p, dilation=d, ceil_mode=bool(ceil_mode))
+    sizes = n.shape(x)[-2:]
+    if not all(isinstance(size, int) for size in sizes):
+        if ceil_mode:
+            raise n.error(f"pooling in ceil mode needs static sizes, but the input has shape "
+                          f"{n.shape(x)}")
+        return attrs, None
+    cut, out = [], []
+    for size, kk, ss, pp, dd in zip(sizes, k, s, p, d):
+        assert isinstance(size, int)
+        o = _torch_out(size, kk, ss, pp, dd, ceil_mode)
+        if o < 1:
+            raise n.error(f"a pooling window of {kk} (dilation {dd}, padding {pp}) does not fit "
+                          f"an input of size {size}")
+        if (kk - 1) * dd + 1 > size + 2 * pp:  # then o == 1: the taps inside the padded input
+            kk = (size + 2 * pp - 1) // dd + 1
+        cut.append(kk)
+        out.append(o)
+    attrs["pool_size"] = (cut[0], cut[1])
+    return attrs, (out[0], out[1])
+
+
+def _torch_out(size: int, k: int, s: int, p: int, d: int, ceil: bool) -> int:
+    """torch's pooled size (``pooling_output_shape``): in ceil mode the last window must start
+    inside the input or the left padding."""
+    out = (size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil else 0)) // s + 1
+    if ceil and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+def _cropped(n: AtenCall, x: Expr, y: Expr, attrs: dict,
+             torch_hw: tuple[int, int] | None) -> Expr:
+    """kiln's pooled result ``y`` of ``x`` cut to torch's size (see `_pool_sizes`)."""
+    if torch_hw is None or _kiln_out(n, x, attrs) == torch_hw:
+        return y
+    return strided_slice(y, begin=[0, 0], end=list(torch_hw), axes=[2, 3])
+
+
+def _kiln_out(n: AtenCall, x: Expr, attrs: dict) -> tuple[int, int]:
+    h, w = n.static_shape(x, "pooling")[-2:]
+    (kh, kw), (sh, sw) = attrs["pool_size"], attrs["strides"]
+    (ph, pw), (dh, dw) = attrs["padding"], attrs["dilation"]
+    ceil = attrs["ceil_mode"]
+    return _out_hw(h, 2 * ph, kh, dh, sh, ceil), _out_hw(w, 2 * pw, kw, dw, sw, ceil)
 
 
 def _out_hw(h: int, pad: int, k: int, d: int, s: int, ceil: bool) -> int:
@@ -77,19 +131,10 @@ def _unbatched(y: Expr, added: bool) -> Expr:
 def max_pool2d(n: AtenCall, x: Expr, kernel: Sequence[int], stride: Sequence[int] = (),
                padding: Sequence[int] = (0,), dilation: Sequence[int] = (1,),
                ceil_mode: bool = False) -> list[Expr | Missing]:
-    attrs = _pool_sizes(n, x, kernel, stride, padding, dilation)
+    attrs, out = _pool_sizes(n, x, kernel, stride, padding, dilation, ceil_mode)
     xb, added = _batched(n, x)
-    if ceil_mode:
-        # torch drops a last window that would start in the padding; TVM's formula keeps it.
-        # Pad the bottom and right with -inf just enough to reach torch's size instead.
-        h, w = n.static_shape(x, "max_pool2d with ceil_mode")[-2:]
-        (oh, ow), (kh, kw) = n.static_out("max_pool2d")[-2:], attrs["pool_size"]
-        (sh, sw), (ph, pw), (dh, dw) = attrs["strides"], attrs["padding"], attrs["dilation"]
-        extra_h = max(0, (oh - 1) * sh + (kh - 1) * dh + 1 - (h + 2 * ph))
-        extra_w = max(0, (ow - 1) * sw + (kw - 1) * dw + 1 - (w + 2 * pw))
-        attrs["padding"] = (ph, pw, ph + extra_h, pw + extra_w)
-    y = _unbatched(nn.max_pool2d(xb, **attrs), added)
-    return [y, Missing("indices of max_pool2d_with_indices")]
+    y = _cropped(n, x, nn.max_pool2d(xb, **attrs), attrs, out)
+    return [_unbatched(y, added), Missing("indices of max_pool2d_with_indices")]
 
 
 @converter("aten.avg_pool2d.default")
@@ -98,18 +143,13 @@ def avg_pool2d(n: AtenCall, x: Expr, kernel: Sequence[int], stride: Sequence[int
                count_include_pad: bool = True, divisor_override: int | None = None) -> Expr:
     if divisor_override is not None:
         raise n.error("avg_pool2d with divisor_override is not supported")
-    attrs = _pool_sizes(n, x, kernel, stride, padding)
-    if ceil_mode:
-        h, w = n.static_shape(x, "avg_pool2d with ceil_mode")[-2:]
-        mine = tuple(_out_hw(size, 2 * p, k, 1, s, True) for size, p, k, s in
-                     zip((h, w), attrs["padding"], attrs["pool_size"], attrs["strides"]))
-        if mine != tuple(n.static_out("avg_pool2d")[-2:]):
-            raise n.error("avg_pool2d with ceil_mode where a window would start in the padding "
-                          "is not supported")
+    # kiln's divisor is torch's: the taps inside the padded input (count_include_pad), or
+    # inside the input, never ceil mode's extra room.
+    attrs, out = _pool_sizes(n, x, kernel, stride, padding, (1,), ceil_mode)
     xb, added = _batched(n, x)
-    y = nn.avg_pool2d(xb, ceil_mode=bool(ceil_mode), count_include_pad=bool(count_include_pad),
+    y = nn.avg_pool2d(xb, count_include_pad=bool(count_include_pad),
                       **{k: v for k, v in attrs.items() if k != "dilation"})
-    return _unbatched(y, added)
+    return _unbatched(_cropped(n, x, y, attrs, out), added)
 
 
 def _adaptive(n: AtenCall, x: Expr, output_size: Sequence[int], kind: str) -> Expr:
