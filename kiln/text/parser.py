@@ -83,6 +83,7 @@ from kiln.ir.ty import (
 )
 from kiln.op import registry
 from kiln.text._gc import gc_paused
+from kiln.text.dtypes import TVM_SHORTHANDS, canonical_dtype
 from kiln.text.lexer import Tokens, tokenize
 from kiln.text.literals import LiteralError, read_attr_number, read_number, scalar_array
 from kiln.text.metadata import CONSTANT_KEY, MetadataError, decode
@@ -564,6 +565,7 @@ class _Parser:
 
     def _call(self, callee: Expr, start: int) -> Gen:
         kinds = self.kinds
+        opening = self.pos
         self.pos += 1
         args: list[Expr] = []
         given: dict[str, Any] | None = None
@@ -580,12 +582,21 @@ class _Parser:
                 break
             arg = self._fast_atom()
             if arg is None:
-                arg = yield self._expr()
+                try:
+                    arg = yield self._expr()
+                except ParseError:
+                    unclosed = self._unclosed_call(opening, i)
+                    if unclosed is None:
+                        raise
+                    raise unclosed from None
             args.append(arg)
             k = kinds[self.pos]
             if k == ",":
                 self.pos += 1
             elif k != ")":
+                unclosed = self._unclosed_call(opening, i)
+                if unclosed is not None:
+                    raise unclosed
                 raise self._fail(
                     f"expected `,` or `)` after a call argument, but found "
                     f"{self._describe(self.pos)}"
@@ -602,14 +613,52 @@ class _Parser:
                 )
             attrs = self._attrs_of(callee.name, given, where, span)
         else:
-            if given:
+            # TVM's printer writes a non-operator call's attributes (its CallAttrs) followed by
+            # `attrs_type_key`, and its parser needs that key. They never change what calling
+            # a function does (TVM's interpreter and executors ignore them), so kiln reads and
+            # drops them.
+            if given and "attrs_type_key" not in given:
                 key = next(iter(where.values()))[0]
                 raise self._fail(
-                    "only operator calls take attributes, and this callee is not an operator",
+                    "attributes of a call of a function (not an operator) need "
+                    '`attrs_type_key="..."` naming their kind, as TVM writes them',
                     key,
                 )
             attrs = EMPTY_ATTRS
         return Call(callee, tuple(args), attrs, span=span)
+
+    def _unclosed_call(self, opening: int, arg_start: int) -> ParseError | None:
+        """The error for a call whose `)` is missing before a `;`, if that is what went wrong.
+
+        A call argument may be a sequence ``e1; e2``, but TVM's printer never writes one: a
+        plain expression followed by `;` inside the argument means the call was not closed
+        (``%0 = add(%x, %x;``). Bindings (`let`, `%0 = `, `free_var`) before a `;` are not.
+        """
+        kinds = self.kinds
+        depth = 0
+        statement = arg_start
+        for j in range(arg_start, min(self.pos + 1, len(kinds))):
+            k = kinds[j]
+            if k in ("(", "[", "{"):
+                depth += 1
+            elif k in (")", "]", "}"):
+                depth -= 1
+                if depth < 0:
+                    return None
+            elif k == ";" and depth == 0:
+                first = kinds[statement]
+                binding = first in ("let", "free_var") or (
+                    first == "graph" and kinds[statement + 1] == "="
+                )
+                if not binding:
+                    at = self.toks.span(opening)
+                    return self._fail(
+                        "expected `,` or `)` after a call argument, but found `;`: the `(` "
+                        f"of this call (line {at.line}, column {at.column}) is never closed",
+                        j,
+                    )
+                statement = j + 1
+        return None
 
     def _attrs_of(
         self,
@@ -631,6 +680,12 @@ class _Parser:
             return attrs
         assert where is not None
         known = {a.name for a in opdef.attrs}
+        given = {  # TVM's dtype spellings (`int`, `float`, ...) as kiln names them
+            key: canonical_dtype(value) or value
+            if key in known and opdef.attr(key).kind == "dtype" and isinstance(value, str)
+            else value
+            for key, value in given.items()
+        }
         for key, value in given.items():
             k, v0, v1 = where[key]
             if key not in known:
@@ -786,7 +841,7 @@ class _Parser:
         return op
 
     def _unknown_name(self, name: str) -> str:
-        if name in self.adts or name in DTYPES or name == "Tensor":
+        if name in self.adts or name in DTYPES or name in TVM_SHORTHANDS or name == "Tensor":
             return f"`{name}` is a type, not an expression"
         candidates = [op.name for op in registry.all_ops()] + list(self.ctors)
         close = difflib.get_close_matches(name, candidates, n=1)
@@ -1088,8 +1143,9 @@ class _Parser:
                 self.pos += 1
                 self._expect("]", " to close the tensor type")
                 return TensorType(shape, dtype, span=span(i, self.pos - 1))
-            if name in DTYPES:
-                return TensorType((), name, span=span(i))
+            scalar = canonical_dtype(name)
+            if scalar is not None:
+                return TensorType((), scalar, span=span(i))
             stack = self.tvars.get(name)
             if stack:
                 if kinds[self.pos] == "[":
@@ -1166,8 +1222,9 @@ class _Parser:
         name = self.values[i]
         if self.kinds[i] != "ident":
             raise self._fail(f"expected a dtype such as float32, but found {self._describe(i)}", i)
-        if name in DTYPES:
-            return name
+        dtype = canonical_dtype(name)
+        if dtype is not None:
+            return dtype
         if _DTYPE_LIKE.fullmatch(name) or name == "Tensor":
             try:
                 as_dtype(name)

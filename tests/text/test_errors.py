@@ -31,7 +31,7 @@ def error_of(fn, text):
         ("free_var %x;\nnn.conv2d(%x, %x, stride=[1, 1])", 2, 19, "did you mean strides?"),
         ("free_var %x;\nnn.conv2d(%x, %x, strides=\"a\")", 2, 27, "strides must be a list"),
         ("free_var %x; nn.relu(%x, %x)", 1, 14, "nn.relu takes 1 argument"),
-        ("free_var %f; %f(1, axis=1)", 1, 20, "only operator calls take attributes"),
+        ("free_var %f; %f(1, axis=1)", 1, 20, "a function (not an operator) need `attrs_type_key"),
         ("free_var %x; cast(%x)", 1, 14, "needs attribute 'dtype'"),
         ("free_var %x; nn.bias_add(%x, %x, axis=1, axis=2)", 1, 42, "given twice"),
         ("free_var %x; nn.bias_add(%x, axis=1, %x)", 1, 38, "positional arguments come before"),
