@@ -17,6 +17,7 @@ from kiln.transform.fuse_ops import FuseOps, FusionStats, fusion_stats
 from kiln.transform.graph_normal_form import ToGraphNormalForm
 from kiln.transform.infer_type import InferType
 from kiln.transform.inline import Inline
+from kiln.transform.inline_partitions import InlinePartitions
 from kiln.transform.lambda_lift import LambdaLift
 from kiln.transform.linear_algebra_fusion import LinearAlgebraFusion
 from kiln.transform.loop_invariant import LoopInvariantCodeMotion
@@ -61,6 +62,7 @@ __all__ = [
     "FusionStats",
     "InferType",
     "Inline",
+    "InlinePartitions",
     "LambdaLift",
     "LinearAlgebraFusion",
     "LoopInvariantCodeMotion",

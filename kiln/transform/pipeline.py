@@ -13,6 +13,7 @@ from kiln.transform.pass_manager import PassContext, Sequential, get_pass
 # The standard inference pipeline (TVM's relay.build order, plus DLVM's algebraic passes).
 # Each step is a registered pass name; a step whose opt_level exceeds the context's is skipped.
 STANDARD_PIPELINE = (
+    "inline-partitions",  # functions meant for external compilers (BYOC) run through kiln
     "infer-type",
     "to-graph-normal-form",  # pure lets become dataflow, so fusion sees across them
     "simplify-inference",
