@@ -78,17 +78,25 @@ def _unary(
     gradient: Gradient | None = None,
     lower: LowerFn | None = None,
 ) -> OpDef:
-    """Register an operator applying ``fn`` to every element, keeping shape and dtype."""
+    """Register an operator applying ``fn`` to every element, keeping shape and dtype.
+
+    ``kind="float"`` marks floating-point math (exp, log, ...). TVM types these with its
+    IdentityRel, which takes integers too and keeps their dtype; kiln computes them on integers
+    in float64 and converts back, truncating toward zero as ``cast`` does (``_float_math``
+    lowers them the same way).
+    """
 
     def compute(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
         x = np.asarray(arrays[0])
         with np.errstate(all="ignore"):
+            if kind == "float" and x.dtype.kind in "iu":
+                return as_array(fn(x.astype(np.float64)), x.dtype.name)
             return as_array(fn(x), x.dtype.name)
 
     return register(
         name,
         inputs=("data",),
-        relation=_unary_relation(kind),
+        relation=_unary_relation("numeric" if kind == "float" else kind),
         compute=compute,
         pattern=OpPattern.ELEMWISE,
         doc=doc,
@@ -132,6 +140,18 @@ def _erf(x: np.ndarray) -> np.ndarray:
 
 # Lowerings that depend on the dtype: integers round trivially, and integer division needs a
 # run-time check of the divisor (a statement), so it lowers as an elementwise extern.
+
+
+def _float_math(op: str) -> LowerFn:
+    """exp, log, ...: the loop-IR op on floats; integers go through float64 and back
+    (truncated toward zero), as the reference computes them."""
+
+    def scalar(x: LExpr) -> LExpr:
+        if dtype_of(x.dtype).is_float:
+            return Unary(op, x)
+        return oplib.convert(Unary(op, oplib.convert(x, "float64")), x.dtype)
+
+    return oplib.unary(scalar)
 
 
 def _float_or_identity(op: str) -> LowerFn:
@@ -260,63 +280,63 @@ exp = _unary(
     np.exp,
     "e raised to each element.",
     gradient=lambda c, g: [g * c],
-    lower=oplib.unary("exp"),
+    lower=_float_math("exp"),
 )
 log = _unary(
     "log",
     np.log,
     "Natural logarithm of each element.",
     gradient=lambda c, g: [g / _x(c)],
-    lower=oplib.unary("log"),
+    lower=_float_math("log"),
 )
 sqrt = _unary(
     "sqrt",
     np.sqrt,
     "Square root of each element.",
     gradient=lambda c, g: [g * _k(c, 0.5) / c],
-    lower=oplib.unary("sqrt"),
+    lower=_float_math("sqrt"),
 )
 rsqrt = _unary(
     "rsqrt",
     lambda x: 1 / np.sqrt(x),
     "Reciprocal square root of each element.",
     gradient=lambda c, g: [g * _k(c, -0.5) * c * c * c],  # d/dx x^-1/2 = -1/2 y^3
-    lower=oplib.unary("rsqrt"),
+    lower=_float_math("rsqrt"),
 )
 tanh = _unary(
     "tanh",
     np.tanh,
     "Hyperbolic tangent of each element.",
     gradient=lambda c, g: [g * (_k(c, 1.0) - c * c)],
-    lower=oplib.unary("tanh"),
+    lower=_float_math("tanh"),
 )
 sigmoid = _unary(
     "sigmoid",
     lambda x: 1 / (1 + np.exp(-x)),
     "Logistic sigmoid 1/(1+e^-x).",
     gradient=lambda c, g: [g * c * (_k(c, 1.0) - c)],
-    lower=oplib.unary("sigmoid"),
+    lower=_float_math("sigmoid"),
 )
 erf = _unary(
     "erf",
     _erf,
     "Gauss error function of each element.",
     gradient=lambda c, g: [g * _k(c, 2.0 / np.sqrt(np.pi)) * exp(negative(_x(c) * _x(c)))],
-    lower=oplib.unary("erf"),
+    lower=_float_math("erf"),
 )
 sin = _unary(
     "sin",
     np.sin,
     "Sine of each element (radians).",
     gradient=lambda c, g: [g * cos(_x(c))],
-    lower=oplib.unary("sin"),
+    lower=_float_math("sin"),
 )
 cos: OpDef = _unary(
     "cos",
     np.cos,
     "Cosine of each element (radians).",
     gradient=lambda c, g: [negative(g * sin(_x(c)))],
-    lower=oplib.unary("cos"),
+    lower=_float_math("cos"),
 )
 negative: OpDef = _unary(
     "negative",

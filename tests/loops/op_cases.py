@@ -63,6 +63,13 @@ for _name, (_lo, _hi) in FLOAT_UNARY.items():
     for _dt in ("float32", "float32", "float64"):
         add(_name, lambda a, f=_fn: f(a), arg(*_shape(), dtype=_dt, low=_lo, high=_hi))
 
+# TVM types float math on integers at their dtype: float64 inside, truncated back.
+for _name, (_lo, _hi) in FLOAT_UNARY.items():
+    _fn = getattr(op, _name)
+    _ilo = max(int(np.ceil(_lo)), 1 if _name in ("log", "rsqrt") else _lo)
+    add(_name, lambda a, f=_fn: f(a), ints(2, 3, low=int(_ilo), high=min(int(_hi), 6)),
+        label=f"{_name} int32")
+
 NUMERIC_UNARY = ["negative", "abs", "floor", "ceil", "round", "sign"]
 for _name in NUMERIC_UNARY:
     _fn = getattr(op, _name)
