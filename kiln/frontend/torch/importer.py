@@ -29,10 +29,12 @@ from kiln.frontend.torch import (  # noqa: F401
     creation,
     elementwise,
     emulated,
+    indexing,
     linear,
     norm,
     reduce,
     rnn,
+    scatter,
     shape,
 )
 from kiln.frontend.torch.decompose import CHECKS, converter_name, decompose, is_structural

@@ -182,17 +182,6 @@ def index_select(n: AtenCall, x: Expr, dim: int, index: Expr) -> Expr:
     return take(x, index, axis=axis(dim, n.rank(x), n), mode="wrap")
 
 
-@converter("aten.index.Tensor")
-def index(n: AtenCall, x: Expr, indices: list[Expr | None]) -> Expr:
-    used = [(k, i) for k, i in enumerate(indices) if i is not None]
-    if len(used) != 1:
-        raise n.error("indexing with several index tensors is not supported (one is)")
-    k, idx = used[0]
-    if n.dtype(idx) == "bool":
-        raise n.error("indexing with a boolean mask has a data-dependent shape")
-    return take(x, idx, axis=k, mode="wrap")  # wrap: torch's negative indices count back
-
-
 @converter("aten.embedding.default")
 def embedding(n: AtenCall, weight: Expr, indices: Expr, *_: object) -> Expr:
     return take(weight, indices, axis=0, mode="wrap")
