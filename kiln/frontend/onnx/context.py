@@ -279,7 +279,8 @@ class NodeContext:
         values = [int(v) for v in array.tolist()]
         for k, v in enumerate(values):
             if not _INT64_MIN <= v <= _INT64_MAX:
-                raise self.error(f"input {i} ({what}) holds {array[k]}, which is out of the "
+                shown = f"{array[k]:.7g}" if array.dtype.kind == "f" else str(v)
+                raise self.error(f"input {i} ({what}) holds {shown}, which is out of the "
                                  "range of int64")
         return values
 

@@ -8,7 +8,8 @@ get static attributes in kiln. Outputs larger than `FOLD_LIMIT` elements are lef
 
 Every node output's type is checked against the import limits (`limits.py`: a rank numpy has,
 at most ``max_tensor_elements`` elements), and every node converted counts against
-``max_nodes``, so that a small hostile file cannot make the import run for ever.
+``max_repeated_nodes`` when it is a subgraph's, converted again (an unrolled loop), so that a
+small hostile file cannot make the import run for ever.
 
 Subgraphs (the branches of ``If``, the bodies of ``Loop`` and ``Scan``) are converted by a
 child importer that sees the values of the enclosing graphs.
@@ -237,7 +238,7 @@ class GraphImporter:
         opset = self.opsets.get(domain, 0)
         conv = lookup(domain, node.op_type, opset)
         if self.outer is not None:  # a subgraph's node: converted once per use of the graph
-            self.budget.count_node(where)
+            self.budget.count_subgraph_node(node, where)
         inputs: list[Value | None] = [self.lookup(n) if n else None for n in node.input]
         if conv is None:
             body = function_body(node, opset, inputs)

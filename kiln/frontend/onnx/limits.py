@@ -20,9 +20,11 @@ The limits, their defaults and the environment variables that change them:
   layer (sequence length x directions x operations per step: about 32 for an LSTM step).
 - ``max_resize_scale`` (1024, ``KILN_MAX_RESIZE_SCALE``): a Resize or Upsample factor (and
   1 / factor when antialiasing widens the filter).
-- ``max_nodes`` (65536, ``KILN_MAX_IMPORT_NODES``): nodes of subgraphs (If, Loop and Scan
-  bodies) converted, counting a body each time it is converted: once per unrolled Loop
-  iteration, per Scan-8 batch entry, per nesting level.
+- ``max_repeated_nodes`` (8192, ``KILN_MAX_REPEATED_NODES``): conversions of subgraph nodes
+  (If, Loop and Scan bodies) beyond the first of each: every further unrolled Loop iteration,
+  Scan-8 batch entry or pass over a Loop body converts its nodes again, and nested loops
+  multiply these. (A node takes about a millisecond to convert: the limit keeps the worst
+  case near what a model file of that many nodes costs.)
 
 ``from_onnx(model, limits={"max_unroll": 2**20})`` raises a limit for one import (on top of
 the environment); ``limits=Limits(...)`` gives all of them (unset ones keep their defaults).
@@ -46,7 +48,7 @@ ENV = {
     "max_tensor_elements": "KILN_MAX_TENSOR_ELEMENTS",
     "max_unroll": "KILN_MAX_IMPORT_UNROLL",
     "max_resize_scale": "KILN_MAX_RESIZE_SCALE",
-    "max_nodes": "KILN_MAX_IMPORT_NODES",
+    "max_repeated_nodes": "KILN_MAX_REPEATED_NODES",
 }
 
 
@@ -58,7 +60,7 @@ class Limits:
     max_tensor_elements: int = 2**36
     max_unroll: int = 65536
     max_resize_scale: float = 1024.0
-    max_nodes: int = 65536
+    max_repeated_nodes: int = 8192
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Limits:
@@ -182,12 +184,20 @@ class Budget:
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
-        self.nodes = 0
+        self.repeated = 0
+        # id -> node: the subgraph nodes converted once (kept, so that no id is reused).
+        self._converted: dict[int, object] = {}
 
-    def count_node(self, where: str) -> None:
-        self.nodes += 1
-        if self.nodes > self.limits.max_nodes:
-            raise Error(f"{where}: the import has converted {self.limits.max_nodes} nodes of "
-                        "subgraphs (a body counts each time it is converted: per unrolled Loop "
-                        "iteration, Scan-8 batch entry and nesting level), kiln's import limit "
-                        f"max_nodes={self.limits.max_nodes}; {how_to_raise('max_nodes')}")
+    def count_subgraph_node(self, node: object, where: str) -> None:
+        """A subgraph's node is being converted: its second and later conversions count."""
+        if id(node) not in self._converted:
+            self._converted[id(node)] = node
+            return
+        self.repeated += 1
+        limit = self.limits.max_repeated_nodes
+        if self.repeated > limit:
+            raise Error(f"{where}: the import has converted the nodes of subgraphs {limit} "
+                        "more times than they appear (once per unrolled Loop iteration, Scan-8 "
+                        "batch entry or pass over a Loop body, multiplied by nesting), kiln's "
+                        f"import limit max_repeated_nodes={limit}; "
+                        f"{how_to_raise('max_repeated_nodes')}")

@@ -55,6 +55,9 @@ def window_attrs(ctx: NodeContext, spatial: tuple[int, ...], kernel: list[int]
     if len(kernel) != n or len(strides) != n or len(dilations) != n:
         raise ctx.error(f"kernel_shape {kernel}, strides {strides} and dilations {dilations} "
                         f"must each have {n} values for {n} spatial dimensions")
+    if any(v < 1 for v in [*kernel, *strides, *dilations]):
+        raise ctx.error(f"kernel_shape {kernel}, strides {strides} and dilations {dilations} "
+                        "must be positive")
     pads = explicit_pads(ctx, spatial, kernel, strides, dilations)
     return strides, dilations, pads
 

@@ -281,9 +281,16 @@ def tile(ctx: NodeContext) -> Expr:
     return op.tile(ctx.x(0), reps=ctx.ints(1, "repeats"))
 
 
+def _blocksize(ctx: NodeContext) -> int:
+    b = ctx.need_attr("blocksize")
+    if not isinstance(b, int) or b < 1:
+        raise ctx.error(f"attribute blocksize must be a positive integer, not {b!r}")
+    return b
+
+
 @converter("SpaceToDepth", since=1)
 def space_to_depth(ctx: NodeContext) -> Expr:
-    b = ctx.need_attr("blocksize")
+    b = _blocksize(ctx)
     n, c, h, w = ctx.shape(0)
     x = reshape(ctx.x(0), [n, c, h // b, b, w // b, b])
     if ctx.attr("mode", "DCR") == "DCR":  # block offsets, then channels (the only mode < 28)
@@ -295,7 +302,7 @@ def space_to_depth(ctx: NodeContext) -> Expr:
 
 @converter("DepthToSpace", since=11)
 def depth_to_space(ctx: NodeContext) -> Expr:
-    b = ctx.need_attr("blocksize")
+    b = _blocksize(ctx)
     n, c, h, w = ctx.shape(0)
     if ctx.attr("mode", "DCR") == "DCR":
         x = reshape(ctx.x(0), [n, b, b, c // (b * b), h, w])
