@@ -3,13 +3,15 @@
     gather(x, dim, index)   take(flatten(x), Σₖ iₖ·strideₖ) where i_dim = index and every other
                             iₖ is the position along axis k (an arange, broadcast)
     cumsum(x, dim)          x (moved so ``dim`` is last) times the lower-triangular ones matrix:
-                            y[j] = Σ_{i ≤ j} x[i], one ``nn.dense``; for floats only
+                            y[j] = Σ_{i ≤ j} x[i], one ``nn.dense``, for floats; for integers
+                            (which a product would round) and cumprod, every prefix at once:
+                            sum (prod) over i of where(i ≤ j, x[i], 0 (1)), an L×L mask
     upsample_bilinear2d     x·A_wᵀ along the width, then along the height: A is the (out, in)
                             matrix of torch's interpolation weights, two per row
 
 All cost more than a dedicated operator would (gather builds its flat indices at run time,
-cumsum does L² work for a length L, bilinear upsampling multiplies by mostly-zero matrices),
-which is fine for the modest sizes they usually meet.
+cumsum and cumprod do L² work for a length L, bilinear upsampling multiplies by mostly-zero
+matrices), which is fine for the modest sizes they usually meet.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import numpy as np
 
 from kiln.frontend.torch.registry import AtenCall, axis, converter
 from kiln.ir import Expr, const
-from kiln.op import add, cast, multiply, nn, reshape, take, transpose
+from kiln.ir.dtype import dtype_of
+from kiln.op import add, cast, expand_dims, multiply, nn, prod, reshape, take, transpose, where
+from kiln.op import sum as sum_
 
 
 @converter("aten.gather.default")
@@ -41,23 +45,37 @@ def gather(n: AtenCall, x: Expr, dim: int, index: Expr, sparse_grad: bool = Fals
     return take(reshape(x, newshape=[-1]), flat, axis=0, mode="clip")
 
 
-@converter("aten.cumsum.default")
+@converter("aten.cumsum.default", "aten.cumprod.default")
 def cumsum(n: AtenCall, x: Expr, dim: int, dtype: str | None = None) -> Expr:
     out = n.out.dtype
-    if out not in ("float16", "float32", "float64"):
-        raise n.error(f"cumsum is imported for floating-point tensors only, not {out}")
-    shape = n.static_shape(x, "cumsum")
+    shape = n.static_shape(x, n.target.split(".")[1])
     rank = len(shape)
     d = axis(dim, rank, n)
     x = n.tensor(x, out)
     if rank == 0:
         return x
-    order = [k for k in range(rank) if k != d] + [d]
-    moved = x if d == rank - 1 else transpose(x, axes=order)
-    lower = const(np.tril(np.ones((shape[d], shape[d]), dtype=out)))
-    y = nn.dense(moved, lower)
+    moved = _move_last(x, d, rank)
+    length = shape[d]
+    if n.target == "aten.cumsum.default" and dtype_of(out).is_float:
+        y = nn.dense(moved, const(np.tril(np.ones((length, length), dtype=out))))
+    else:  # every prefix at once: (..., 1, L) against the (L, L) lower triangle
+        lower = const(np.tril(np.ones((length, length), dtype=bool)))
+        rows = expand_dims(moved, axis=rank - 1)
+        if n.target == "aten.cumsum.default":
+            y = sum_(where(lower, rows, const(0, out)), axis=[rank])
+        else:
+            y = prod(where(lower, rows, const(1, out)), axis=[rank])
+    return _move_back(y, d, rank)
+
+
+def _move_last(x: Expr, d: int, rank: int) -> Expr:
+    return x if d == rank - 1 else transpose(x, axes=[k for k in range(rank) if k != d] + [d])
+
+
+def _move_back(y: Expr, d: int, rank: int) -> Expr:
     if d == rank - 1:
         return y
+    order = [k for k in range(rank) if k != d] + [d]
     return transpose(y, axes=[order.index(k) for k in range(rank)])
 
 
