@@ -73,6 +73,9 @@ def _conv_packed(node: Expr) -> Expr | None:
     if min(w.data.shape) == 0 or min(ot.static_shape) == 0:
         return None
     conv = Conv2DAttrs.view(node.attrs)
+    if (conv.data_layout, conv.kernel_layout, conv.out_layout or "NCHW") != \
+            ("NCHW", "OIHW", "NCHW"):
+        return None  # the packed kernel reads NCHW data and an OIHW weight
     plan = conv_kernels.conv_plan(xt.static_shape, w.data.shape, conv.strides,
                                   conv.padding[:2], conv.dilation, groups, ot.static_shape)
     kc, blocks = gemm.k_blocking(cg * kh * kw)

@@ -355,6 +355,18 @@ add("nn.conv2d", nn.conv2d, arg(1, 2, 3, 3, dtype="float16"), arg(2, 2, 2, 2, dt
     rtol=1e-2, atol=1e-2)
 add("nn.conv2d", lambda a, b: nn.conv2d(a, b, out_dtype="int32"), ints(1, 1, 3, 3, dtype="int8"),
     ints(2, 1, 2, 2, dtype="int8"))
+# TVM's other layouts and mixed quantized inputs (transposed around the NCHW reduction)
+add("nn.conv2d", lambda a, b: nn.conv2d(a, b, padding=1, strides=(2, 1), data_layout="NHWC",
+                                        kernel_layout="HWIO"), arg(1, 5, 4, 2), arg(3, 2, 2, 3))
+add("nn.conv2d", lambda a, b: nn.conv2d(a, b, padding=(1, 0), kernel_layout="OHWI"),
+    arg(1, 2, 4, 4), arg(3, 2, 3, 2))
+add("nn.conv2d", lambda a, b: nn.conv2d(a, b, groups=3, padding=1, data_layout="NHWC",
+                                        kernel_layout="HWOI", out_layout="NCHW"),
+    arg(1, 3, 3, 3), arg(2, 2, 3, 1))
+add("nn.conv2d", lambda a, b: nn.conv2d(a, b, out_dtype="int32", data_layout="NHWC",
+                                        kernel_layout="HWIO"),
+    ints(1, 3, 3, 2, dtype="uint8", low=0, high=255), ints(2, 2, 2, 2, dtype="int8", low=-128,
+                                                             high=127))
 add("nn.conv2d_transpose", lambda a, b: nn.conv2d_transpose(
     a, b, padding=(1, 1), strides=(2, 2), output_padding=(1, 0)), arg(1, 2, 3, 3),
     arg(2, 3, 3, 3))

@@ -105,8 +105,10 @@ def test_conv2d_integers_with_wider_output() -> None:
 
 def test_conv2d_relation_errors() -> None:
     data, weight = TensorType((1, 4, 8, 8)), TensorType((6, 2, 3, 3))
-    with pytest.raises(kiln.TypeCheckError, match="NCHW.*OIHW.*data_layout='NHWC'"):
-        infer("nn.conv2d", [data, weight], data_layout="NHWC", groups=2)
+    with pytest.raises(kiln.TypeCheckError, match="NCHW or NHWC.*OIHW.*data_layout='NCWH'"):
+        infer("nn.conv2d", [data, weight], data_layout="NCWH", groups=2)
+    with pytest.raises(kiln.TypeCheckError, match="kernel_layout='IOHW'"):
+        infer("nn.conv2d", [data, weight], kernel_layout="IOHW")
     with pytest.raises(kiln.TypeCheckError, match=r"4 channels .* 2 input channels per group"):
         infer("nn.conv2d", [data, weight])
     with pytest.raises(kiln.TypeCheckError, match="channels=5"):

@@ -1,4 +1,5 @@
-"""2-D convolution: nn.conv2d in NCHW data / OIHW kernel layout, grouped and dilated."""
+"""2-D convolution: nn.conv2d (NCHW or NHWC data; OIHW, HWIO, HWOI or OHWI kernels), grouped
+and dilated, with mixed input dtypes when out_dtype is given (uint8 x int8 -> int32)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from kiln.errors import TypeCheckError
+from kiln.errors import Error, TypeCheckError
 from kiln.ir.attrs import Attrs
 from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import ANY, Dim, TensorType, Type
 from kiln.loops import oplib
-from kiln.loops.compute import Indices, Tensor, reduce
+from kiln.loops.compute import Indices, Tensor, compute, reduce
 from kiln.loops.ir import Binary, Const
 from kiln.loops.ir import Expr as LExpr
 from kiln.op import grad_helpers as gh
@@ -70,19 +71,16 @@ def _conv2d_relation(arg_types: Sequence[Type], attrs: Conv2DAttrs) -> Type | No
     if args is None:
         return None
     data, weight = args
-    layouts = (attrs.data_layout, attrs.kernel_layout, attrs.out_layout)
-    if layouts[:2] != ("NCHW", "OIHW") or layouts[2] not in ("", "NCHW"):
-        raise TypeCheckError(
-            "kiln's nn.conv2d supports data_layout NCHW, kernel_layout OIHW and out_layout "
-            f"NCHW only; got data_layout={layouts[0]!r}, kernel_layout={layouts[1]!r}, "
-            f"out_layout={layouts[2]!r}"
-        )
-    same_dtype(args, ("data", "weight"))
+    data_layout, kernel_layout, out_layout = _layouts(attrs)
+    if attrs.out_dtype == "" or data.dtype == weight.dtype:
+        same_dtype(args, ("data", "weight"))
+    else:  # mixed inputs (uint8 data, int8 weight) accumulate in out_dtype, as TVM's
+        require_dtype(weight, "weight", "numeric")
     require_dtype(data, "data", "numeric")
-    require_rank(data, "data (NCHW)", 4)
-    require_rank(weight, "weight (OIHW)", 4)
-    n, c, h, w = data.shape
-    o, i, kh, kw = weight.shape
+    require_rank(data, f"data ({data_layout})", 4)
+    require_rank(weight, f"weight ({kernel_layout})", 4)
+    n, c, h, w = _permuted(data.shape, data_layout, "NCHW")
+    o, i, kh, kw = _permuted(weight.shape, kernel_layout, "OIHW")
     groups = attrs.groups
     if groups < 1:
         raise TypeCheckError(f"groups must be positive, got {groups}")
@@ -125,11 +123,62 @@ def _conv2d_relation(arg_types: Sequence[Type], attrs: Conv2DAttrs) -> Type | No
         ow = window_out_size(w, left + right, kw, dilation[1], strides[1])
     else:
         oh = ow = ANY
-    return TensorType((n, o, oh, ow), attrs.out_dtype or data.dtype)
+    result = _permuted((n, o, oh, ow), "NCHW", out_layout)
+    return TensorType(result, attrs.out_dtype or data.dtype)
+
+
+# The layouts TVM's Conv2DRel takes for 2-D data and kernels (each a permutation of the axes).
+DATA_LAYOUTS = ("NCHW", "NHWC")
+KERNEL_LAYOUTS = ("OIHW", "HWIO", "HWOI", "OHWI")
+
+
+def _layouts(attrs: Conv2DAttrs) -> tuple[str, str, str]:
+    """(data, kernel, result) layouts of a conv2d call; a TypeCheckError for others."""
+    data_layout, kernel_layout = attrs.data_layout, attrs.kernel_layout
+    out_layout = attrs.out_layout or data_layout
+    if (data_layout not in DATA_LAYOUTS or kernel_layout not in KERNEL_LAYOUTS
+            or out_layout not in DATA_LAYOUTS):
+        raise TypeCheckError(
+            f"kiln's nn.conv2d supports data_layout {' or '.join(DATA_LAYOUTS)}, kernel_layout "
+            f"{', '.join(KERNEL_LAYOUTS)} and out_layout {' or '.join(DATA_LAYOUTS)} (or ''); "
+            f"got data_layout={data_layout!r}, kernel_layout={kernel_layout!r}, "
+            f"out_layout={attrs.out_layout!r}"
+        )
+    return data_layout, kernel_layout, out_layout
+
+
+def _permuted(shape: Sequence[Dim], layout: str, target: str) -> tuple[Dim, ...]:
+    """``shape``, laid out as ``layout``, rearranged to ``target`` (same letters)."""
+    return tuple(shape[layout.index(axis)] for axis in target)
+
+
+def _axes(layout: str, target: str) -> tuple[int, ...]:
+    """The transpose taking an array in ``layout`` to ``target``."""
+    return tuple(layout.index(axis) for axis in target)
+
+
+def _transposed(t: Tensor, axes: tuple[int, ...]) -> Tensor:
+    """``t`` read with its axes in the order ``axes`` (numpy's ``transpose``)."""
+    shape = tuple(t.shape[a] for a in axes)
+
+    def element(*i: LExpr) -> LExpr:
+        at: list[LExpr] = list(i)
+        for k, a in enumerate(axes):
+            at[a] = i[k]
+        return t(*at)
+
+    return compute(shape, t.dtype, element)
 
 
 def _conv2d(arrays: list[np.ndarray], attrs: Conv2DAttrs) -> np.ndarray:
-    x, w = np.asarray(arrays[0]), np.asarray(arrays[1])
+    data_layout, kernel_layout, out_layout = _layouts(attrs)
+    x = np.asarray(arrays[0]).transpose(_axes(data_layout, "NCHW"))
+    w = np.asarray(arrays[1]).transpose(_axes(kernel_layout, "OIHW"))
+    y = _conv2d_nchw(x, w, attrs)
+    return np.ascontiguousarray(y.transpose(_axes("NCHW", out_layout)))
+
+
+def _conv2d_nchw(x: np.ndarray, w: np.ndarray, attrs: Conv2DAttrs) -> np.ndarray:
     out = attrs.out_dtype or x.dtype.name
     acc = "float32" if out == "float16" else out
     top, left, bottom, right = padding4(attrs.padding, "padding")
@@ -167,22 +216,37 @@ def _product(a: LExpr, b: LExpr, acc: str) -> LExpr:
 @oplib.zeros_if_empty
 def _conv2d_lower(inputs: list[Tensor], attrs: Conv2DAttrs, out_type: Type) -> Tensor:
     out = oplib.out_tensor_type(out_type)
+    layouts = _layouts(attrs)
+    if layouts == ("NCHW", "OIHW", "NCHW"):
+        return _conv2d_lower_nchw(inputs[0], inputs[1], attrs, out.static_shape, out.dtype,
+                                  fast=True)
+    # Other layouts: read the inputs transposed into NCHW / OIHW, convolve with the plain
+    # reduction, and write the result transposed (correct first; not tuned).
+    data_layout, kernel_layout, out_layout = layouts
+    x = _transposed(inputs[0], _axes(data_layout, "NCHW"))
+    w = _transposed(inputs[1], _axes(kernel_layout, "OIHW"))
+    shape = tuple(int(d) for d in _permuted(out.static_shape, out_layout, "NCHW"))
+    y = _conv2d_lower_nchw(x, w, attrs, shape, out.dtype, fast=False)
+    return _transposed(y, _axes("NCHW", out_layout))
+
+
+def _conv2d_lower_nchw(x: Tensor, w: Tensor, attrs: Conv2DAttrs, out_shape: tuple[int, ...],
+                       dtype: str, fast: bool) -> Tensor:
     # A plain reduction over (input channels of the group, kernel rows, kernel columns); the
     # zero padding is a select around a clamped read.
     from kiln.loops import conv_kernels, gemm  # float32: implicit GEMM / depthwise
 
-    x, w = inputs
     og, cg, kh, kw = w.shape[0] // attrs.groups, w.shape[1], w.shape[2], w.shape[3]
     (sh, sw), (dh, dw) = pair(attrs.strides, "strides"), pair(attrs.dilation, "dilation")
     top, left, _, _ = padding4(attrs.padding, "padding")
-    dtype = out.dtype
-    if gemm.supported(x.dtype) and x.dtype == dtype and min(x.shape + w.shape) > 0:
+    if (fast and gemm.supported(x.dtype) and x.dtype == dtype == w.dtype
+            and min(x.shape + w.shape) > 0):
         return conv_kernels.conv2d(x, w, (sh, sw), (top, left), (dh, dw),
-                                   attrs.groups, out.static_shape, dtype)
-    oh, ow = out.static_shape[2:]
+                                   attrs.groups, out_shape, dtype)
+    oh, ow = out_shape[2:]
     spans = [None, None, oplib.window_span(oh, sh, kh, dh, top),
              oplib.window_span(ow, sw, kw, dw, left)]
-    acc, fin = _accumulate(out.dtype)
+    acc, fin = _accumulate(dtype)
     zero = oplib.dtype_const(0, x.dtype)
 
     def body(o: tuple, r: tuple) -> LExpr:
@@ -192,7 +256,7 @@ def _conv2d_lower(inputs: list[Tensor], attrs: Conv2DAttrs, out_type: Type) -> T
         at = [b, ch, y * sh + ry * dh - top, xx * sw + rx * dw - left]
         return _product(oplib.guarded_read(x, at, spans, zero), w(oc, rc, ry, rx), acc)
 
-    return reduce(out.static_shape, out.dtype, (cg, kh, kw), "add", body,
+    return reduce(out_shape, dtype, (cg, kh, kw), "add", body,
                   oplib.dtype_const(0, acc), fin, acc)
 
 
@@ -233,14 +297,14 @@ conv2d = register(
     inputs=("data", "weight"),
     attrs_type=Conv2DAttrs,
     attrs=_window_attrs(
-        (Attr("data_layout", "NCHW", kind="str", doc="layout of data (only NCHW)"),),
+        (Attr("data_layout", "NCHW", kind="str", doc="layout of data: NCHW or NHWC"),),
         "OIHW",
-        (Attr("out_layout", "", kind="str", doc="layout of the result ('' or NCHW)"),),
+        (Attr("out_layout", "", kind="str", doc="layout of the result ('': data_layout)"),),
     ),
     relation=_conv2d_relation,
     compute=_conv2d,
     pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
-    doc="2-D convolution (cross-correlation) of NCHW data with an OIHW kernel.",
+    doc="2-D convolution (cross-correlation); data NCHW/NHWC, kernel OIHW/HWIO/HWOI/OHWI.",
     gradient=lambda c, g: _conv2d_grad(c, g),
     lower=_conv2d_lower,
 )
@@ -311,12 +375,18 @@ def _weight_adjoint(g: Expr, data: Expr, weight: Expr, conv_attrs: WindowAttrs, 
 
 def _conv2d_grad(c: Call, g: Expr) -> list[Expr | None]:
     data, weight = c.args
+    attrs = Conv2DAttrs.view(c.attrs)
+    if _layouts(attrs) != ("NCHW", "OIHW", "NCHW"):
+        raise Error(
+            f"kiln differentiates nn.conv2d in NCHW data and OIHW kernel layouts only; this "
+            f"call has data_layout={attrs.data_layout!r}, kernel_layout={attrs.kernel_layout!r}",
+            c.span,
+        )
     source = gh.dtype(data)
     if gh.dtype(c) != source:  # out_dtype: differentiate in the inputs' dtype
         g = call("cast", g, dtype=source)
     _, _, oh, ow = gh.static_shape(c, "nn.conv2d")
     _, _, kh, kw = gh.static_shape(weight, "nn.conv2d")
-    attrs = Conv2DAttrs.view(c.attrs)
     return [
         _data_adjoint(g, weight, data, (oh, ow), (kh, kw), attrs, "nn.conv2d"),
         _weight_adjoint(g, data, weight, attrs, "nn.conv2d"),
