@@ -36,6 +36,7 @@ from kiln.frontend.torch import (  # noqa: F401
     rnn,
     scatter,
     shape,
+    sort,
 )
 from kiln.frontend.torch.decompose import CHECKS, converter_name, decompose, is_structural
 from kiln.frontend.torch.registry import CONVERTERS, AtenCall, Missing, kiln_dtype
