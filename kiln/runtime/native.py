@@ -35,6 +35,7 @@ from kiln.runtime.compiler import NATIVE, KernelSet
 from kiln.runtime.executor import register_executor
 from kiln.runtime.vm import Specializer, _rebuild
 from kiln.ssa.ir import Program
+from kiln.ssa.memory import check_entry
 
 _ENTRY = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                           ctypes.c_void_p)
@@ -172,6 +173,7 @@ def make_native_executor(program: Program, kernels: KernelSet,
         code = emit_program(program, tm.triple, tm.data_layout)
     except NotStatic:
         return None
+    check_entry(code.stack_bytes, code.outputs)  # kiln.Error beyond KILN_MAX_ALLOC_BYTES
     if any(name not in kernels.functions for name in code.kernels):
         return None
     native = CompiledKernel if kernels.target.is_host else ForeignKernel

@@ -25,12 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from kiln.errors import EvalError, InternalError
+from kiln.errors import Error, EvalError, InternalError
 from kiln.eval.values import ConstructorValue, RefValue
 from kiln.ir.ty import TensorType, TupleType, Type
 from kiln.runtime.kernel import KernelFunction
 from kiln.runtime.pointers import DATA_OFFSET, data_pointer
 from kiln.ssa.ir import Function, Instr, KernelDecl, Program, Value
+from kiln.ssa.memory import check_alloc, check_frame
 
 Specializer = Callable[[KernelDecl, tuple[tuple[int, ...], ...]], KernelFunction]
 
@@ -89,6 +90,18 @@ class _Frame:
             raw = np.empty(code.arena_bytes + 64, np.uint8)
             skip = (-data_pointer(raw)) % 64
             self.arena = raw[skip: skip + code.arena_bytes]
+
+
+def _check_outputs(decl: KernelDecl, shapes: tuple[tuple[int, ...], ...],
+                   f: KernelFunction) -> None:
+    """Refuse results of a kernel of symbolic shape beyond the allocation limit."""
+    inputs = ", ".join("(" + ", ".join(map(str, s)) + ")" for s in shapes)
+    for i, b in enumerate(f.kernel.outputs):
+        try:
+            check_alloc(f"kernel @{decl.name} on inputs of shapes {inputs}", f"its output {i}",
+                        b.shape, b.dtype)
+        except Error as e:
+            raise EvalError(e.message) from None
 
 
 def _rebuild(t: Type, flat: list[np.ndarray]) -> Any:
@@ -160,6 +173,7 @@ class VM:
             for ins in b.instrs:
                 r(ins)
         code.params = [r(p) for p in fn.params]
+        check_frame(fn)  # sizes beyond the allocation limit are refused before any call
         code.arena_bytes = fn.arena_bytes
         for b in fn.blocks:
             blk = _Block()
@@ -327,6 +341,7 @@ class VM:
                 f = self._dynamic.get(key)
                 if f is None:
                     f = self.specialize(decl, shapes)
+                    _check_outputs(decl, shapes, f)
                     self._dynamic[key] = f
         outs = [np.empty(b.shape, b.dtype) for b in f.kernel.outputs]
         f(*inputs, *outs)

@@ -15,13 +15,22 @@ function's blocks in reverse post-order — never less safe, and for straight-li
 exact. Offsets are then chosen greedily, largest tensor first, each at the lowest
 64-byte-aligned offset clear of every interfering tensor already placed (TensorFlow Lite's
 "greedy by size" arena planner).
+
+No tensor or arena may be larger than `alloc_limit` bytes (``KILN_MAX_ALLOC_BYTES``; by default
+the machine's physical memory): the planner refuses a program whose static shapes are beyond
+it, and the executors check what they allocate (the VM its arenas and allocs when it loads a
+program, the results of kernels of symbolic shape at run time; the native executor its
+scratch stack and results) with `check_alloc`, so an absurd shape is a `kiln.Error` naming the
+tensor, not numpy's MemoryError.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kiln.errors import InternalError
+from kiln.errors import Error, InternalError
 from kiln.ir.dtype import dtype_of
 from kiln.ir.ty import TensorType, Type
 from kiln.ssa.analysis import Liveness, reverse_post_order
@@ -41,6 +50,76 @@ def tensor_bytes(t: Type) -> int:
     for d in t.static_shape:
         n *= d
     return n
+
+
+LIMIT_VARIABLE = "KILN_MAX_ALLOC_BYTES"
+_FALLBACK_LIMIT = 2**40  # where the machine's memory cannot be read
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
+
+
+def alloc_limit() -> int:
+    """The most bytes one tensor or arena may take: ``KILN_MAX_ALLOC_BYTES`` (a number of bytes,
+    or with a K, M, G, T or P suffix in powers of 1024), by default the machine's memory."""
+    text = os.environ.get(LIMIT_VARIABLE, "").strip()
+    if not text:
+        return _physical_memory()
+    number, unit = text.rstrip("KMGTPkmgtpiBb"), text[len(text.rstrip("KMGTPkmgtpiBb")):]
+    unit = unit.upper().removesuffix("B").removesuffix("I")
+    try:
+        value = int(number.strip())
+    except ValueError:
+        value = -1
+    if unit not in _UNITS or value <= 0:
+        raise Error(f"{LIMIT_VARIABLE}={text!r} is not a size: give a positive number of "
+                    "bytes, such as 17179869184 or 16G")
+    return value * _UNITS[unit]
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return _FALLBACK_LIMIT
+
+
+def size_text(n: int) -> str:
+    """``n`` bytes for people: ``4.0 TiB``."""
+    if n < 1024:
+        return f"{n} B"
+    size = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        size /= 1024
+        if size < 1024:
+            return f"{size:.1f} {unit}"
+    return f"{size / 1024:.1f} PiB"
+
+
+def check_alloc(where: str, what: str, shape: Sequence[int] | None, dtype: str | None,
+                nbytes: int | None = None) -> int:
+    """The bytes of ``what`` (a tensor of ``shape`` and ``dtype``, or ``nbytes`` of memory);
+    a `kiln.Error` when a dimension is negative or it is more than `alloc_limit` allows.
+
+    ``where`` names the function or program, ``what`` the tensor (``%3, the output of kernel
+    @main_zeros``). Sizes are Python integers, so no product overflows.
+    """
+    if shape is not None:
+        assert dtype is not None
+        dims = [int(d) for d in shape]
+        shown = f"{what} would be {dtype}[{', '.join(map(str, dims))}]"
+        if any(d < 0 for d in dims):
+            raise Error(f"{where}: {shown}, with a negative dimension")
+        nbytes = dtype_of(dtype).itemsize
+        for d in dims:
+            nbytes *= d
+        shown += f" ({size_text(nbytes)})"
+    else:
+        assert nbytes is not None
+        shown = f"{what} would take {size_text(nbytes)}"
+    limit = alloc_limit()
+    if nbytes > limit:
+        raise Error(f"{where}: {shown}, more than the limit of {size_text(limit)} for one "
+                    f"allocation ({LIMIT_VARIABLE}; by default the machine's memory)")
+    return nbytes
 
 
 def _aligned(n: int) -> int:
@@ -132,6 +211,7 @@ def plan_function(fn: Function) -> FunctionPlan:
     """Set the offset of every alloc of ``fn`` and its arena size."""
     plan = FunctionPlan(fn.name)
     allocs = [ins for ins in fn.instructions() if ins.op == "alloc"]
+    _check_allocs(fn)
     roots = _aliases(fn, allocs)
     escaping = _escaping(fn, roots)
     planned = [a for a in allocs if a not in escaping]
@@ -181,9 +261,46 @@ def plan_function(fn: Function) -> FunctionPlan:
         arena = max(arena, offset + sizes[a])
         plan.planned += 1
         plan.intermediate_bytes += tensor_bytes(a.type)
+    check_alloc(f"@{fn.name}", "its arena (the tensors that stay in its frame)", None, None,
+                arena)
     fn.arena_bytes = arena
     plan.arena_bytes = arena
     return plan
+
+
+def check_frame(fn: Function) -> None:
+    """Refuse a planned function whose arena or one of whose allocs is beyond the limit
+    (the VM, when it loads a program: a saved file is not planned again)."""
+    _check_allocs(fn)
+    check_alloc(f"@{fn.name}", "its arena (the tensors that stay in its frame)", None, None,
+                fn.arena_bytes)
+
+
+def check_entry(stack_bytes: int, outputs: Sequence[TensorType]) -> None:
+    """Refuse a native entry point whose scratch stack (every frame's arena, nested) or one of
+    whose results is beyond the limit."""
+    check_alloc("the program", "its scratch stack (the arenas of its frames)", None, None,
+                stack_bytes)
+    for i, t in enumerate(outputs):
+        check_alloc("the program", f"its result {i}", t.static_shape, t.dtype)
+
+
+def _check_allocs(fn: Function) -> None:
+    """Refuse an ``alloc`` beyond the limit, named as the SSA printer names it (``%3``)."""
+    limit = alloc_limit()
+    for number, ins in enumerate(fn.instructions()):
+        if ins.op == "alloc" and tensor_bytes(ins.type) > limit:
+            t = ins.type
+            assert isinstance(t, TensorType)  # tensor_bytes says so
+            check_alloc(f"@{fn.name}", f"%{number}{_role(fn, ins)}", t.static_shape, t.dtype)
+
+
+def _role(fn: Function, alloc: Instr) -> str:
+    """``, the output of kernel @k``: what an alloc is for, where a kernel fills it."""
+    for ins in fn.instructions():
+        if ins.op == "kernel" and alloc in ins.operands[ins.attrs["num_inputs"]:]:
+            return f", the output of kernel @{ins.attrs['kernel']},"
+    return ""
 
 
 def plan_memory(program: Program) -> MemoryPlan:
