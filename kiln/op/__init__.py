@@ -8,6 +8,8 @@ package registers every operator family.
 from kiln.op import create, elementwise, nn, reduce, shape
 from kiln.op.create import *  # noqa: F403
 from kiln.op.elementwise import *  # noqa: F403
+from kiln.op.fixed_point import fixed_point_multiply
+from kiln.op.layout import copy, layout_transform
 from kiln.op.reduce import *  # noqa: F403
 from kiln.op.registry import REQUIRED, Attr, OpDef, OpPattern, all_ops, get, lookup, register
 from kiln.op.shape import *  # noqa: F403
@@ -31,6 +33,7 @@ __all__ = [
     *(n for n in reduce.__all__ if not n.endswith("_")),
     *shape.__all__,
     *create.__all__,
+    "copy", "fixed_point_multiply", "layout_transform",
     *_BUILTIN_NAMES,
 ]
 # fmt: on

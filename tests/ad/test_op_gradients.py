@@ -145,6 +145,11 @@ CASES: dict[str, list[Case]] = {
     "full": [case(u(), attrs={"shape": (2, 3)})],
     "full_like": [case(u(2, 3), u())],
     "nn.relu": unary(gap=0.05),
+    "copy": unary(),
+    "layout_transform": [case(u(1, 8, 2, 3), attrs={"src_layout": "NCHW",
+                                                    "dst_layout": "NCHW4c"}),
+                         case(u(1, 2, 3, 2, 2), attrs={"src_layout": "NCHW2c",
+                                                    "dst_layout": "NHWC"})],
     "nn.leaky_relu": [case(away(3, 4, gap=0.05), attrs={"alpha": 0.1})],
     "nn.softmax": [case(u(2, 5)), case(u(3, 4, 2), attrs={"axis": 1})],
     "nn.log_softmax": [case(u(2, 5)), case(u(3, 4, 2), attrs={"axis": 0})],
@@ -221,6 +226,14 @@ CASES: dict[str, list[Case]] = {
                    attrs={"axis": 1})],
     "split": [case(u(6, 2), attrs={"indices_or_sections": 3}),
               case(u(2, 7), attrs={"indices_or_sections": (2, 5), "axis": 1})],
+    "dyn.reshape": [
+        case(u(2, 3, 4), index([6, -1])),
+        case(u(2, 3, 4), index([0, 4, 3])),
+    ],
+    "dyn.broadcast_to": [
+        case(u(3, 1), index([2, 3, 4])),
+        case(u(2, 3), index([2, 3])),
+    ],
     "take": [
         case(u(5, 3), index([[0, 4], [4, 2]]), attrs={"axis": 0}),
         case(u(3, 4), index([11, 0, 11, 5])),

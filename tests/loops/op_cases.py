@@ -355,6 +355,17 @@ add("nn.conv2d", nn.conv2d, arg(1, 2, 3, 3, dtype="float16"), arg(2, 2, 2, 2, dt
     rtol=1e-2, atol=1e-2)
 add("nn.conv2d", lambda a, b: nn.conv2d(a, b, out_dtype="int32"), ints(1, 1, 3, 3, dtype="int8"),
     ints(2, 1, 2, 2, dtype="int8"))
+add("layout_transform", lambda a: op.layout_transform(a, src_layout="NCHW", dst_layout="NCHW4c"),
+    arg(1, 8, 2, 3))
+add("layout_transform", lambda a: op.layout_transform(a, src_layout="OIHW4i2o",
+                                                      dst_layout="HWOI"), ints(2, 1, 1, 2, 4, 2))
+add("copy", op.copy, arg(2, 3))
+add("fixed_point_multiply", lambda a: op.fixed_point_multiply(a, multiplier=1395864371,
+                                                              shift=-3),
+    ints(2, 5, values=[[0, 1, -1, 2147483647, -2147483648], [7, -7, 100000, -3, 12345]]))
+add("fixed_point_multiply", lambda a: op.fixed_point_multiply(a, multiplier=2**30, shift=4),
+    ints(2, 3, low=-2000, high=2000))
+
 # TVM's other layouts and mixed quantized inputs (transposed around the NCHW reduction)
 add("nn.conv2d", lambda a, b: nn.conv2d(a, b, padding=1, strides=(2, 1), data_layout="NHWC",
                                         kernel_layout="HWIO"), arg(1, 5, 4, 2), arg(3, 2, 2, 3))

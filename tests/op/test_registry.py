@@ -33,6 +33,8 @@ REQUIRED_ATTRS = {
     "strided_slice_grad": {"begin": [0], "end": [1]},
     "nn.max_pool2d_grad": {"pool_size": [1, 1]},
     "nn.avg_pool2d_grad": {"pool_size": [1, 1]},
+    "layout_transform": {"src_layout": "NCHW", "dst_layout": "NCHW4c"},
+    "fixed_point_multiply": {"multiplier": 1, "shift": 0},
 }
 
 

@@ -225,7 +225,7 @@ def _conv2d_lower(inputs: list[Tensor], attrs: Conv2DAttrs, out_type: Type) -> T
     data_layout, kernel_layout, out_layout = layouts
     x = _transposed(inputs[0], _axes(data_layout, "NCHW"))
     w = _transposed(inputs[1], _axes(kernel_layout, "OIHW"))
-    shape = tuple(int(d) for d in _permuted(out.static_shape, out_layout, "NCHW"))
+    shape = tuple(out.static_shape[out_layout.index(axis)] for axis in "NCHW")
     y = _conv2d_lower_nchw(x, w, attrs, shape, out.dtype, fast=False)
     return _transposed(y, _axes("NCHW", out_layout))
 
