@@ -49,6 +49,21 @@ def put_rows(x: torch.Tensor, i: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return y
 
 
+def shift_right(ids: torch.Tensor) -> torch.Tensor:
+    """BART's shift_tokens_right: writes through slices of a fresh tensor."""
+    shifted = ids.new_zeros(ids.shape)
+    shifted[:, 1:] = ids[:, :-1].clone()
+    shifted[:, 0] = 2
+    return shifted.masked_fill(shifted == -100, 1)
+
+
+def write_through_views(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    z = x * 1
+    z[1, ::2] = y[0, :2]
+    z[:, -1] = 0.5
+    return z
+
+
 OPS: dict[str, tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]] = {
     # advanced indexing (aten.index.Tensor with several index tensors)
     "index_two_adjacent": (lambda x, i, j: x[:, i, j],
@@ -72,6 +87,13 @@ OPS: dict[str, tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]] = {
                              lambda: (r(5, 3), ints(7, high=5), r(7, 3))),
     "index_put_int": (lambda x, i, j: x.index_put((i, j), torch.tensor(7)),
                       lambda: (ints(3, 4, high=9), perm(3)[:2], perm(4)[:2])),
+    # writes through views (slice_scatter, select_scatter, copy)
+    "shift_tokens_right": (shift_right, lambda: (ints(2, 6, high=50),)),
+    "write_through_views": (write_through_views, lambda: (r(3, 4), r(2, 3))),
+    "slice_scatter_step": (lambda x, y: torch.slice_scatter(x, y, dim=1, start=1, step=2),
+                           lambda: (r(2, 6), r(2, 3))),
+    "select_scatter": (lambda x, y: torch.select_scatter(x, y, 0, -1),
+                       lambda: (r(3, 4), r(4))),
     # scatter and gather
     "scatter": (lambda x, i, s: x.scatter(1, i, s),
                 lambda: (r(3, 6), perm(6, 3)[:, :4], r(3, 5))),

@@ -1,5 +1,6 @@
 """Scatter: ``scatter``, ``scatter_add``, ``scatter_reduce``, ``index_add``, ``index_copy``,
-``index_fill``, composed from kiln's operators (static shapes only).
+``index_fill``, and writes through views (``slice_scatter``, ``select_scatter``, ``copy``),
+composed from kiln's operators (static shapes only).
 
 torch's ``out = x.scatter(dim, index, src)`` writes ``src[u]`` to ``out[p]``, where ``p`` is
 ``u`` with ``p[dim] = index[u]``. kiln has no scatter operator, so each compares every target
@@ -40,6 +41,7 @@ from kiln.op import (
     nn,
     reshape,
     strided_slice,
+    take,
     transpose,
     where,
 )
@@ -232,3 +234,54 @@ def index_fill(n: AtenCall, x: Expr, dim: int, index: Expr, value: object) -> Ex
         view[d] = size
         chosen = reshape(chosen, newshape=view)
     return where(chosen, n.tensor(value, n.out.dtype), n.tensor(x, n.out.dtype))
+
+
+# --- writes through views: x[:, 1:] = y as torch.export records it ---------------------------
+
+
+@converter("aten.copy.default")
+def copy(n: AtenCall, x: Expr, src: Expr, non_blocking: bool = False) -> Expr:
+    """``x.copy_(src)`` as a value: ``src`` in ``x``'s dtype, broadcast to its shape."""
+    y = n.tensor(src, n.out.dtype)
+    if tuple(n.shape(src)) != tuple(n.out.shape):
+        y = broadcast_to(y, shape=n.static_out("copy"))
+    return y
+
+
+@converter("aten.slice_scatter.default")
+def slice_scatter(n: AtenCall, x: Expr, src: Expr, dim: int = 0, start: int | None = None,
+                  end: int | None = None, step: int = 1) -> Expr:
+    """``x`` with ``x[start:end:step]`` along ``dim`` replaced by ``src``: ``src`` read at
+    each replaced position (a take), ``x`` kept elsewhere."""
+    shape = n.static_shape(x, "slice_scatter")
+    d = axis(dim, len(shape), n)
+    size = shape[d]
+    lo, hi, stride = slice(start, end, step).indices(size)
+    return _replace_along(n, x, n.tensor(src, n.out.dtype), d, list(range(lo, hi, stride)))
+
+
+@converter("aten.select_scatter.default")
+def select_scatter(n: AtenCall, x: Expr, src: Expr, dim: int, index: int) -> Expr:
+    shape = n.static_shape(x, "select_scatter")
+    d = axis(dim, len(shape), n)
+    src = expand_dims(n.tensor(src, n.out.dtype), axis=d)
+    return _replace_along(n, x, src, d, [index % shape[d]])
+
+
+def _replace_along(n: AtenCall, x: Expr, src: Expr, d: int, replaced: list[int]) -> Expr:
+    """``x`` with the positions ``replaced`` along ``d`` taken from ``src`` (in the result's
+    dtype), one after another."""
+    shape = n.static_shape(x, "a write through a view")
+    rank, size, dtype = len(shape), shape[d], n.out.dtype
+    if not replaced:
+        return n.tensor(x, dtype)
+    if replaced == list(range(size)):
+        return src
+    where_from = np.zeros(size, dtype=np.int64)
+    where_from[replaced] = np.arange(len(replaced))
+    taken = take(src, const(where_from), axis=d, mode="clip")
+    chosen = np.zeros(size, dtype=bool)
+    chosen[replaced] = True
+    view = [1] * rank
+    view[d] = size
+    return where(const(chosen.reshape(view)), taken, n.tensor(x, dtype))
