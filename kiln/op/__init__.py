@@ -5,8 +5,9 @@ build calls; ``kiln.op.get("nn.conv2d")`` gives an operator's full definition. I
 package registers every operator family.
 """
 
-from kiln.op import create, elementwise, nn, reduce, shape
+from kiln.op import create, dyn, elementwise, nn, reduce, shape
 from kiln.op.create import *  # noqa: F403
+from kiln.op.dyn import *  # noqa: F403
 from kiln.op.elementwise import *  # noqa: F403
 from kiln.op.fixed_point import fixed_point_multiply
 from kiln.op.layout import copy, layout_transform
@@ -34,6 +35,7 @@ __all__ = [
     *shape.__all__,
     *create.__all__,
     "copy", "fixed_point_multiply", "layout_transform",
+    *dyn.__all__,
     *_BUILTIN_NAMES,
 ]
 # fmt: on

@@ -176,6 +176,9 @@ class OpDef:
     differentiable: bool = True
     gradient: Callable[..., Any] | None = None
     lower: Callable[..., Any] | None = None
+    # Runs on the host: the VM runs ``compute`` on the arrays (its result's shape is data;
+    # kiln/op/dyn.py). Fusion leaves it alone and it has no lowering to loops.
+    host: bool = False
     _attr_index: dict[str, Attr] = field(init=False, repr=False)
     _defaults: dict[str, Any] = field(init=False, repr=False)
     _default_attrs: Attrs | None = field(init=False, repr=False)
@@ -277,6 +280,7 @@ def register(
     differentiable: bool = True,
     gradient: Callable[..., Any] | None = None,
     lower: Callable[..., Any] | None = None,
+    host: bool = False,
 ) -> OpDef: ...
 
 
@@ -294,6 +298,7 @@ def register(
     differentiable: bool = True,
     gradient: Callable[..., Any] | None = None,
     lower: Callable[..., Any] | None = None,
+    host: bool = False,
 ) -> OpDef: ...
 
 
@@ -311,6 +316,7 @@ def register(
     differentiable: bool = True,
     gradient: Callable[..., Any] | None = None,
     lower: Callable[..., Any] | None = None,
+    host: bool = False,
 ) -> OpDef:
     """Add an operator to the registry and return its definition (which is its builder).
 
@@ -332,6 +338,7 @@ def register(
         differentiable=differentiable,
         gradient=gradient,
         lower=lower,
+        host=host,
     )
     _REGISTRY[name] = opdef
     return opdef

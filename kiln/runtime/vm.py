@@ -18,7 +18,9 @@ into it; the planner guarantees that those views never leave the frame. A `kerne
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +30,7 @@ import numpy as np
 from kiln.errors import Error, EvalError, InternalError
 from kiln.eval.values import ConstructorValue, RefValue
 from kiln.ir.ty import TensorType, TupleType, Type
+from kiln.runtime.host_ops import host_step
 from kiln.runtime.kernel import KernelFunction
 from kiln.runtime.pointers import DATA_OFFSET, data_pointer
 from kiln.ssa.ir import Function, Instr, KernelDecl, Program, Value
@@ -92,6 +95,25 @@ class _Frame:
             self.arena = raw[skip: skip + code.arena_bytes]
 
 
+MAX_SPECIALIZATIONS = "KILN_MAX_SPECIALIZATIONS"
+
+
+def max_specializations() -> int:
+    """How many kernels of symbolic shape one VM keeps compiled for the concrete shapes it
+    met (``KILN_MAX_SPECIALIZATIONS``, default 64): a new shape beyond that evicts the least
+    recently used one, which is compiled again (from the disk cache) if its shape returns."""
+    text = os.environ.get(MAX_SPECIALIZATIONS, "").strip()
+    if not text:
+        return 64
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise Error(f"{MAX_SPECIALIZATIONS}={text!r}: want a positive number of kernels")
+    return n
+
+
 def _check_outputs(decl: KernelDecl, shapes: tuple[tuple[int, ...], ...],
                    f: KernelFunction) -> None:
     """Refuse results of a kernel of symbolic shape beyond the allocation limit."""
@@ -135,7 +157,11 @@ class VM:
         self.program = program
         self.kernels = kernels
         self.specialize = specialize
-        self._dynamic: dict[tuple[str, tuple[tuple[int, ...], ...]], KernelFunction] = {}
+        # kernels of symbolic shape compiled for the shapes met, least recently used first
+        self._dynamic: OrderedDict[tuple[str, tuple[tuple[int, ...], ...]], KernelFunction] = \
+            OrderedDict()
+        self._max_dynamic = max_specializations()
+        self.specialized = 0  # ever compiled (evicted ones included)
         # Kernels take registers unchecked unless the program reads references (a reference
         # passed in is shared state whose contents the boundary leaves as they are) or came
         # from a file whose seal does not count (``checked``: see kiln/runtime/artifact.py).
@@ -272,6 +298,12 @@ class VM:
                 def step(regs: list[Any], fr: _Frame) -> None:
                     regs[dest] = self._run_dynamic(decl, rtype, [regs[i] for i in args])
                 return step
+            case "host":
+                run = host_step(a["operator"], a["op_attrs"], ins.type)
+
+                def step(regs: list[Any], fr: _Frame) -> None:
+                    regs[dest] = run([regs[i] for i in args])
+                return step
             case "tuple":
                 def step(regs: list[Any], fr: _Frame) -> None:
                     regs[dest] = tuple([regs[i] for i in args])
@@ -333,7 +365,12 @@ class VM:
         shapes = tuple(tuple(x.shape) for x in inputs)
         key = (decl.name, shapes)
         f = self._dynamic.get(key)
-        if f is None:
+        if f is not None:
+            try:
+                self._dynamic.move_to_end(key)
+            except KeyError:  # evicted by another thread meanwhile: f still runs
+                pass
+        else:
             if self.specialize is None:
                 raise InternalError(f"VM: kernel @{decl.name} has symbolic shapes and no "
                                     "compiler to specialize it")
@@ -343,14 +380,18 @@ class VM:
                     f = self.specialize(decl, shapes)
                     _check_outputs(decl, shapes, f)
                     self._dynamic[key] = f
+                    self.specialized += 1
+                    while len(self._dynamic) > self._max_dynamic:
+                        self._dynamic.popitem(last=False)
         outs = [np.empty(b.shape, b.dtype) for b in f.kernel.outputs]
         f(*inputs, *outs)
         return _rebuild(rtype, outs)
 
     @property
     def specializations(self) -> int:
-        """How many kernels were compiled for concrete shapes at run time."""
-        return len(self._dynamic)
+        """How many kernels were compiled for concrete shapes at run time (at most
+        `max_specializations` of them are kept)."""
+        return self.specialized
 
     # --- running -------------------------------------------------------------------------------
 

@@ -55,6 +55,7 @@ from kiln.ir.expr import (
 from kiln.ir.module import IRModule
 from kiln.ir.traverse import Visit, children, free_vars, post_order, trampoline
 from kiln.ir.ty import FuncType, RefType, TensorType, TupleType, Type, TypeCall
+from kiln.op.dyn import runs_on_host
 from kiln.ssa.builder import Builder
 from kiln.ssa.cleanup import simplify_cfg
 from kiln.ssa.ir import UNIT, Block, BlockArg, Program, Value
@@ -330,7 +331,11 @@ class _FunctionLowering(MatchLowering):
     def call(self, e: Call, tail: bool) -> Visit:
         op = e.op
         b = self.b
-        if isinstance(op, Op):
+        if isinstance(op, Op) and runs_on_host(e):
+            pairs = [[k, v] for k, v in e.attrs.items()]
+            v = b.emit("host", (yield from self.args(e.args)), _type(e), operator=op.name,
+                       op_attrs=pairs)
+        elif isinstance(op, Op):
             v = yield from self.kernel(_single_op_function(e), e)
         elif isinstance(op, Constructor):
             v = b.emit("construct", (yield from self.args(e.args)), _type(e), ctor=op.name)

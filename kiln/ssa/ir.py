@@ -86,6 +86,8 @@ INSTRUCTIONS: dict[str, InstrInfo] = {
     "kernel": InstrInfo(("kernel", "num_inputs"), effect=True,
                         doc="run a kernel on inputs, filling the output operands"),
     "kernel_dyn": InstrInfo(("kernel",), doc="run a kernel of symbolic shapes; returns results"),
+    "host": InstrInfo(("operator", "op_attrs"), doc="an operator whose result's shape is data, run "
+                      "by the VM on the arrays (op_attrs: [name, value] pairs; kiln/op/dyn.py)"),
     "tuple": InstrInfo((), doc="a tuple of the operands"),
     "get_field": InstrInfo(("index",), doc="a field of a tuple"),
     "construct": InstrInfo(("ctor",), doc="an ADT value"),

@@ -80,6 +80,9 @@ def _instr_text(ins: Instr, names: _Names) -> str:
             return f"kernel @{a['kernel']}({', '.join(ops[:n])}) -> ({', '.join(ops[n:])})"
         case "kernel_dyn":
             body = f"kernel_dyn @{a['kernel']}({', '.join(ops)})"
+        case "host":
+            shown = "".join(f", {k}={v}" for k, v in a["op_attrs"])
+            body = f"host {a['operator']}({', '.join(ops)}{shown})"
         case "tuple":
             body = f"tuple({', '.join(ops)})"
         case "get_field":

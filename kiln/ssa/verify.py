@@ -75,7 +75,6 @@ class _Checker:
     def __init__(self, prog: Program) -> None:
         self.prog = prog
         self.problems: list[str] = []
-        self.fn: Function | None = None
 
     def fail(self, where: str, message: str) -> None:
         self.problems.append(f"{where}: {message}")
@@ -98,10 +97,6 @@ class _Checker:
         off = ins.attrs.get("offset")
         if off is not None and (type(off) is not int or off < 0):
             return f"alloc has a bad offset {off!r}"
-        arena = self.fn.arena_bytes if self.fn is not None else 0
-        if off is not None and off + tensor_bytes(ins.type) > arena:
-            return (f"alloc at offset {off} of {tensor_bytes(ins.type)} bytes runs past the "
-                    f"end of its function's arena of {arena} bytes")
         return None
 
     def rule_kernel(self, ins: Instr) -> str | None:
@@ -119,6 +114,23 @@ class _Checker:
             if not (isinstance(v, Instr) and v.op == "alloc"):
                 return f"kernel @{decl.name} writes an output that is not an alloc"
         return None if ins.type == UNIT else "a kernel instruction has no result"
+
+    def rule_host(self, ins: Instr) -> str | None:
+        from kiln.op.registry import lookup
+
+        opdef = lookup(str(ins.attrs.get("operator")))
+        if opdef is None or not (opdef.host or opdef.needs_values):
+            return f"{ins.attrs.get('operator')!r} is not an operator the host runs"
+        if len(ins.operands) != len(opdef.inputs):
+            return f"{opdef.name} takes {len(opdef.inputs)} operands"
+        pairs = ins.attrs.get("op_attrs")
+        if not isinstance(pairs, (list, tuple)) or not all(
+                isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str)
+                for p in pairs):
+            return f"{opdef.name} has malformed attributes"
+        if not all(isinstance(v.type, TensorType) for v in ins.operands):
+            return f"{opdef.name} takes tensors"
+        return None if isinstance(ins.type, TensorType) else f"{opdef.name} gives a tensor"
 
     def rule_kernel_dyn(self, ins: Instr) -> str | None:
         decl = self.prog.kernels.get(ins.attrs.get("kernel", ""))
@@ -247,7 +259,6 @@ class _Checker:
     # --- structure -----------------------------------------------------------------------------
 
     def function(self, fn: Function) -> None:
-        self.fn = fn
         where_fn = f"@{fn.name}"
         blocks = set(fn.blocks)
         if len(fn.blocks) != len(blocks):

@@ -36,6 +36,7 @@ from kiln.ir.expr import (
 from kiln.ir.traverse import children, post_order
 from kiln.ir.ty import TensorType, TupleType
 from kiln.op import registry
+from kiln.op.dyn import runs_on_host
 from kiln.op.registry import OpPattern
 
 # Scalar constants of these dtypes are inlined into fused functions; others become arguments.
@@ -126,6 +127,8 @@ class IndexedForwardGraph:
         match e:
             case Call(op=Op(name=name)):
                 pattern = registry.get(name, e.span).pattern
+                if runs_on_host(e):  # the VM runs it (kiln/op/dyn.py): fuses with nothing
+                    pattern = OpPattern.OPAQUE
                 node.pattern = pattern
                 out_shape = _shape(e)
                 for arg in e.args:

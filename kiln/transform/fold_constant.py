@@ -4,7 +4,8 @@ An operator call whose arguments are all constants (or tuples of constants) is r
 its value, computed by the operator's numpy reference as the interpreter would (TVM ran its
 interpreter on such calls). A projection of a tuple of known fields, an ``if`` with a
 constant condition, and a let binding a constant (substituted into its body) fold too, so
-whole constant subgraphs and let chains collapse.
+whole constant subgraphs and let chains collapse. ``shape_of`` of a tensor whose type has a
+static shape folds to that shape, whatever the tensor is.
 
 What is not folded:
 
@@ -123,7 +124,18 @@ def _as_constant(value: Any, ty: Type, op: str) -> Expr:
 # --- the rules -------------------------------------------------------------------------------
 
 
+def _fold_shape_of(call: Call) -> Expr | None:
+    """``shape_of(%x)`` of a tensor whose type has a static shape: that shape."""
+    t = call.args[0].checked_type_ if len(call.args) == 1 else None
+    if not isinstance(t, TensorType) or not t.is_static:
+        return None
+    dtype = str(call.attrs.get("dtype", "int32"))
+    return Constant(np.array(t.static_shape, dtype=dtype))
+
+
 def _fold_call(call: Call) -> Expr | None:
+    if isinstance(call.op, Op) and call.op.name == "shape_of":
+        return _fold_shape_of(call)
     if not isinstance(call.op, Op) or not all(is_constant_value(a) for a in call.args):
         return None
     name = call.op.name

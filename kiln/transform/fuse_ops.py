@@ -27,6 +27,7 @@ from kiln.ir.attrs import Attrs
 from kiln.ir.expr import Call, Constant, Expr, Function, Op, Tuple, TupleGetItem, Var
 from kiln.ir.module import IRModule
 from kiln.ir.traverse import children, with_children
+from kiln.op.dyn import runs_on_host
 from kiln.op.registry import OpPattern
 from kiln.text._gc import gc_paused
 from kiln.transform.dominators import (
@@ -298,7 +299,8 @@ def fuse_function(
     nodes = graph.nodes
     root_of = [part.find(i) for i in range(len(nodes))]
     with_call = {root_of[n.index] for n in nodes
-                 if isinstance(n.expr, Call) and isinstance(n.expr.op, Op)}
+                 if isinstance(n.expr, Call) and isinstance(n.expr.op, Op)
+                 and not runs_on_host(n.expr)}  # the VM runs those itself
     wrapped = {r: _Kernel(graph, root_of, r) for r in with_call if wrap is None or wrap(part, r)}
 
     outer: dict[int, Expr] = {}  # id(expr) -> its replacement outside any fused function

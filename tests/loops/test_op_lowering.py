@@ -25,8 +25,10 @@ _PARAMS = [pytest.param(name, k, id=f"{name}-{k}") for name, cases in CASES.item
 
 
 def test_every_operator_has_a_lowering_and_cases() -> None:
-    missing_rule = sorted(o.name for o in kiln.op.all_ops() if o.lower is None)
-    missing_case = sorted(o.name for o in kiln.op.all_ops() if o.name not in CASES)
+    # Operators the host runs (kiln/op/dyn.py: their results' shapes are data) have no loops.
+    looped = [o for o in kiln.op.all_ops() if not o.host]
+    missing_rule = sorted(o.name for o in looped if o.lower is None)
+    missing_case = sorted(o.name for o in looped if o.name not in CASES)
     assert not missing_rule, f"operators without a lowering: {missing_rule}"
     assert not missing_case, f"operators without a lowering case: {missing_case}"
     unknown = sorted(set(CASES) - {o.name for o in kiln.op.all_ops()})
