@@ -175,3 +175,23 @@ def test_operator(name: str) -> None:
 def test_boolean_mask_index_is_refused_with_the_node() -> None:
     with pytest.raises(Error, match=r"aten\.(index|nonzero).*(mask|data)"):
         from_torch(Fn(lambda x: x[x > 0]), (r(3, 4),))
+
+
+class Branches(nn.Module):
+    """torch.cond with a weight in one branch and two results."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        a, b = torch.cond(x.sum() > 0, lambda x, y: (self.linear(x) * 2 + y, x - 1),
+                          lambda x, y: (x.cos() - y, torch.cumsum(x, 1)), (x, y))
+        return a + b
+
+
+@pytest.mark.parametrize("sign", [1, -1], ids=["true_branch", "false_branch"])
+def test_torch_cond(sign: int) -> None:
+    torch.manual_seed(7)
+    mod, _ = check(Branches(), r(2, 3).abs() * sign, r(2, 3))
+    assert "if (" in str(mod)

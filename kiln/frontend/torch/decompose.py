@@ -36,7 +36,7 @@ def decompose(exported: ExportedProgram) -> ExportedProgram:
     operator of the exported graph has no converter — it then also makes in-place operators
     functional.
     """
-    if all(converter_name(node) is not None for node in exported.graph.nodes
+    if all(converter_name(node) is not None for node in graph_nodes(exported.graph_module)
            if node.op == "call_function" and not is_structural(node)):
         return exported
     table = torch.export.default_decompositions()
@@ -44,6 +44,21 @@ def decompose(exported: ExportedProgram) -> ExportedProgram:
         if str(op) in CONVERTERS:
             table.pop(op)
     return exported.run_decompositions(table)
+
+
+def graph_nodes(graph_module: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """The nodes of a graph and of the branches of its ``torch.cond`` calls, nested or not."""
+    nodes: list[torch.fx.Node] = []
+    pending = [graph_module]
+    while pending:
+        module = pending.pop()
+        for node in module.graph.nodes:
+            nodes.append(node)
+            if node.op == "get_attr":
+                sub = getattr(module, str(node.target), None)
+                if isinstance(sub, torch.fx.GraphModule):
+                    pending.append(sub)
+    return nodes
 
 
 def is_structural(node: torch.fx.Node) -> bool:
@@ -56,6 +71,8 @@ def is_structural(node: torch.fx.Node) -> bool:
 def converter_name(node: torch.fx.Node) -> str | None:
     """The table entry that converts a node: its own overload's, or for an in-place operator
     (``aten.relu_.default``) that of the functional one when that is safe; None if none."""
+    if node.target is torch.ops.higher_order.cond:
+        return "cond"  # the importer converts its branches itself
     name = str(node.target)
     if name in CONVERTERS:
         return name

@@ -38,11 +38,29 @@ from kiln.frontend.torch import (  # noqa: F401
     shape,
     sort,
 )
-from kiln.frontend.torch.decompose import CHECKS, converter_name, decompose, is_structural
+from kiln.frontend.torch.decompose import (
+    CHECKS,
+    converter_name,
+    decompose,
+    graph_nodes,
+    is_structural,
+)
 from kiln.frontend.torch.registry import CONVERTERS, AtenCall, Missing, kiln_dtype
 from kiln.infer import infer_types
-from kiln.ir import Constant, Expr, Function, IRModule, TensorType, Tuple, Var, const
+from kiln.ir import (
+    Constant,
+    Expr,
+    Function,
+    If,
+    IRModule,
+    TensorType,
+    Tuple,
+    TupleGetItem,
+    Var,
+    const,
+)
 from kiln.ir.attrs import Attrs
+from kiln.op import reshape
 from kiln.runtime.named_io import INPUT_NAMES, OUTPUT_NAMES
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -197,6 +215,8 @@ class _Importer:
                 self._placeholder(node)
             elif node.op == "call_function":
                 self._call(node)
+            elif node.op == "get_attr":
+                self.env[node] = getattr(self.ep.graph_module, str(node.target))
             elif node.op == "output":
                 body = self._output(node)
         assert body is not None, "an exported graph always has an output node"
@@ -219,7 +239,7 @@ class _Importer:
     def _check_supported(self) -> None:
         """One error listing every operator kiln cannot convert, with the nodes using it."""
         missing: dict[str, list[torch.fx.Node]] = {}
-        for node in self.ep.graph.nodes:
+        for node in graph_nodes(self.ep.graph_module):
             if node.op != "call_function" or is_structural(node):
                 continue
             if converter_name(node) is None:
@@ -281,6 +301,9 @@ class _Importer:
         if node.target is operator.getitem:
             self._getitem(node)
             return
+        if node.target is torch.ops.higher_order.cond:
+            self._cond(node)
+            return
         if str(node.target) in CHECKS:
             return
         val = node.meta.get("val")
@@ -317,6 +340,60 @@ class _Importer:
             raise Error(f"{_where(source)}: the model uses its {value.what}, which kiln does not "
                         f"compute (through %{node.name})")
         self.env[node] = value
+
+    def _cond(self, node: torch.fx.Node) -> None:
+        """``torch.cond(pred, true_fn, false_fn, operands)``: an ``if`` whose branches are the
+        two subgraphs, converted with their placeholders bound to the operands."""
+        pred, true_graph, false_graph, operands = node.args[:4]
+        where = _where(node)
+        if not isinstance(operands, (tuple, list)) or not isinstance(true_graph, torch.fx.Node) \
+                or not isinstance(false_graph, torch.fx.Node):
+            raise InternalError(f"{where}: torch.cond's arguments are {node.args!r}")
+        cond = self.env[pred] if isinstance(pred, torch.fx.Node) else pred
+        values = [self.env[a] if isinstance(a, torch.fx.Node) else a for a in operands]
+        branches = [self._branch(self.env[true_graph], values, where),
+                    self._branch(self.env[false_graph], values, where)]
+        if isinstance(cond, bool):  # torch.export kept a condition it knew
+            self.env[node] = branches[0 if cond else 1]
+            return
+        if not isinstance(cond, Expr):
+            raise Error(f"{where}: the condition {cond!r} is not a tensor")
+        t = self.types.get(id(cond))
+        if t is None or t.dtype != "bool" or any(d != 1 for d in t.shape):
+            raise Error(f"{where}: torch.cond needs a one-element bool condition, not {t}")
+        if t.shape:
+            cond = reshape(cond, newshape=[])
+        chosen = If(cond, Tuple(tuple(branches[0])), Tuple(tuple(branches[1])))
+        vals = node.meta.get("val")
+        results: list[Expr] = []
+        for i, v in enumerate(vals if isinstance(vals, (tuple, list)) else [vals]):
+            item = TupleGetItem(chosen, i)
+            if isinstance(v, torch.Tensor):
+                self._record(item, v, node)
+            results.append(item)
+        self.env[node] = results
+
+    def _branch(self, graph_module: Any, operands: list[Any], where: str) -> list[Expr]:
+        """The results of one branch of a ``torch.cond``: its nodes converted in order."""
+        if not isinstance(graph_module, torch.fx.GraphModule):
+            raise InternalError(f"{where}: a branch of torch.cond is {graph_module!r}")
+        inputs = iter(operands)
+        for n in graph_module.graph.nodes:
+            if n.op == "placeholder":
+                value = next(inputs)
+                self.env[n] = value
+                val = n.meta.get("val")
+                if isinstance(value, Expr) and isinstance(val, torch.Tensor):
+                    self._record(value, val, n)
+            elif n.op == "call_function":
+                self._call(n)
+            elif n.op == "get_attr":
+                self.env[n] = getattr(graph_module, str(n.target))
+            elif n.op == "output":
+                outs = n.args[0]
+                return [self._output_value(v) for v in
+                        (outs if isinstance(outs, (tuple, list)) else [outs])]
+        raise InternalError(f"{where}: a branch of torch.cond has no output")
 
     def _arguments(self, node: torch.fx.Node, call: AtenCall) -> list[Any]:
         """The node's arguments in schema order, defaults filled in, as converters take them."""
