@@ -8,12 +8,12 @@ types, and the opsets imported. A file that is not ONNX is a `kiln.Error`, as fo
 
 from __future__ import annotations
 
+import math
 import sys
 import types
 from collections import Counter
 from typing import Any
 
-import numpy as np
 import onnx
 
 from kiln.frontend.onnx.context import DTYPES, elem_type_name
@@ -41,7 +41,7 @@ def _dims(info: onnx.ValueInfoProto) -> str:
 
 
 def _count(t: onnx.TensorProto) -> int:
-    return int(np.prod(list(t.dims), dtype=np.int64)) if t.dims else 1
+    return math.prod(t.dims)  # exact: a hostile file's dimensions may overflow int64's product
 
 
 def summary(model: Any) -> str:
