@@ -159,6 +159,12 @@ CASES: dict[str, list[Case]] = {
         conv_case((2, 4, 6, 6), (4, 2, 3, 2), groups=2, dilation=(2, 1), padding=1),
         conv_case((1, 3, 5, 6), (3, 1, 3, 3), groups=3, strides=(2, 1), padding=1),
     ],
+    "nn.contrib_conv2d_NCHWc": [
+        conv_case((1, 2, 5, 4, 2), (3, 2, 3, 3, 2, 2), padding=1, data_layout="NCHW2c",
+                  kernel_layout="OIHW2i2o"),
+        conv_case((1, 2, 5, 5, 2), (2, 2, 2, 3, 1, 3), strides=(2, 1), padding=(1, 0, 0, 1),
+                  groups=2, data_layout="NCHW2c", kernel_layout="OIHW1i3o", out_layout="NCHW"),
+    ],
     "nn.conv2d_transpose": [
         conv_case((2, 4, 3, 3), (4, 2, 3, 3)),
         conv_case((1, 4, 3, 4), (4, 1, 3, 2), strides=2, padding=1, output_padding=(1, 0),

@@ -360,6 +360,18 @@ add("layout_transform", lambda a: op.layout_transform(a, src_layout="NCHW", dst_
 add("layout_transform", lambda a: op.layout_transform(a, src_layout="OIHW4i2o",
                                                       dst_layout="HWOI"), ints(2, 1, 1, 2, 4, 2))
 add("copy", op.copy, arg(2, 3))
+add("nn.contrib_conv2d_NCHWc", lambda a, b: nn.contrib_conv2d_nchwc(
+    a, b, padding=1, channels=4, kernel_size=(3, 3), data_layout="NCHW2c",
+    kernel_layout="OIHW2i2o", out_layout="NCHW2c"), arg(1, 2, 4, 4, 2), arg(2, 2, 3, 3, 2, 2))
+add("nn.contrib_conv2d_NCHWc", lambda a, b: nn.contrib_conv2d_nchwc(
+    a, b, strides=(2, 1), padding=(1, 0, 0, 1), dilation=(1, 2), groups=2,
+    data_layout="NCHW2c", kernel_layout="OIHW1i3o", out_layout="NCHW"),
+    arg(1, 2, 5, 5, 2), arg(2, 2, 2, 2, 1, 3), label="grouped, strided, unblocked result")
+add("nn.contrib_conv2d_NCHWc", lambda a, b: nn.contrib_conv2d_nchwc(
+    a, b, out_dtype="int32", data_layout="NCHW4c", kernel_layout="OIHW4i2o",
+    out_layout="NCHW2c"),
+    ints(1, 1, 3, 3, 4, dtype="uint8", low=0, high=255),
+    ints(1, 1, 2, 2, 4, 2, dtype="int8", low=-128, high=127))
 add("fixed_point_multiply", lambda a: op.fixed_point_multiply(a, multiplier=1395864371,
                                                               shift=-3),
     ints(2, 5, values=[[0, 1, -1, 2147483647, -2147483648], [7, -7, 100000, -3, 12345]]))

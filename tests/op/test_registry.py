@@ -35,6 +35,7 @@ REQUIRED_ATTRS = {
     "nn.avg_pool2d_grad": {"pool_size": [1, 1]},
     "layout_transform": {"src_layout": "NCHW", "dst_layout": "NCHW4c"},
     "fixed_point_multiply": {"multiplier": 1, "shift": 0},
+    "nn.contrib_conv2d_NCHWc": {"data_layout": "NCHW8c", "kernel_layout": "OIHW8i8o"},
 }
 
 
@@ -138,6 +139,7 @@ TVM_PATTERNS = {
     "sum": OpPattern.COMM_REDUCE,
     "argmax": OpPattern.COMM_REDUCE,
     "nn.conv2d": OpPattern.OUT_ELEMWISE_FUSABLE,
+    "nn.contrib_conv2d_NCHWc": OpPattern.OUT_ELEMWISE_FUSABLE,
     "nn.dense": OpPattern.OUT_ELEMWISE_FUSABLE,
     "nn.max_pool2d": OpPattern.OUT_ELEMWISE_FUSABLE,
     "nn.softmax": OpPattern.OPAQUE,
