@@ -205,6 +205,8 @@ def resize(ctx: NodeContext, scales: list[float] | None, sizes: list[int] | None
             scale[a], out[a] = float(s), int(math.floor(s * shape[a]))
     else:
         raise ctx.error("it needs scales or sizes")
+    if mode == "cubic" and not math.isfinite(float(ctx.attr("cubic_coeff_a", -0.75))):
+        raise ctx.error(f"cubic_coeff_a must be finite, not {ctx.attr('cubic_coeff_a')}")
     kernel = {"nearest": lambda: nearest_kernel(nearest_mode),
               "linear": lambda: linear_kernel(antialias),
               "cubic": lambda: cubic_kernel(float(ctx.attr("cubic_coeff_a", -0.75)),
