@@ -184,6 +184,8 @@ def _broadcast(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     x = np.asarray(arrays[0])
     shape = checked_shape("dyn.broadcast_to", shape_values(arrays[1], "dyn.broadcast_to's shape"),
                           str(x.dtype))
+    if x.shape == shape:
+        return x  # nothing to broadcast: no copy
     try:
         return np.broadcast_to(x, shape).copy()
     except ValueError:

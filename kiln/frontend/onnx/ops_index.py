@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from kiln import op
+from kiln.frontend.onnx import dynamic
 from kiln.frontend.onnx.context import NodeContext, cast, const_like
 from kiln.frontend.onnx.ops_tensor import norm_axis, reshape
 from kiln.frontend.onnx.table import converter
@@ -62,6 +63,8 @@ def onnx_slice(ctx: NodeContext, starts: list[int], ends: list[int], axes: list[
 
 @converter("Slice", since=10)
 def slice_10(ctx: NodeContext) -> Expr:
+    if ctx.const(1) is None or ctx.const(2) is None:  # bounds computed at run time
+        return dynamic.slice_(ctx)
     axes = ctx.ints(3, "axes") if ctx.has(3) else None
     steps = ctx.ints(4, "steps") if ctx.has(4) else None
     return onnx_slice(ctx, ctx.ints(1, "starts"), ctx.ints(2, "ends"), axes, steps)
@@ -116,6 +119,8 @@ def grid_offsets(ctx: NodeContext, shape: tuple[int, ...], strides: list[int], s
 
 @converter("GatherElements", since=11)
 def gather_elements(ctx: NodeContext) -> Expr:
+    if not (ctx.t(0).is_static and ctx.t(1).is_static):  # shapes known at run time
+        return dynamic.gather_elements(ctx, norm_axis(ctx, ctx.attr("axis", 0), ctx.ndim(0)))
     shape, ishape = ctx.shape(0), ctx.shape(1)
     axis = norm_axis(ctx, ctx.attr("axis", 0), len(shape))
     strides = strides_of(shape)
@@ -232,6 +237,9 @@ def one_hot(ctx: NodeContext) -> Expr:
 
 @converter("Trilu", since=14)
 def trilu(ctx: NodeContext) -> Expr:
+    if not ctx.t(0).is_static:  # sizes known at run time (a causal mask of the sequence)
+        k = ctx.int_scalar(1, "k") if ctx.has(1) else 0
+        return dynamic.trilu(ctx, k, bool(ctx.attr("upper", 1)))
     shape = ctx.shape(0)
     if len(shape) < 2:
         raise ctx.error(f"Trilu takes a tensor of rank 2 or more, not shape {shape}")

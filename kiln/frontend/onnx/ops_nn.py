@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from kiln import op
+from kiln.frontend.onnx import dynamic
 from kiln.frontend.onnx.context import NodeContext, const_like
 from kiln.frontend.onnx.ops_tensor import reshape
 from kiln.frontend.onnx.table import converter
@@ -312,8 +313,8 @@ def matmul(ctx: NodeContext, a: Expr, b: Expr) -> Expr:
     if len(bsh) == 2:
         return op.nn.dense(a, op.transpose(b))  # any rank of a: dense acts on its last axis
     at, bt = ctx.tensor_type(a), ctx.tensor_type(b)
-    if not (at.is_static and bt.is_static):
-        raise ctx.error("a batched MatMul needs static shapes")
+    if not (at.is_static and bt.is_static):  # shapes known at run time (dynamic axes)
+        return dynamic.batch_matmul(a, at.ndim, b, bt.ndim)
     sa, sb = at.static_shape, bt.static_shape
     abatch, bbatch = sa[:-2], sb[:-2]
     batch = tuple(np.broadcast_shapes(abatch, bbatch))

@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from kiln import op
+from kiln.frontend.onnx import dynamic
 from kiln.frontend.onnx.context import NodeContext, RandomOutput, cast, const_like, kiln_dtype
 from kiln.frontend.onnx.table import converter
 from kiln.ir.expr import Constant, Expr
@@ -70,10 +71,8 @@ def shape_(ctx: NodeContext) -> Expr:
     dims = ctx.t(0).shape
     start, end = ctx.attr("start", 0), ctx.attr("end", None)
     picked = dims[slice(start, end)]
-    if not all(isinstance(d, int) for d in picked):
-        raise ctx.error(f"kiln computes Shape at import time, but input 0 has shape "
-                        f"({', '.join(map(str, dims))}); give static input shapes "
-                        "(from_onnx(..., shapes=...))")
+    if not all(isinstance(d, int) for d in picked):  # computed at run time (dynamic axes)
+        return dynamic.shape_of(ctx, 0, start, end)
     return Constant(np.asarray(picked, dtype="int64"))
 
 
@@ -84,6 +83,13 @@ def size(ctx: NodeContext) -> Expr:
 
 @converter("ConstantOfShape", since=9)
 def constant_of_shape(ctx: NodeContext) -> Expr:
+    if ctx.const(0) is None:  # a shape computed at run time
+        value = ctx.attr("value")
+        fill = np.zeros((), "float32") if value is None else np.asarray(value).reshape(-1)
+        if fill.size != 1:
+            raise ctx.error(f"attribute 'value' must hold one element, not {fill.size}")
+        target, _ = dynamic.shape_input(ctx, 0, "shape")
+        return dynamic.dyn("dyn.full", Constant(fill.reshape(())), target)
     shape = ctx.ints(0, "shape")
     ctx.check_shape(shape, "the result")
     value = ctx.attr("value")
@@ -149,6 +155,9 @@ def onnx_reshape(ctx: NodeContext, x: Expr, shape: list[int], allowzero: int) ->
 
 @converter("Reshape", since=5)
 def reshape_5(ctx: NodeContext) -> Expr:
+    if ctx.const(1) is None:  # a shape computed at run time
+        shape, _ = dynamic.shape_input(ctx, 1, "shape")
+        return dynamic.dyn("dyn.reshape", ctx.x(0), shape, allowzero=ctx.attr("allowzero", 0))
     return onnx_reshape(ctx, ctx.x(0), ctx.ints(1, "shape"), ctx.attr("allowzero", 0))
 
 
@@ -166,6 +175,8 @@ def flatten(ctx: NodeContext) -> Expr:
         raise ctx.error(f"axis {ctx.attr('axis')} is out of range for rank {len(shape)}")
     if axis == 1 and len(shape) >= 1 and not isinstance(shape[0], int):
         return op.reshape(ctx.x(0), newshape=[0, -1])  # a symbolic batch stays symbolic
+    if not ctx.t(0).is_static:
+        return dynamic.flatten(ctx, axis)
     static = ctx.shape(0)
     return reshape(ctx.x(0), [math.prod(static[:axis]), math.prod(static[axis:])])
 
@@ -228,9 +239,15 @@ def concat(ctx: NodeContext) -> Expr:
 
 
 def _split(ctx: NodeContext, sizes: list[int] | None) -> list[Expr]:
-    shape = ctx.shape(0)
+    shape = ctx.t(0).shape
     axis = norm_axis(ctx, ctx.attr("axis", 0), len(shape))
     n = shape[axis]
+    if not isinstance(n, int):  # known at run time: the sizes must be given (and add up)
+        if sizes is None:
+            raise ctx.error(f"Split into equal parts needs dimension {axis} to be static, but "
+                            f"input 0 has shape ({', '.join(map(str, shape))})")
+        ctx.check_unroll(len(sizes), "the number of parts it splits into")
+        n = sum(sizes)
     if sizes is None:
         parts = ctx.attr("num_outputs", ctx.num_outputs)
         if parts < 1:
@@ -262,6 +279,8 @@ def split_2(ctx: NodeContext) -> list[Expr]:
 
 @converter("Expand", since=8)
 def expand(ctx: NodeContext) -> Expr:
+    if ctx.const(1) is None:  # a shape computed at run time
+        return dynamic.expand(ctx)
     target = ctx.ints(1, "shape")
     shape = ctx.shape(0)
     ndim = max(len(shape), len(target))

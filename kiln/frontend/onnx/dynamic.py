@@ -1,0 +1,203 @@
+"""Shape arithmetic kept as IR, for models with dynamic axes (batch, sequence length).
+
+An exporter computes shapes inside the graph: ``Shape`` of a tensor, ``Gather`` of one of
+its dimensions, ``Concat`` with constants, into ``Reshape``/``Expand``/``ConstantOfShape``/
+``Slice``. Where the input shapes are static the importer folds all of it to constants (the
+fast, static path); where a dimension is symbolic these helpers give kiln's ``shape_of`` and
+``dyn.*`` operators instead (kiln/op/dyn.py), which the VM runs on the actual shapes, so one
+executable serves every batch size and sequence length.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kiln import op
+from kiln.frontend.onnx.context import NodeContext, cast
+from kiln.ir.expr import Constant, Expr
+
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def shape_of(ctx: NodeContext, i: int, start: int = 0, end: int | None = None) -> Expr:
+    """``Shape`` of input ``i`` (dimensions ``start:end``, ONNX's clamped bounds) as int64."""
+    rank = ctx.ndim(i)
+    lo = min(max(start + rank if start < 0 else start, 0), rank)
+    hi = rank if end is None else min(max(end + rank if end < 0 else end, 0), rank)
+    s: Expr = op.shape_of(ctx.x(i), dtype="int64")
+    if (lo, hi) != (0, rank):
+        s = op.strided_slice(s, begin=[lo], end=[max(hi, lo)])
+    return s
+
+
+def shape_input(ctx: NodeContext, i: int, what: str) -> tuple[Expr, int]:
+    """Input ``i``, a 1-D integer tensor of static length computed at run time, as int64,
+    and its length."""
+    t = ctx.t(i)
+    if t.ndim != 1 or not isinstance(t.shape[0], int):
+        raise ctx.error(f"input {i} ({what}) must be a 1-D tensor of known length, not {t}")
+    if not t.dtype.startswith(("int", "uint")):
+        raise ctx.error(f"input {i} ({what}) must hold integers, not {t.dtype}")
+    x = ctx.x(i)
+    return (x if t.dtype == "int64" else cast(x, "int64")), t.shape[0]
+
+
+def dyn(name: str, *args: Expr, **attrs: object) -> Expr:
+    """A call of the operator ``name`` of kiln/op/dyn.py."""
+    return op.get(name)(*args, **attrs)
+
+
+def ones(n: int) -> Expr:
+    return Constant(np.ones(n, "int64"))
+
+
+def expand(ctx: NodeContext) -> Expr:
+    """``Expand`` to a shape computed at run time: ONNX broadcasts both ways, so the result's
+    shape is the elementwise maximum of the two shapes aligned at the right (each dimension is
+    either equal or 1 where they differ)."""
+    target, n = shape_input(ctx, 1, "shape")
+    rank = ctx.ndim(0)
+    ndim = max(rank, n)
+    ctx.check_rank(ndim, "the result")
+    mine: Expr = op.shape_of(ctx.x(0), dtype="int64")
+    if ndim > rank:
+        mine = op.concatenate([ones(ndim - rank), mine], axis=0)
+    if ndim > n:
+        target = op.concatenate([ones(ndim - n), target], axis=0)
+    return dyn("dyn.broadcast_to", ctx.x(0), op.maximum(mine, target))
+
+
+def _part(shape: Expr, begin: int, end: int) -> Expr:
+    return op.strided_slice(shape, begin=[begin], end=[end])
+
+
+def batch_matmul(a: Expr, arank: int, b: Expr, brank: int) -> Expr:
+    """numpy's matmul of a rank-3+ ``a`` by a rank-3+ ``b`` whose shapes are known at run
+    time: the batch dimensions broadcast, flattened into one for ``nn.batch_matmul``, then
+    restored."""
+    sa, sb = op.shape_of(a, dtype="int64"), op.shape_of(b, dtype="int64")
+    n = max(arank, brank) - 2
+    batch_a, batch_b = _part(sa, 0, arank - 2), _part(sb, 0, brank - 2)
+    if arank - 2 < n:
+        batch_a = op.concatenate([ones(n - arank + 2), batch_a], axis=0)
+    if brank - 2 < n:
+        batch_b = op.concatenate([ones(n - brank + 2), batch_b], axis=0)
+    batch = op.maximum(batch_a, batch_b)
+    a = dyn("dyn.broadcast_to", a, op.concatenate([batch, _part(sa, arank - 2, arank)], axis=0))
+    b = dyn("dyn.broadcast_to", b, op.concatenate([batch, _part(sb, brank - 2, brank)], axis=0))
+    flat = Constant(np.array([-1], "int64"))
+    a3 = dyn("dyn.reshape", a, op.concatenate([flat, _part(sa, arank - 2, arank)], axis=0))
+    b3 = dyn("dyn.reshape", b, op.concatenate([flat, _part(sb, brank - 2, brank)], axis=0))
+    y = op.nn.batch_matmul(a3, b3, transpose_b=False)
+    out = op.concatenate([batch, _part(sa, arank - 2, arank - 1), _part(sb, brank - 1, brank)],
+                         axis=0)
+    return dyn("dyn.reshape", y, out)
+
+
+def _dim(shape: Expr, k: int) -> Expr:
+    return op.take(shape, Constant(np.array(k, "int64")))
+
+
+def _ramp(size: Expr) -> Expr:
+    return op.arange(Constant(np.array(0, "int64")), size, Constant(np.array(1, "int64")),
+                     dtype="int64")
+
+
+def gather_elements(ctx: NodeContext, axis: int) -> Expr:
+    """``GatherElements`` with shapes known at run time: each index becomes an offset into
+    the flattened data (index * stride of ``axis`` plus position * stride of every other
+    axis), the strides and positions computed from the shapes when the program runs."""
+    rank = ctx.ndim(0)
+    if ctx.ndim(1) != rank:
+        raise ctx.error(f"indices must have the data's rank {rank}, not {ctx.ndim(1)}")
+    data_shape = op.shape_of(ctx.x(0), dtype="int64")
+    index_shape = op.shape_of(ctx.x(1), dtype="int64")
+    strides: list[Expr] = [Constant(np.array(1, "int64"))]
+    for k in range(rank - 1, 0, -1):
+        strides.insert(0, op.multiply(strides[0], _dim(data_shape, k)))
+    idx = ctx.x(1) if ctx.dtype(1) == "int64" else cast(ctx.x(1), "int64")
+    n = _dim(data_shape, axis)
+    idx = op.where(op.less(idx, Constant(np.array(0, "int64"))), op.add(idx, n), idx)
+    flat = op.multiply(idx, strides[axis])
+    for k in range(rank):
+        if k != axis:
+            view = [1] * rank
+            view[k] = -1
+            along = dyn("dyn.reshape", _ramp(_dim(index_shape, k)),
+                        Constant(np.array(view, "int64")))
+            flat = op.add(flat, op.multiply(along, strides[k]))
+    data = dyn("dyn.reshape", ctx.x(0), Constant(np.array([-1], "int64")))
+    return op.take(data, flat, axis=0, mode="clip")
+
+
+def flatten(ctx: NodeContext, axis: int) -> Expr:
+    """``Flatten`` at ``axis`` of a tensor whose shape is known at run time."""
+    shape = op.shape_of(ctx.x(0), dtype="int64")
+    rows: Expr = Constant(np.array(1, "int64"))
+    for k in range(axis):
+        rows = op.multiply(rows, _dim(shape, k))
+    target = op.concatenate([op.expand_dims(rows, axis=0), Constant(np.array([-1], "int64"))],
+                            axis=0)
+    return dyn("dyn.reshape", ctx.x(0), target)
+
+
+def trilu(ctx: NodeContext, k: int, upper: bool) -> Expr:
+    """``Trilu`` of a tensor whose last two dimensions are known at run time: the mask
+    compares column minus row with ``k`` (upper keeps j - i >= k, lower j - i <= k)."""
+    if ctx.ndim(0) < 2:
+        raise ctx.error(f"Trilu takes a tensor of rank 2 or more, not rank {ctx.ndim(0)}")
+    shape = op.shape_of(ctx.x(0), dtype="int64")
+    zero, one = Constant(np.array(0, "int64")), Constant(np.array(1, "int64"))
+    rank = ctx.ndim(0)
+
+    def ramp(axis: int) -> Expr:
+        size = op.take(shape, Constant(np.array(rank + axis, "int64")))
+        return op.arange(zero, size, one, dtype="int64")
+
+    offset = op.subtract(op.expand_dims(ramp(-1), axis=0), op.expand_dims(ramp(-2), axis=1))
+    bound = Constant(np.array(k, "int64"))
+    keep = op.greater_equal(offset, bound) if upper else op.less_equal(offset, bound)
+    return op.where(keep, ctx.x(0), op.zeros_like(ctx.x(0)))
+
+
+def slice_(ctx: NodeContext) -> Expr:
+    """``Slice`` (opset 10+) with starts or ends computed at run time. The axes and steps must
+    be known; positive steps only (ONNX's bounds then clamp as Python's slices do)."""
+    # the axes and steps must be known (a kiln.Error saying so, and how, if not)
+    axes_c = ctx.need_const(3, "axes") if ctx.has(3) else None
+    steps_c = ctx.need_const(4, "steps") if ctx.has(4) else None
+    starts, n = shape_input(ctx, 1, "starts")
+    ends, n_end = shape_input(ctx, 2, "ends")
+    if n_end != n:
+        raise ctx.error(f"starts has {n} values but ends has {n_end}")
+    rank = ctx.ndim(0)
+    axes = [int(a) for a in np.asarray(axes_c).reshape(-1)] if axes_c is not None \
+        else list(range(n))
+    steps = [int(s) for s in np.asarray(steps_c).reshape(-1)] if steps_c is not None \
+        else [1] * n
+    if len(axes) != n or len(steps) != n:
+        raise ctx.error(f"starts, ends, axes {axes} and steps {steps} must have one value per "
+                        "sliced axis")
+    axes = [a + rank if a < 0 else a for a in axes]
+    if any(not 0 <= a < rank for a in axes) or len(set(axes)) != n:
+        raise ctx.error(f"axes {axes} are not distinct axes of a tensor of rank {rank}")
+    if any(s <= 0 for s in steps):
+        raise ctx.error(f"Slice with bounds computed at run time takes positive steps, not "
+                        f"{steps}")
+    lead = max(axes) + 1
+    begin: list[Expr] = []
+    end: list[Expr] = []
+    stride: list[int] = []
+    for k in range(lead):
+        if k in axes:
+            j = axes.index(k)
+            at = Constant(np.array(j, "int64"))
+            begin.append(op.expand_dims(op.take(starts, at), axis=0))
+            end.append(op.expand_dims(op.take(ends, at), axis=0))
+            stride.append(steps[j])
+        else:
+            begin.append(Constant(np.zeros(1, "int64")))
+            end.append(Constant(np.array([_INT64_MAX], "int64")))
+            stride.append(1)
+    return dyn("dyn.strided_slice", ctx.x(0), op.concatenate(begin, axis=0),
+               op.concatenate(end, axis=0), Constant(np.array(stride, "int64")))
