@@ -138,3 +138,28 @@ def test_nhwc_float_conv_with_constant_weight_builds() -> None:
     xv = rng.standard_normal((1, 8, 8, 4)).astype("float32")
     expected = np.maximum(conv_nhwc(xv, w, pad=1), 0)
     np.testing.assert_allclose(kiln.build(fn)(xv), expected, rtol=1e-4, atol=1e-4)
+
+
+@covers("nn.conv2d")
+@pytest.mark.parametrize("data_layout", ["NCHW", "NHWC"])
+def test_float32_channels_with_equal_weights_are_bitwise_equal(data_layout: str) -> None:
+    # Regression: ONNX's light squeezenet (constant weights) makes all 1000 class scores equal
+    # up to rounding, near 1e10, and its softmax is uniform only when they are bitwise equal.
+    # A float32 BLAS product rounds output channels differently by the tile they fall in,
+    # however equal their weights; the reference sums in float64 and rounds once, as ORT's
+    # scores come out: every channel the same, and the exact sum correctly rounded.
+    import torch
+
+    rng = np.random.default_rng(8)
+    x = rng.uniform(0.0, 1.0, size=(1, 13, 13, 96)).astype("float32")  # NHWC
+    w = np.full((1, 1, 96, 40), 0.0123, "float32")  # HWIO: 40 identical output channels
+    exact = torch.nn.functional.conv2d(torch.from_numpy(x).double().permute(0, 3, 1, 2),
+                                       torch.from_numpy(w).double().permute(3, 2, 0, 1))
+    expected = exact.permute(0, 2, 3, 1).numpy().astype("float32")  # NHWC
+    to = DATA_FROM_NHWC[data_layout]
+    kernel_layout = {"NCHW": "OIHW", "NHWC": "HWIO"}[data_layout]
+    out = check("nn.conv2d", [x.transpose(to), w.transpose(KERNEL_FROM_HWIO[kernel_layout])],
+                expected.transpose(to), rtol=0, data_layout=data_layout,
+                kernel_layout=kernel_layout)
+    channels = out.transpose(np.argsort(to))  # back to NHWC
+    np.testing.assert_array_equal(channels, np.broadcast_to(channels[..., :1], channels.shape))

@@ -180,7 +180,10 @@ def _conv2d(arrays: list[np.ndarray], attrs: Conv2DAttrs) -> np.ndarray:
 
 def _conv2d_nchw(x: np.ndarray, w: np.ndarray, attrs: Conv2DAttrs) -> np.ndarray:
     out = attrs.out_dtype or x.dtype.name
-    acc = "float32" if out == "float16" else out
+    # float32 sums in float64, rounded once: a float32 BLAS product rounds each output channel
+    # by the tile it falls in, so channels with equal weights would differ in the last bit
+    # (ONNX's light squeezenet shows it: its 1000 equal class scores near 1e10 feed a softmax).
+    acc = {"float16": "float32", "float32": "float64"}.get(out, out)
     top, left, bottom, right = padding4(attrs.padding, "padding")
     x = np.pad(x.astype(acc), ((0, 0), (0, 0), (top, bottom), (left, right)))
     w = w.astype(acc)
