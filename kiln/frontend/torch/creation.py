@@ -7,8 +7,19 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.frontend.torch.registry import AtenCall, converter
+from kiln.frontend.torch.sizes import dyn
 from kiln.ir import Expr, const
-from kiln.op import arange, cast, full, full_like, where
+from kiln.op import (
+    arange,
+    cast,
+    expand_dims,
+    full,
+    full_like,
+    greater_equal,
+    less_equal,
+    subtract,
+    where,
+)
 
 
 def _filled(n: AtenCall, value: object, like: Expr | None = None) -> Expr:
@@ -21,7 +32,7 @@ def _filled(n: AtenCall, value: object, like: Expr | None = None) -> Expr:
         return full(fill, shape=n.out.static_shape, dtype=dtype)
     if like is not None and tuple(n.shape(like)) == tuple(n.out.shape):
         return full_like(like if n.dtype(like) == dtype else cast(like, dtype=dtype), fill)
-    raise n.error(f"a tensor of symbolic shape {n.out.shape} made from sizes is not supported")
+    return dyn("dyn.full", fill, n.shape_tensor(n.out_sizes), dtype=dtype)  # sizes at run time
 
 
 @converter("aten.full.default")
@@ -63,18 +74,27 @@ def scalar_tensor(n: AtenCall, value: object, *_: object) -> Expr:
 def arange_(n: AtenCall, *args: object) -> Expr:
     count = {"aten.arange.default": 1, "aten.arange.start": 2}.get(n.target, 3)
     bounds = list(args[:count])
-    if not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds):
-        raise n.error(f"arange with symbolic bounds {bounds} is not supported")
     if count == 1:
         bounds = [0, *bounds]
-    start, end, step = [*bounds, 1][:3]
     dtype = n.out.dtype
-    return arange(const(start, dtype), const(end, dtype), const(step, dtype), dtype=dtype)
+    # numbers, or sizes computed when the program runs (arange then runs on the host)
+    start, end, step = (n.tensor(b, dtype) for b in [*bounds, 1][:3])
+    return arange(start, end, step, dtype=dtype)
 
 
 @converter("aten.triu.default", "aten.tril.default")
 def triangle(n: AtenCall, x: Expr, diagonal: int = 0) -> Expr:
-    rows, cols = n.static_shape(x, "triu/tril")[-2:]
     upper = n.target == "aten.triu.default"
+    if n.rank(x) < 2:
+        raise n.error(f"triu/tril takes a tensor of rank 2 or more, not rank {n.rank(x)}")
+    if not all(isinstance(d, int) for d in n.shape(x)[-2:]):  # sizes known when it runs
+        zero, one = const(0, "int64"), const(1, "int64")
+        row_ramp, col_ramp = (arange(zero, n.tensor(d, "int64"), one, dtype="int64")
+                              for d in n.sizes(x)[-2:])
+        offset = subtract(expand_dims(col_ramp, axis=0), expand_dims(row_ramp, axis=1))
+        bound = const(diagonal, "int64")
+        keep = greater_equal(offset, bound) if upper else less_equal(offset, bound)
+        return where(keep, x, const(0, n.dtype(x)))
+    rows, cols = n.static_shape(x, "triu/tril")[-2:]
     mask = (np.triu if upper else np.tril)(np.ones((rows, cols), dtype=bool), k=diagonal)
     return where(const(mask), x, const(0, n.dtype(x)))

@@ -46,6 +46,7 @@ from kiln.frontend.torch.decompose import (
     is_structural,
 )
 from kiln.frontend.torch.registry import CONVERTERS, AtenCall, Missing, kiln_dtype
+from kiln.frontend.torch.sizes import Sources, add_sources
 from kiln.infer import infer_types
 from kiln.ir import (
     Constant,
@@ -196,6 +197,7 @@ class _Importer:
         self.ep = exported
         self.params_as = params_as
         self.symbols = symbols
+        self.sources: Sources = {}  # torch's size symbol -> (input, axis) it is the size of
         self.training = training
         self.env: dict[torch.fx.Node, Any] = {}
         self.types: dict[int, TensorType] = {}  # id of a node's kiln expression → its type
@@ -266,6 +268,7 @@ class _Importer:
         if spec.kind == InputKind.USER_INPUT:
             if isinstance(val, torch.Tensor):
                 v = Var(self._unique(_identifier(node.name)), self._type(val, node))
+                add_sources(self.sources, v, val.shape)
                 self.inputs.append(v)
                 self.input_names.append(node.name)
                 self._bind(node, v, val)
@@ -311,7 +314,7 @@ class _Importer:
             self.env[node] = val  # size arithmetic: the value torch recorded (int or SymInt)
             return
         where = _where(node)
-        call = AtenCall(node, where, self.types, self.sizes, self.symbols)
+        call = AtenCall(node, where, self.types, self.sizes, self.symbols, self.sources)
         args = self._arguments(node, call)
         try:
             result = CONVERTERS[converter_name(node) or str(node.target)](call, *args)
@@ -457,7 +460,7 @@ class _Importer:
         self.sizes[id(expr)] = tuple(val.shape)
 
     def _type(self, val: torch.Tensor, node: torch.fx.Node) -> TensorType:
-        return AtenCall(node, _where(node), self.types, self.sizes, self.symbols) \
+        return AtenCall(node, _where(node), self.types, self.sizes, self.symbols, self.sources) \
             .type_of_value(val)
 
     def _array(self, tensor: torch.Tensor, node: torch.fx.Node) -> np.ndarray:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TypeGuard
 
+from kiln.frontend.batch_matmul import batch_matmul
 from kiln.frontend.torch.registry import AtenCall, converter, is_transpose_2d
 from kiln.ir import Call, Expr, Op
 from kiln.op import (
@@ -105,12 +106,14 @@ def _batched(n: AtenCall, a: Expr, b: Expr) -> Expr:
             x = broadcast_to(x, shape=[*batch, rows, cols])
         return x if len(batch) == 1 else reshape(x, newshape=[-1, rows, cols])
 
-    if not all(isinstance(d, int) for d in (m, k, k2, p)):
-        raise n.error("matmul needs static matrix sizes")
+    if not all(isinstance(d, int) for d in (m, k, k2, p)) or (
+            not all(isinstance(d, int) for d in batch)
+            and any(tuple(n.shape(x)[:-2]) not in ((), tuple(batch)) for x in (a, b))):
+        return batch_matmul(a, n.rank(a), b, n.rank(b))  # shapes known when it runs
     y = nn.batch_matmul(as_3d(a, m, k), as_3d(b, k2, p), transpose_b=False)
     if len(batch) == 1:
         return y
     sizes = [d if isinstance(d, int) else -1 for d in batch]
     if sizes.count(-1) > 1:
-        raise n.error("matmul with more than one symbolic batch dimension is not supported")
+        return batch_matmul(a, n.rank(a), b, n.rank(b))  # shapes known when it runs
     return reshape(y, newshape=[*sizes, m, p])

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from kiln.errors import Error
+from kiln.frontend.torch.sizes import Sources, dyn, shape_tensor, size_expr
 from kiln.ir import ANY, Call, Constant, Expr, Op, SymDim, TensorType, const
 from kiln.ir.ty import DTYPES, Dim
 from kiln.op import cast, reshape
@@ -64,8 +65,10 @@ class AtenCall:
     """One call of an ATen operator being converted: its node, result types and helpers."""
 
     def __init__(self, node: torch.fx.Node, where: str, types: dict[int, TensorType],
-                 sizes: dict[int, tuple[Any, ...]], symbols: dict[str, str]) -> None:
+                 sizes: dict[int, tuple[Any, ...]], symbols: dict[str, str],
+                 sources: Sources | None = None) -> None:
         self.node = node
+        self._sources: Sources = sources if sources is not None else {}
         self.name = node.name
         self.target = str(node.target)
         self.where = where  # "node %addmm (aten.addmm.default, at model.py:12)"
@@ -165,6 +168,21 @@ class AtenCall:
 
     # --- building ---------------------------------------------------------------------------
 
+    def size_expr(self, d: Any) -> Expr:
+        """A torch size (an int or a SymInt) as an int64 scalar computed when the program runs
+        (kiln/frontend/torch/sizes.py)."""
+        try:
+            return size_expr(d, self._sources)
+        except Error as e:
+            raise self.error(e.message) from None
+
+    def shape_tensor(self, sizes: Sequence[Any]) -> Expr:
+        """torch sizes as a 1-D int64 tensor (computed when the program runs if symbolic)."""
+        try:
+            return shape_tensor(sizes, self._sources)
+        except Error as e:
+            raise self.error(e.message) from None
+
     def error(self, message: str) -> Error:
         """A kiln.Error about this node (to raise)."""
         return Error(f"{self.where}: {message}")
@@ -173,7 +191,10 @@ class AtenCall:
         """A tensor argument in ``dtype``: expressions cast if needed, numbers as constants."""
         if isinstance(value, Expr):
             return value if self.type(value).dtype == dtype else cast(value, dtype=dtype)
-        if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+        if isinstance(value, torch.SymInt):  # a size of the inputs, computed when it runs
+            size = self.size_expr(value)
+            return size if dtype == "int64" else cast(size, dtype=dtype)
+        if isinstance(value, torch.SymFloat | torch.SymBool):
             raise self.error(f"a symbolic size ({value}) is used as a tensor value, which kiln "
                              "cannot express; export with static shapes")
         if isinstance(value, (bool, int, float)):
@@ -215,9 +236,8 @@ class AtenCall:
                 newshape.append(0)
             elif -1 not in newshape:
                 newshape.append(-1)
-            else:
-                raise self.error(f"cannot reshape to {list(target)}: more than one size is "
-                                 "symbolic and unknown to the input")
+            else:  # the sizes computed when the program runs (torch's 0 is a size)
+                return dyn("dyn.reshape", x, self.shape_tensor(target), allowzero=1)
         allowzero = 0
         if any(isinstance(d, int) and d == 0 for d in target):
             if len(newshape) != len(target) or any(not isinstance(d, int) for d in target):

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from kiln.frontend.torch.registry import AtenCall, axis, converter
+from kiln.frontend.torch.sizes import dyn
 from kiln.ir import Expr, const
 from kiln.op import (
     broadcast_to,
@@ -86,6 +87,8 @@ def squeeze_(n: AtenCall, x: Expr, dims: int | Sequence[int] | None = None) -> E
 def expand(n: AtenCall, x: Expr, _size: object, *_: object) -> Expr:
     if tuple(n.out.shape) == tuple(n.shape(x)):
         return x
+    if not n.out.is_static:  # to sizes computed when the program runs
+        return dyn("dyn.broadcast_to", x, n.shape_tensor(n.out_sizes))
     return broadcast_to(x, shape=n.static_out("expand"))
 
 
@@ -132,7 +135,9 @@ def split_with_sizes(n: AtenCall, x: Expr, sizes: Sequence[int], dim: int = 0) -
 @converter("aten.split.Tensor")
 def split_tensor(n: AtenCall, x: Expr, size: int, dim: int = 0) -> list[Expr]:
     ax = axis(dim, n.rank(x), n)
-    total = n.static_shape(x, "split")[ax]
+    total = n.shape(x)[ax]
+    if not isinstance(total, int):  # only the split axis needs to be static
+        raise n.error(f"split along a symbolic dimension ({total}) is not supported")
     sizes = [min(size, total - start) for start in range(0, total, size)] or [0]
     return _split(n, x, sizes, ax)
 
@@ -140,7 +145,9 @@ def split_tensor(n: AtenCall, x: Expr, size: int, dim: int = 0) -> list[Expr]:
 @converter("aten.unbind.int")
 def unbind(n: AtenCall, x: Expr, dim: int = 0) -> list[Expr]:
     ax = axis(dim, n.rank(x), n)
-    count = n.static_shape(x, "unbind")[ax]
+    count = n.shape(x)[ax]
+    if not isinstance(count, int):
+        raise n.error(f"unbind along a symbolic dimension ({count}) is not supported")
     return [squeeze(part, axis=[ax]) for part in _split(n, x, [1] * count, ax)]
 
 
@@ -149,6 +156,8 @@ def slice_(n: AtenCall, x: Expr, dim: int = 0, start: Any = None, end: Any = Non
            step: int = 1) -> Expr:
     ax = axis(dim, n.rank(x), n)
     size = n.shape(x)[ax]
+    if not all(v is None or isinstance(v, int) for v in (start, end)):
+        return _slice_at_run_time(n, x, ax, start, end, step)
     begin = 0 if start is None else _bound(n, start)
     stop = _END if end is None else min(_bound(n, end), _END)
     if isinstance(size, int):
@@ -158,6 +167,20 @@ def slice_(n: AtenCall, x: Expr, dim: int = 0, start: Any = None, end: Any = Non
     elif (begin, stop, step) == (0, _END, 1):
         return x
     return strided_slice(x, begin=[begin], end=[stop], strides=[step], axes=[ax])
+
+
+def _slice_at_run_time(n: AtenCall, x: Expr, ax: int, start: Any, end: Any,
+                       step: int) -> Expr:
+    """A slice whose bounds are symbolic sizes, computed when the program runs (positive
+    steps: the bounds then clamp as Python's slices do)."""
+    if not isinstance(step, int) or step <= 0:
+        raise n.error(f"slicing with bounds computed at run time takes a positive step, not "
+                      f"{step}")
+    lead = [0] * ax
+    begin = n.shape_tensor([*lead, 0 if start is None else start])
+    stop = n.shape_tensor([*[_END] * ax, _END if end is None else end])
+    strides = const(np.asarray([1] * ax + [step], "int64"))
+    return dyn("dyn.strided_slice", x, begin, stop, strides)
 
 
 def _bound(n: AtenCall, v: Any) -> int:

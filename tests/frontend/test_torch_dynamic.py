@@ -1,0 +1,70 @@
+"""torch.export with dynamic_shapes: symbolic sizes become expressions computed when the
+program runs (kiln/frontend/torch/sizes.py), so one executable runs every batch size and
+sequence length; checked against PyTorch at several shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.export import Dim
+
+import kiln
+from kiln.frontend import from_torch
+
+from .test_onnx_dynamic import Encoder, ids_and_mask
+
+
+def run_at_shapes(module, mod, params, make_inputs, shapes=((1, 5), (2, 8), (3, 13))):
+    exe = kiln.build(mod, params=params)
+    for b, s in shapes:
+        args = make_inputs(b, s)
+        with torch.no_grad():
+            want = module(*args).numpy()
+        got = exe(*(a.numpy() for a in args))
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bert-like", "gpt-like"])
+def test_a_transformer_exported_with_dynamic_batch_and_sequence(causal):
+    torch.manual_seed(0)
+    module = Encoder(causal).eval()
+    batch, seq = Dim("batch", min=1, max=32), Dim("seq", min=2, max=60)
+    ids, mask = ids_and_mask(2, 8)
+    if causal:
+        mod, params = from_torch(module, (ids,), dynamic_shapes=({0: batch, 1: seq},))
+        run_at_shapes(module, mod, params, lambda b, s: ids_and_mask(b, s)[:1])
+    else:
+        mod, params = from_torch(module, (ids, mask),
+                                 dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}))
+        run_at_shapes(module, mod, params, ids_and_mask)
+    text = kiln.astext(mod)
+    assert "Tensor[(batch, seq), int64]" in text  # the inputs keep their Dims' names
+
+
+class SizesAsValues(torch.nn.Module):
+    """Sizes used as numbers: a new tensor of the input's shape, an arange of its length, a
+    view no copy code can express, a slice at a computed position."""
+
+    def forward(self, x):
+        n, t = x.shape
+        ramp = torch.arange(t, dtype=torch.float32)
+        filled = torch.full((n, t), 0.5) + ramp
+        halves = (x * filled).view(n * 2, t // 2)
+        return halves[:, t // 4:] + 1.0
+
+
+def test_sizes_used_as_values():
+    module = SizesAsValues()
+    n, t = Dim("n", min=1, max=16), Dim("t2", min=1, max=16)
+    x = torch.randn(3, 8)
+    mod, params = from_torch(module, (x,), dynamic_shapes=({0: n, 1: 2 * t},))
+    exe = kiln.build(mod, params=params)
+    for shape in ((1, 4), (3, 8), (5, 12)):
+        x = torch.randn(*shape)
+        with torch.no_grad():
+            want = module(x).numpy()
+        got = exe(x.numpy())
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-6)
