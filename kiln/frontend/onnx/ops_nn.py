@@ -182,22 +182,45 @@ def conv_transpose(ctx: NodeContext) -> Expr:
 
 
 def _pool_out(size: int, k: int, s: int, d: int, p0: int, p1: int, ceil: bool) -> int:
-    """ONNX's output size (PyTorch's rule: in ceil mode the last window starts in the input)."""
+    """ONNX Runtime's output size (PyTorch's rule: in ceil mode the last window starts in the
+    input). Without ceil mode the quotient is truncated toward zero, as C++ divides: a window
+    longer than the padded input by less than a stride still gives one output."""
     span = (k - 1) * d + 1
     room = size + p0 + p1 - span
     if not ceil:
-        return room // s + 1
+        return (room // s if room >= 0 else -(-room // s)) + 1
     out = -(-room // s) + 1
     if (out - 1) * s >= size + p0:
         out -= 1
     return out
 
 
-def _pool2d(kind: str, x: Expr, kernel: list[int], strides: list[int], dilations: list[int],
-            pads: list[int], ceil: bool, include_pad: bool, hw: tuple[int, int]) -> Expr:
-    """One 2-D pool (kind "max" or "avg") with ONNX's output size."""
+def _fitted_kernel(size: int, k: int, d: int, p0: int, p1: int) -> int:
+    """The kernel taps that count along an axis: all ``k``, or, where the window spans more
+    than the padded input, those inside it (ONNX Runtime's one window there starts at the
+    padded input's first element and counts only its taps inside; with count_include_pad it
+    divides by them, not by ``k``: a global pool over the padded input)."""
+    padded = size + p0 + p1
+    if (k - 1) * d + 1 <= padded:
+        return k
+    return -(-padded // d)
+
+
+def _pool2d(ctx: NodeContext, kind: str, x: Expr, kernel: list[int], strides: list[int],
+            dilations: list[int], pads: list[int], ceil: bool, include_pad: bool,
+            hw: tuple[int, int]) -> Expr:
+    """One 2-D pool (kind "max" or "avg") with ONNX Runtime's output size."""
     want = [_pool_out(hw[k], kernel[k], strides[k], dilations[k], pads[k], pads[k + 2], ceil)
             for k in range(2)]
+    for k in range(2):
+        if want[k] < 1:
+            raise ctx.error(
+                f"the pooling window spans {(kernel[k] - 1) * dilations[k] + 1} (kernel "
+                f"{kernel[k]}, dilation {dilations[k]}) but the padded input has only "
+                f"{hw[k] + pads[k] + pads[k + 2]}, short by a stride ({strides[k]}) or more: "
+                "no window fits")
+    kernel = [_fitted_kernel(hw[k], kernel[k], dilations[k], pads[k], pads[k + 2])
+              for k in range(2)]
     tvm = [(hw[k] + pads[k] + pads[k + 2] - (kernel[k] - 1) * dilations[k] - 1
             + (strides[k] - 1 if ceil else 0)) // strides[k] + 1 for k in range(2)]
     attrs = {"pool_size": kernel, "strides": strides, "dilation": dilations,
@@ -217,20 +240,20 @@ def pool(ctx: NodeContext, kind: str, x: Expr, shape: tuple[int, ...], kernel: l
     """Max or average pooling over the spatial axes of an N-C-spatial tensor (1-3 of them)."""
     n = len(shape) - 2
     if n == 2:
-        return _pool2d(kind, x, kernel, strides, dilations, pads, ceil, include_pad,
+        return _pool2d(ctx, kind, x, kernel, strides, dilations, pads, ceil, include_pad,
                        (shape[2], shape[3]))
     if n == 1:
-        y = _pool2d(kind, op.expand_dims(x, axis=2), [1, kernel[0]], [1, strides[0]],
+        y = _pool2d(ctx, kind, op.expand_dims(x, axis=2), [1, kernel[0]], [1, strides[0]],
                     [1, dilations[0]], [0, pads[0], 0, pads[1]], ceil, include_pad,
                     (1, shape[2]))
         return op.squeeze(y, axis=[2])
     if n == 3:
         nb, c, d, h, w = shape
-        hw = _pool2d(kind, reshape(x, [nb, c * d, h, w]), kernel[1:], strides[1:],
+        hw = _pool2d(ctx, kind, reshape(x, [nb, c * d, h, w]), kernel[1:], strides[1:],
                      dilations[1:], [pads[1], pads[2], pads[4], pads[5]], ceil, include_pad,
                      (h, w))
         oh, ow = ctx.tensor_type(hw).static_shape[2:4]  # static, as the input shape is
-        y = _pool2d(kind, reshape(hw, [nb, c, d, oh * ow]), [kernel[0], 1], [strides[0], 1],
+        y = _pool2d(ctx, kind, reshape(hw, [nb, c, d, oh * ow]), [kernel[0], 1], [strides[0], 1],
                     [dilations[0], 1], [pads[0], 0, pads[3], 0], ceil, include_pad,
                     (d, oh * ow))
         od = ctx.tensor_type(y).static_shape[2]
@@ -271,7 +294,10 @@ def lp_pool(ctx: NodeContext) -> Expr:
     powered = op.power(op.abs(x), const_like(p, ctx.dtype(0)))
     mean = pool(ctx, "avg", powered, shape, kernel, strides, dilations, pads,
                 bool(ctx.attr("ceil_mode", 0)), True)
-    total = op.multiply(mean, const_like(float(math.prod(kernel)), ctx.dtype(0)))
+    n = len(shape) - 2  # the mean's divisor: the taps inside the padded input
+    taps = [_fitted_kernel(shape[2 + i], kernel[i], dilations[i], pads[i], pads[n + i])
+            for i in range(n)]
+    total = op.multiply(mean, const_like(float(math.prod(taps)), ctx.dtype(0)))
     return op.power(total, const_like(1.0 / p, ctx.dtype(0)))
 
 
