@@ -68,3 +68,15 @@ def test_sizes_used_as_values():
         got = exe(x.numpy())
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["bert", pytest.param("gpt2", marks=pytest.mark.slow),
+                                  pytest.param("llama", marks=pytest.mark.slow)])
+def test_hugging_face_models_exported_with_dynamic_shapes(name):
+    from .test_onnx_dynamic import LastHidden, _hf
+
+    module = LastHidden(_hf(name)).eval()
+    batch, seq = Dim("batch", min=1, max=16), Dim("seq", min=2, max=32)
+    mod, params = from_torch(module, ids_and_mask(2, 8),
+                             dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}))
+    run_at_shapes(module, mod, params, ids_and_mask)

@@ -16,18 +16,23 @@ from typing import Any
 
 import numpy as np
 
+from kiln.frontend.batch_matmul import batch_matmul
 from kiln.frontend.torch.registry import AtenCall, converter
 from kiln.ir import Expr, const
 from kiln.op import (
     add,
     any,
+    arange,
     broadcast_to,
+    expand_dims,
+    less_equal,
     logical_and,
     multiply,
     nn,
     not_equal,
     reshape,
     take,
+    transpose,
     where,
 )
 
@@ -42,13 +47,15 @@ def scaled_dot_product_attention(n: AtenCall, q: Expr, k: Expr, v: Expr,
     dtype = n.out.dtype
     qs, ks, vs = n.shape(q), n.shape(k), n.shape(v)
     length, depth, source = qs[-2], qs[-1], ks[-2]
-    if not (isinstance(length, int) and isinstance(depth, int) and isinstance(source, int)
-            and isinstance(vs[-1], int)):
-        raise n.error("attention needs static sequence lengths and feature sizes")
+    if not isinstance(depth, int):
+        raise n.error("attention needs a static feature size")
     lead = n.out.shape[:-2]
     if enable_gqa and qs[-3] != ks[-3]:  # grouped-query attention: repeat the key/value heads
         k, v = _repeat_heads(n, k, qs[-3], ks[-3]), _repeat_heads(n, v, qs[-3], ks[-3])
         ks, vs = (*ks[:-3], qs[-3], *ks[-2:]), (*vs[:-3], qs[-3], *vs[-2:])
+    if not (isinstance(length, int) and isinstance(source, int) and isinstance(vs[-1], int)
+            and all(isinstance(d, int) for d in lead)):
+        return _attention_at_run_time(n, q, k, v, mask, is_causal, scale, depth)
 
     q3 = _as_3d(n, q, qs, lead)
     k3 = _as_3d(n, k, ks, lead)
@@ -80,6 +87,36 @@ def scaled_dot_product_attention(n: AtenCall, q: Expr, k: Expr, v: Expr,
     if sizes.count(-1) > 1:
         raise n.error("attention with more than one symbolic batch dimension is not supported")
     return reshape(out, newshape=sizes)
+
+
+def _attention_at_run_time(n: AtenCall, q: Expr, k: Expr, v: Expr, mask: Expr | None,
+                           is_causal: bool, scale: float | None, depth: int) -> Expr:
+    """Attention over sequences whose lengths are known when the program runs: the products
+    through the run-time batched matmul (kiln/frontend/batch_matmul.py) at full rank, the
+    masks broadcasting against the scores as they are."""
+    dtype = n.out.dtype
+    rq, rk = n.rank(q), n.rank(k)
+    kt = transpose(k, axes=[*range(rk - 2), rk - 1, rk - 2])
+    factor = 1.0 / math.sqrt(depth) if scale is None else float(scale)
+    scores = multiply(batch_matmul(q, rq, kt, rk), const(factor, dtype))
+    keep: Expr | None = None
+    if is_causal:  # j <= i, from the lengths of the two sequences
+        zero, one = const(0, "int64"), const(1, "int64")
+        rows, cols = (arange(zero, n.tensor(d, "int64"), one, dtype="int64")
+                      for d in (n.sizes(q)[-2], n.sizes(k)[-2]))
+        keep = less_equal(expand_dims(cols, axis=0), expand_dims(rows, axis=1))
+    if mask is not None:
+        if n.dtype(mask) == "bool":
+            keep = mask if keep is None else logical_and(keep, mask)
+        else:
+            scores = add(scores, n.tensor(mask, dtype))
+    if keep is not None:
+        scores = where(keep, scores, const(-math.inf, dtype))
+    probs = nn.softmax(scores, axis=-1)
+    if mask is not None:
+        alive = any(not_equal(scores, const(-math.inf, dtype)), axis=[-1], keepdims=True)
+        probs = where(alive, probs, const(0.0, dtype))
+    return batch_matmul(probs, max(rq, rk), v, n.rank(v))
 
 
 def _as_3d(n: AtenCall, x: Expr, shape: tuple[Any, ...], lead: tuple[Any, ...],

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from kiln.frontend.torch.registry import AtenCall, axis, converter
+from kiln.frontend.torch.sizes import dyn
 from kiln.ir import Expr, const
 from kiln.ir.dtype import dtype_of
 from kiln.op import add, cast, expand_dims, multiply, nn, prod, reshape, take, transpose, where
@@ -29,6 +30,8 @@ from kiln.op import sum as sum_
 
 @converter("aten.gather.default")
 def gather(n: AtenCall, x: Expr, dim: int, index: Expr, sparse_grad: bool = False) -> Expr:
+    if not (n.type(x).is_static and n.type(index).is_static):
+        return _gather_at_run_time(n, x, dim, index)
     shape = n.static_shape(x, "gather")
     out = n.static_shape(index, "gather")
     rank = len(shape)
@@ -66,6 +69,28 @@ def cumsum(n: AtenCall, x: Expr, dim: int, dtype: str | None = None) -> Expr:
         else:
             y = prod(where(lower, rows, const(1, out)), axis=[rank])
     return _move_back(y, d, rank)
+
+
+def _gather_at_run_time(n: AtenCall, x: Expr, dim: int, index: Expr) -> Expr:
+    """torch.gather of shapes known when the program runs: the data cut to the index's sizes
+    off the gathered axis (torch allows them smaller), both with that axis moved last, and
+    ``take`` along it with every other axis a batch dimension."""
+    rank = n.rank(x)
+    if n.rank(index) != rank:
+        raise n.error(f"gather's index has rank {n.rank(index)} but its input has rank {rank}")
+    d = axis(dim, rank, n)
+    xs, ids = n.shape(x), n.shape(index)
+    if any(k != d and xs[k] != ids[k] for k in range(rank)):  # not known to be equal
+        big = np.iinfo(np.int64).max
+        ends = [big if k == d else size for k, size in enumerate(n.sizes(index))]
+        x = dyn("dyn.strided_slice", x, const(np.zeros(rank, "int64")),
+                n.shape_tensor(ends), const(np.ones(rank, "int64")))
+    picked = take(_move_last(x, d, rank), _move_last(index, d, rank), axis=rank - 1,
+                  batch_dims=rank - 1, mode="clip")
+    if d == rank - 1:
+        return picked
+    back = list(range(d)) + [rank - 1] + list(range(d, rank - 1))
+    return transpose(picked, axes=back)
 
 
 def _move_last(x: Expr, d: int, rank: int) -> Expr:

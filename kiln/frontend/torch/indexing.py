@@ -15,11 +15,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from math import prod
+from typing import Any
 
 import numpy as np
 
 from kiln.frontend.torch.registry import AtenCall, converter
 from kiln.frontend.torch.scatter import scatter_along
+from kiln.frontend.torch.sizes import dyn
 from kiln.ir import Constant, Expr, const
 from kiln.ir.ty import TensorType
 from kiln.op import add, broadcast_to, cast, floor_mod, multiply, reshape, take
@@ -32,13 +34,16 @@ class _Plan:
 
     order: list[int]  # the input's axes, indexed ones together (the identity when adjacent)
     first: int  # where the merged axis stands after the move
-    merged: list[int]  # the shape with the indexed axes merged
+    merged: list[Any]  # the shape with the indexed axes merged (torch sizes: int or SymInt)
     position: Expr  # the position along the merged axis, shaped B
     broadcast: tuple[int, ...]  # B
 
 
 def _plan(n: AtenCall, x: Expr, indices: Sequence[Expr | None]) -> _Plan:
-    shape = n.static_shape(x, "indexing with index tensors")
+    static = n.type(x).is_static
+    # torch's sizes: where some are symbolic, the strides and the merged shape are computed
+    # when the program runs (`n.size_expr`, `n.shape_tensor`)
+    shape = n.sizes(x) if not static else n.static_shape(x, "indexing with index tensors")
     rank = len(shape)
     if len(indices) > rank:
         raise n.error(f"{len(indices)} indices for a tensor of rank {rank}")
@@ -53,7 +58,9 @@ def _plan(n: AtenCall, x: Expr, indices: Sequence[Expr | None]) -> _Plan:
             raise n.error("indexing with a boolean mask has a shape that depends on the data; "
                           "kiln needs static shapes (use torch.where instead)")
         tensors.append(i)
-    b = tuple(np.broadcast_shapes(*(n.static_shape(i, "an index tensor") for i in tensors)))
+    static = static and all(n.type(i).is_static for i in tensors)
+    b = tuple(np.broadcast_shapes(*(n.static_shape(i, "an index tensor") for i in tensors))) \
+        if static else ()
     adjacent = used == list(range(used[0], used[-1] + 1))
     rest = [k for k in range(rank) if k not in used]
     order = list(range(rank)) if adjacent else used + rest
@@ -65,17 +72,22 @@ def _plan(n: AtenCall, x: Expr, indices: Sequence[Expr | None]) -> _Plan:
     for j, (i, size) in enumerate(zip(tensors, sizes)):
         term = _wrapped(n, i, size)
         stride = prod(sizes[j + 1:])
-        if stride != 1:
+        if not isinstance(stride, int):
+            term = multiply(term, n.size_expr(stride))
+        elif stride != 1:
             term = multiply(term, const(np.int64(stride)))
         position = term if position is None else add(position, term)
     assert position is not None
-    if len(tensors) == 1 and tuple(n.static_shape(tensors[0], "an index tensor")) != b:
+    if static and len(tensors) == 1 and tuple(n.static_shape(tensors[0], "an index tensor")) != b:
         position = broadcast_to(position, shape=b)
     return _Plan(order, first, merged, position, b)
 
 
-def _wrapped(n: AtenCall, i: Expr, size: int) -> Expr:
+def _wrapped(n: AtenCall, i: Expr, size: Any) -> Expr:
     """An index tensor as int64 in [0, size): negative indices counted from the end."""
+    if not isinstance(size, int):
+        as64 = i if n.dtype(i) == "int64" else cast(i, dtype="int64")
+        return floor_mod(as64, n.size_expr(size))
     if isinstance(i, Constant):
         values = i.data.astype(np.int64)
         return const(np.where(values < 0, values + size, values))
@@ -83,11 +95,13 @@ def _wrapped(n: AtenCall, i: Expr, size: int) -> Expr:
     return floor_mod(as64, const(np.int64(size)))
 
 
-def _moved(x: Expr, plan: _Plan) -> Expr:
+def _moved(n: AtenCall, x: Expr, plan: _Plan) -> Expr:
     """``x`` with its indexed axes together and merged into one."""
     if plan.order != sorted(plan.order):
         x = transpose_(x, axes=plan.order)
-    return reshape(x, newshape=plan.merged)
+    if all(isinstance(d, int) for d in plan.merged):
+        return reshape(x, newshape=plan.merged)
+    return dyn("dyn.reshape", x, n.shape_tensor(plan.merged), allowzero=1)
 
 
 @converter("aten.index.Tensor")
@@ -97,7 +111,7 @@ def index(n: AtenCall, x: Expr, indices: list[Expr | None]) -> Expr:
         k, i = used[0]
         return take(x, i, axis=k, mode="wrap")  # wrap: torch's negative indices count back
     plan = _plan(n, x, indices)
-    return take(_moved(x, plan), plan.position, axis=plan.first, mode="clip")
+    return take(_moved(n, x, plan), plan.position, axis=plan.first, mode="clip")
 
 
 @converter("aten.index_put.default")
@@ -106,9 +120,11 @@ def index_put(n: AtenCall, x: Expr, indices: list[Expr | None], values: Expr,
     """``x[indices] = values`` (``+=`` with ``accumulate``): a scatter along the merged axis.
     Where an index repeats without ``accumulate``, torch keeps one of the values, kiln the
     last."""
+    if not n.type(x).is_static:
+        raise n.error("index_put of a tensor of symbolic shape is not supported")
     plan = _plan(n, x, indices)
     dtype = n.out.dtype
-    data = n.note(_moved(x, plan), TensorType(tuple(plan.merged), dtype))
+    data = n.note(_moved(n, x, plan), TensorType(tuple(plan.merged), dtype))
     # The updates and their positions, shaped as x[indices] with B flattened to one axis.
     before, after = plan.merged[:plan.first], plan.merged[plan.first + 1:]
     picked = (*before, *plan.broadcast, *after)
