@@ -49,6 +49,7 @@ bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/peers.py
 	$(BIN)/python benchmarks/conv_layers.py
 	$(BIN)/python benchmarks/treelstm.py
+	$(BIN)/python benchmarks/dynamic_shapes.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
