@@ -19,6 +19,7 @@ calls over their total time.
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ from kiln.cli.common import (
     add_progress,
     add_trust,
     check_file,
+    float_in,
     int_in,
     load_executable,
     read_model,
@@ -99,16 +101,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for _ in range(args.warmup):
         exe(*arguments)
     repeat = args.repeat
-    if repeat is None:  # about a second's worth, from 10 to 1000 calls
+    budget = args.time_budget
+    if repeat is None and budget is None:  # about a second's worth, from 10 to 1000 calls
         start = time.perf_counter()
         exe(*arguments)
         repeat = min(1000, max(10, int(1.0 / max(time.perf_counter() - start, 1e-6))))
-    progress.step(f"{repeat} timed calls")
-    times = []
-    for _ in range(repeat):
+    progress.step(f"{repeat} timed calls" if repeat is not None else
+                  f"timed calls for {budget:g} s")
+    times: list[float] = []
+    began = time.perf_counter()
+    while (len(times) < repeat if repeat is not None
+           else time.perf_counter() - began < budget or len(times) < 3):
         start = time.perf_counter()
         exe(*arguments)
         times.append(time.perf_counter() - start)
+    repeat = len(times)
     profile = None
     if args.profile:
         progress.step("profiling")
@@ -119,14 +126,29 @@ def cmd_bench(args: argparse.Namespace) -> int:
     stats = exe.stats()
     target = exe.target
     machine = target.describe() if isinstance(target, Target) else str(target)
-    print(f"{args.model}: {exe.signature}")
     count = nthreads if nthreads is not None else num_threads()
+    if args.json:
+        record = {"model": str(args.model), "signature": exe.signature, "calls": repeat,
+                  "warmup": args.warmup, "threads": count, "inputs": inputs,
+                  "executor": stats.executor, "kernels": stats.kernels, "target": machine,
+                  "seconds": {"min": times[0], "median": median,
+                              "p10": _percentile(times, 10), "p90": _percentile(times, 90),
+                              "max": times[-1]},
+                  "calls_per_second": repeat / sum(times)}
+        if profile is not None:
+            record["profile"] = [
+                {"kernel": r.kernel, "calls": r.calls, "total_seconds": r.total,
+                 "share": r.share, "flops": r.flops, "gflops": r.gflops,
+                 "operators": list(r.ops), "source": r.location} for r in profile.rows]
+        print(json.dumps(record, indent=2))
+        return 0
+    print(f"{args.model}: {exe.signature}")
     print(f"  {stats.kernels} kernels, {stats.executor} executor, "
           f"{count} thread{'s' if count != 1 else ''}, {inputs}")
     print(f"  target {machine}")
-    print(f"  {repeat} calls after {args.warmup} warm-up: median {median * 1e3:.3f} ms, "
-          f"p10 {_percentile(times, 10) * 1e3:.3f} ms, p90 {_percentile(times, 90) * 1e3:.3f} ms, "
-          f"{repeat / sum(times):.1f} calls/s")
+    print(f"  {repeat} calls after {args.warmup} warm-up: min {times[0] * 1e3:.3f} ms, "
+          f"median {median * 1e3:.3f} ms, p10 {_percentile(times, 10) * 1e3:.3f} ms, "
+          f"p90 {_percentile(times, 90) * 1e3:.3f} ms, {repeat / sum(times):.1f} calls/s")
     if profile is not None:
         print()
         print(profile)
@@ -145,8 +167,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        "executable (.kiln)")
     bench.add_argument("--inputs", help="an .npz of the model's inputs (as for kiln run); "
                        "default: random inputs")
-    bench.add_argument("--repeat", type=int_in(1), metavar="N",
-                       help="timed calls (default: about a second's worth, 10 to 1000)")
+    budget = bench.add_mutually_exclusive_group()
+    budget.add_argument("--repeat", type=int_in(1), metavar="N",
+                        help="timed calls (default: about a second's worth, 10 to 1000)")
+    budget.add_argument("--time-budget", type=float_in(0.0), metavar="SECONDS",
+                        help="time calls for this long instead (at least 3 calls)")
     bench.add_argument("--warmup", type=int_in(0), default=3, metavar="N",
                        help="untimed calls first (default 3)")
     bench.add_argument("--threads", type=int_in(1), metavar="N",
@@ -156,6 +181,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        help="seed of the random inputs (default 0)")
     bench.add_argument("--profile", action="store_true",
                        help="also print the per-kernel profile table")
+    bench.add_argument("--json", action="store_true",
+                       help="print the figures (and the profile) as one JSON object")
     compile_options(bench)
     add_progress(bench)
     add_trust(bench)

@@ -242,6 +242,23 @@ def add_verbosity(p: argparse.ArgumentParser, default: object = None) -> None:
                    help="print only errors on stderr")
 
 
+def float_in(above: float) -> Callable[[str], float]:
+    """An argparse type: a finite number greater than ``above``."""
+    import argparse
+    import math
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"want a number, not {text!r}") from None
+        if not math.isfinite(value) or value <= above:
+            raise argparse.ArgumentTypeError(f"must be a number above {above:g}, got {text}")
+        return value
+
+    return parse
+
+
 def int_in(least: int, most: int | None = None) -> Callable[[str], int]:
     """An argparse type: an integer from ``least`` to ``most`` (None: no upper bound)."""
     import argparse

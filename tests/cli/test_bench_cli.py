@@ -29,7 +29,7 @@ def relay_file(tmp_path):
 def test_bench_prints_latency_and_the_profile_table(relay_file, capsys):
     assert main(["bench", str(relay_file), "--repeat", "5", "--warmup", "1", "--profile"]) == 0
     out = capsys.readouterr().out
-    assert "5 calls after 1 warm-up: median" in out and "calls/s" in out
+    assert "5 calls after 1 warm-up: min" in out and "median" in out and "calls/s" in out
     assert "p10" in out and "p90" in out and "random inputs (seed 0)" in out
     table = out[out.index("kernel "):].splitlines()
     listed = {line.split()[0] for line in table[2:] if line.startswith("fused_")}
