@@ -6,8 +6,12 @@ call runs its type relation as soon as its argument types are known, and waits i
 otherwise. After the walk the queue is run until nothing changes. Finally the program is
 rebuilt with every node's resolved type in ``checked_type``.
 
-Polymorphic globals and constructors are instantiated with fresh unknowns at each use;
-globals see each other's types, so mutual recursion needs no annotations beyond Relay's.
+Polymorphic globals and constructors are instantiated with fresh unknowns at each use. A
+module's globals are checked callees first, one group of mutually recursive globals at a time
+(`inference_order`): a polymorphic global's type, its result type included, is complete before
+any caller outside its group instantiates it. Inside a group, a polymorphic global whose type
+is not yet known is used at an unknown type that is checked against an instance of its type
+once that is known (`_Instance`), so mutual recursion needs no annotations beyond Relay's.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from typing import Any
 
 from kiln.errors import Error, InternalError, Span, TypeCheckError
 from kiln.infer.exhaustive import unmatched_case
-from kiln.infer.unify import Mismatch, Unifier, instantiate
+from kiln.infer.order import inference_order
+from kiln.infer.unify import Mismatch, Unifier
 from kiln.ir.adt import (
     Constructor,
     Pattern,
@@ -55,8 +60,10 @@ from kiln.ir.ty import (
     TupleType,
     Type,
     TypeCall,
+    TypeVar,
     scalar_type,
     substitute,
+    type_children,
 )
 from kiln.op import registry
 from kiln.op.registry import OpDef
@@ -145,6 +152,34 @@ class _Projection:
         )
 
 
+class _Instance:
+    """A use of a polymorphic global of the group being checked, made before the global's
+    type was complete: the use's type must be an instance of the global's, once that is known.
+    """
+
+    __slots__ = ("gv", "use", "span")
+
+    def __init__(self, gv: GlobalVar, use: Type, span: Span | None) -> None:
+        self.gv, self.use, self.span = gv, use, span
+
+    def try_solve(self, inf: _Inferer) -> bool:
+        scheme = inf.global_types[self.gv.name]
+        if not inf.u.is_ground(scheme):
+            return False
+        inf.unify(self.use, scheme, f"this use of @{self.gv.name}", self.span, self.gv)
+        return True
+
+    def unsolved_error(self, inf: _Inferer) -> TypeCheckError:
+        name = self.gv.name
+        so_far = inf.u.resolve(inf.global_types[name])
+        return TypeCheckError(
+            f"cannot infer the type of @{name} (so far {so_far}): it is polymorphic and used "
+            f"here, within its own recursion, before its body says what it returns; annotate "
+            f"its return type (def @{name}[...](...) -> T)" + inf.where(self.gv, self.span),
+            self.span,
+        )
+
+
 def _is_nullary_constructor(e: Expr) -> bool:
     # A value such as `Nil` is polymorphic: when rewriting shares one such node between uses
     # at different types, each use gets its own instance of the constructor's type.
@@ -162,7 +197,7 @@ class _Inferer:
         self.in_scope: set[Var] = set()
         self.global_types: dict[str, Type] = {}
         self.attrs: dict[int, Any] = {}  # id(op call) -> its normalized attributes
-        self.pending: list[_Relation | _Projection] = []
+        self.pending: list[_Relation | _Projection | _Instance] = []
         self.constant_types: dict[tuple, TensorType] = {}
 
     # --- helpers ----------------------------------------------------------------------------
@@ -237,6 +272,8 @@ class _Inferer:
 
     def visit(self, e: Expr, outer: Span | None) -> Visit:
         """The type of ``e`` (a generator, run by `trampoline`)."""
+        if isinstance(e, GlobalVar):  # each use of a polymorphic global has its own type
+            return self.visit_global(e, span_of(e, outer))
         t = self.types.get(id(e))
         if t is not None and not _is_nullary_constructor(e):
             return t
@@ -252,10 +289,6 @@ class _Inferer:
                 t = self.constant_types.get(key)
                 if t is None:
                     t = self.constant_types[key] = TensorType(e.data.shape, e.data.dtype.name)
-            case GlobalVar():
-                t = self.global_types.get(e.name)
-                if t is None:
-                    raise TypeCheckError(f"there is no global function @{e.name}", span)
             case Constructor():
                 t = self.constructor_type(e, span)
             case Op():
@@ -302,6 +335,23 @@ class _Inferer:
         if not isinstance(e, Var):  # a variable's scope is checked at every use
             self.types[id(e)] = t
         return t
+
+    def visit_global(self, e: GlobalVar, span: Span | None) -> Type:
+        """The type of one use of a global: its type, or an unknown checked against it later."""
+        t = self.global_types.get(e.name)
+        if t is None:
+            raise TypeCheckError(f"there is no global function @{e.name}", span)
+        self.types[id(e)] = t  # the node's own type is the global's (polymorphic) type
+        found = self.u.find(t)
+        if not isinstance(found, FuncType) or not found.type_params:
+            return t  # monomorphic: every use shares the global's one type
+        if self.u.is_ground(found):
+            return self.u.resolve(found)
+        # Used inside its own recursive group before its type is known: sharing the unknowns
+        # of its type with this use would let the caller's types leak into the global's.
+        use = IncompleteType()
+        self.pending.append(_Instance(e, use, span))
+        return use
 
     def visit_let(self, e: Let, span: Span | None) -> Visit:
         # Walk a let chain in a loop: A-normal-form chains are thousands deep.
@@ -353,7 +403,7 @@ class _Inferer:
             raise TypeCheckError(
                 f"cannot call {describe(c.op)}: it has type {self.u.resolve(ft)}, not a function "
                 "type" + self.where(c, span), span)
-        ft = instantiate(ft)
+        ft = self.u.instantiate(ft)
         if len(ft.arg_types) != len(args):
             raise TypeCheckError(
                 f"{describe(c.op)} takes {len(ft.arg_types)} argument(s) but is given "
@@ -466,16 +516,64 @@ class _Inferer:
 
     # --- solving and rebuilding ---------------------------------------------------------------
 
-    def solve(self) -> None:
-        """Run the waiting relations and projections until none makes progress."""
+    def solve(self, strict: bool = True) -> None:
+        """Run the waiting relations, projections and instances until none makes progress.
+
+        ``strict``: what is still waiting then is an error; otherwise it waits on.
+        """
         while self.pending:
             waiting = []
             for c in self.pending:
                 if not c.try_solve(self):
                     waiting.append(c)
             if len(waiting) == len(self.pending):
-                raise waiting[0].unsolved_error(self)
+                if strict:
+                    raise waiting[0].unsolved_error(self)
+                return
             self.pending = waiting
+
+    def check_group(self, mod: IRModule, group: list[str]) -> None:
+        """Solve what a group of globals constrains and fix its polymorphic types.
+
+        What a monomorphic global leaves unknown may still be settled by its callers; a
+        polymorphic global's type must be complete now, before its callers instantiate it.
+        """
+        for name in group:
+            gv = GlobalVar(name)
+            fn = mod.functions[gv]
+            ft = trampoline(self.visit(fn, fn.span))
+            self.unify(self.global_types[name], ft, f"the type of @{name}", fn.span)
+        self.solve(strict=False)
+        for name in group:
+            fn = mod.functions[GlobalVar(name)]
+            if not fn.type_params:
+                continue
+            if self.u.is_ground(self.global_types[name]):
+                continue
+            scheme = self.u.resolve(self.global_types[name])
+            stuck = [p for p in self.pending if isinstance(p, _Instance)] or self.pending
+            if stuck:
+                raise stuck[0].unsolved_error(self)
+            raise TypeCheckError(
+                f"cannot infer the type of @{name}: its body leaves part of it unknown "
+                f"({scheme}); annotate its parameters and return type", fn.span)
+
+    def check_type_vars(self, mod: IRModule) -> None:
+        """Every global's type mentions only its own type parameters.
+
+        A global whose parameters are left to inference, called from inside a polymorphic
+        global, can be given that global's type variables, which mean nothing outside it.
+        """
+        for gv, fn in mod.functions.items():
+            t = self.u.resolve(self.global_types[gv.name])
+            foreign = _foreign_type_var(t, set(fn.type_params))
+            if foreign is None:
+                continue
+            raise TypeCheckError(
+                f"the type of @{gv.name} would be {t}, which mentions the type variable "
+                f"{foreign.name} of another function (it is called with values of that type "
+                f"there); make @{gv.name} polymorphic (def @{gv.name}[{foreign.name}](...)) or "
+                "annotate its parameters", fn.span)
 
     def final(self, e: Expr, t: Type) -> Type:
         out = self.u.resolve(t)
@@ -570,6 +668,23 @@ class _Inferer:
         return new[id(root)]
 
 
+def _foreign_type_var(t: Type, allowed: set[TypeVar]) -> TypeVar | None:
+    """A type variable in ``t`` that neither ``allowed`` nor an enclosing type binds."""
+    stack: list[tuple[Type, frozenset[TypeVar]]] = [(t, frozenset(allowed))]
+    seen: set[tuple[int, frozenset[TypeVar]]] = set()  # types share their parts: a DAG
+    while stack:
+        x, bound = stack.pop()
+        if (id(x), bound) in seen:
+            continue
+        seen.add((id(x), bound))
+        if isinstance(x, TypeVar) and x not in bound:
+            return x
+        if isinstance(x, FuncType) and x.type_params:
+            bound = bound | frozenset(x.type_params)
+        stack.extend((k, bound) for k in type_children(x))
+    return None
+
+
 def _global_placeholder(fn: Function) -> FuncType:
     params = tuple(p.type_annotation or IncompleteType() for p in fn.params)
     return FuncType(params, fn.ret_type or IncompleteType(), fn.type_params)
@@ -585,10 +700,10 @@ def infer_types(obj: IRModule | Expr, mod: IRModule | None = None) -> Any:
         inf = _Inferer(obj)
         for gv, fn in obj.functions.items():
             inf.global_types[gv.name] = _global_placeholder(fn)
-        for gv, fn in obj.functions.items():
-            ft = trampoline(inf.visit(fn, fn.span))
-            inf.unify(inf.global_types[gv.name], ft, f"the type of @{gv.name}", fn.span)
+        for group in inference_order(obj):
+            inf.check_group(obj, group)
         inf.solve()
+        inf.check_type_vars(obj)
         funcs: dict[GlobalVar, Function] = {}
         for gv, fn in obj.functions.items():
             typed_fn = inf.rebuild(fn)

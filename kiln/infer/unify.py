@@ -62,6 +62,16 @@ class Unifier:
         self._version = 0
         self.steps = 0  # types visited by the occurs check and resolve: a measure of the work
 
+    def instantiate(self, ft: FuncType) -> FuncType:
+        """``ft``'s type parameters replaced by fresh unknowns, inside what its unknowns are
+        bound to as well (an unannotated result type is an unknown bound to the body's type).
+        """
+        if not ft.type_params:
+            return ft
+        resolved = self.resolve(ft)
+        assert isinstance(resolved, FuncType)  # resolving keeps the kind of type
+        return instantiate(resolved)
+
     def _bind(self, v: IncompleteType, t: Type) -> None:
         self.binding[v] = t
         self._version += 1
@@ -155,6 +165,12 @@ class Unifier:
             stack.extend((k, False) for k in type_children(x))
         return False
 
+    def is_ground(self, t: Type) -> bool:
+        """Whether ``t``, its bindings followed, holds no unbound unknown (walks a DAG once)."""
+        self.occurs(None, t)
+        found = self.find(t)
+        return not isinstance(found, IncompleteType) and id(found) in self._ground
+
     def _rebind_root(self, root: IncompleteType, old: Type, new: Type) -> None:
         """Point ``root`` (bound to ``old``) at the more precise ``new``; keep ``_ground`` true."""
         if id(old) in self._ground:
@@ -223,15 +239,17 @@ class Unifier:
             if len(a.type_params) != len(b.type_params):
                 raise Mismatch(" (different numbers of type parameters)")
             rename: dict[Type, Type] = dict(zip(b.type_params, a.type_params))
+            resolved = self.resolve(b)
+            assert isinstance(resolved, FuncType)
             b = FuncType(
-                tuple(substitute(t, rename) for t in b.arg_types),
-                substitute(b.ret_type, rename),
+                tuple(substitute(t, rename) for t in resolved.arg_types),
+                substitute(resolved.ret_type, rename),
                 a.type_params,
             )
         elif a.type_params:
-            a = instantiate(a)
+            a = self.instantiate(a)
         elif b.type_params:
-            b = instantiate(b)
+            b = self.instantiate(b)
         if len(a.arg_types) != len(b.arg_types):
             raise Mismatch(
                 f" (a function of {len(a.arg_types)} parameters against one of "
