@@ -175,7 +175,11 @@ class _FunctionLowering(MatchLowering):
         self.b.br(self.header, args)
         self.b.position(self.header)
         self.env: dict[Var, Any] = dict(zip(params, self.header.params))
-        self.scopes: list[dict[int, Any]] = [{}]
+        # What each node lowered to, where that is visible; the nodes each open branch lowered
+        # (forgotten when it ends). One dict, not one per scope: a lookup inside n nested
+        # branches would otherwise try n scopes.
+        self.lowered: dict[int, Any] = {}
+        self.scopes: list[list[int]] = [[]]
 
     def run(self, body: Expr) -> SSAFunction:
         trampoline(self.tail(body))
@@ -185,19 +189,16 @@ class _FunctionLowering(MatchLowering):
     # --- scopes -------------------------------------------------------------------------------
 
     def lookup(self, e: Expr) -> Any:
-        for scope in reversed(self.scopes):
-            v = scope.get(id(e))
-            if v is not None:
-                return v
-        return None
+        return self.lowered.get(id(e))
 
     def branch(self, block: Block) -> None:
         """Start lowering a branch: values made in it are not visible after it."""
         self.b.position(block)
-        self.scopes.append({})
+        self.scopes.append([])
 
     def end_branch(self) -> None:
-        self.scopes.pop()
+        for key in self.scopes.pop():
+            self.lowered.pop(key, None)
 
     # --- values -------------------------------------------------------------------------------
 
@@ -250,7 +251,8 @@ class _FunctionLowering(MatchLowering):
                 raise Error(f"operator {e.name} cannot be used as a value", e.span)
             case _:
                 raise InternalError(f"lowering to SSA met an unknown node {type(e).__name__}")
-        self.scopes[-1][id(e)] = v
+        self.lowered[id(e)] = v
+        self.scopes[-1].append(id(e))
         return v
 
     def tail(self, e: Expr) -> Visit:

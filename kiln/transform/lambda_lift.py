@@ -29,14 +29,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kiln.ir.adt import pattern_vars
 from kiln.ir.attrs import Attrs
-from kiln.ir.expr import Call, Expr, Function, GlobalVar, Let, Var
+from kiln.ir.expr import Call, Expr, Function, GlobalVar, Let, Match, Var
 from kiln.ir.module import IRModule
 from kiln.ir.traverse import (
     Visit,
     bound_vars,
     children,
-    free_vars,
+    post_order,
     rewrite,
     trampoline,
     with_children,
@@ -72,36 +73,76 @@ def _type_vars(types: list[Type | None]) -> list[TypeVar]:
     return out
 
 
+def _not_function(e: Expr) -> bool:
+    return not isinstance(e, Function)
+
+
+def function_free_vars(root: Expr) -> dict[int, list[Var]]:
+    """The free variables of every function inside ``root`` (by id), each in order of use.
+
+    One walk: each function's own part (its body up to the functions nested in it) is walked
+    once, innermost functions first, and a function's free variables are those of its own part
+    and of the functions directly inside it, less what it binds. Calling `free_vars` on every
+    function instead walks a function nested n deep n times.
+    """
+    out: dict[int, list[Var]] = {}
+    for fn in post_order(root):
+        if not isinstance(fn, Function) or id(fn) in out:
+            continue
+        bound: set[Var] = set(fn.params)
+        used: dict[Var, None] = {}  # ordered
+        for node in post_order(fn.body, gate=_not_function):
+            match node:
+                case Var():
+                    used.setdefault(node, None)
+                case Function():
+                    for v in out[id(node)]:
+                        used.setdefault(v, None)
+                case Let():
+                    bound.add(node.var)
+                case Match():
+                    for clause in node.clauses:
+                        bound.update(pattern_vars(clause.lhs))
+        out[id(fn)] = [v for v in used if v not in bound]
+    return out
+
+
 class _Lifter:
     """Lifts the local functions of one module's globals."""
 
     def __init__(self, mod: IRModule) -> None:
         self.mod = mod
         self.names = {gv.name for gv in mod.functions}
+        self.last_number: dict[str, int] = {}
         self.new_globals: dict[GlobalVar, Function] = {}
         self.known: dict[Var, Lifted] = {}  # let-bound local functions, by variable
         self.lifted: dict[int, Lifted] = {}  # by id of the Function
         self.memo: dict[int, Expr] = {}
         self.owner = ""
+        self.free: dict[int, list[Var]] = {}  # by id of the Function, for the current global
 
     def fresh_name(self, hint: str) -> str:
         base = f"{self.owner}_{hint}"
-        name, n = base, 0
+        # Count on from the last number given to this base: a thousand closures named
+        # "lambda" would otherwise try every taken name before each new one.
+        name, n = base, self.last_number.get(base, 0)
+        if n:
+            name = f"{base}{n}"
         while name in self.names:
             n += 1
             name = f"{base}{n}"
         self.names.add(name)
+        self.last_number[base] = n
         return name
 
     def captured_by(self, fn: Function, self_var: Var | None) -> tuple[Var, ...]:
         """What a lifted ``fn`` must be given: its free variables, through lifted ones."""
-        out: list[Var] = []
-        for v in free_vars(fn):
+        out: dict[Var, None] = {}  # ordered
+        for v in self.free[id(fn)]:
             if v is self_var:
                 continue
             for w in self.known[v].captured if v in self.known else (v,):
-                if w not in out:
-                    out.append(w)
+                out.setdefault(w, None)
         return tuple(out)
 
     def lift(self, fn: Function, hint: str, self_var: Var | None = None) -> Visit:
@@ -196,6 +237,7 @@ class _Lifter:
                 funcs[gv] = fn
                 continue
             self.owner = gv.name
+            self.free = function_free_vars(fn.body)
             body = trampoline(self.visit(fn.body))
             funcs[gv] = Function(fn.params, body, fn.ret_type, fn.type_params, fn.attrs,
                                  span=fn.span)
