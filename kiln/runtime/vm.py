@@ -165,6 +165,7 @@ class VM:
         # Kernels take registers unchecked unless the program reads references (a reference
         # passed in is shared state whose contents the boundary leaves as they are) or came
         # from a file whose seal does not count (``checked``: see kiln/runtime/artifact.py).
+        self._checked = checked
         self._trusted = not checked and not any(
             ins.op == "ref_read" for fn in program.functions.values()
             for blk in fn.blocks for ins in blk.instrs)
@@ -263,6 +264,17 @@ class VM:
                         status = entry(args_type(*[at(id(regs[i]) + off).value for i in args]))
                         if status:
                             fail(status)
+                    return step
+
+                if self._checked:  # a program from a file kiln does not trust
+                    name = a["kernel"]
+
+                    def step(regs: list[Any], fr: _Frame) -> None:
+                        try:
+                            f(*[regs[i] for i in args])
+                        except InternalError as e:  # its arguments are the file's fault
+                            raise EvalError(f"the program passes kernel @{name} arguments it "
+                                            f"does not take: {e.message}") from None
                     return step
 
                 def step(regs: list[Any], fr: _Frame) -> None:
