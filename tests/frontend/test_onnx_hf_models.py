@@ -1,0 +1,103 @@
+"""Hugging Face models exported to ONNX and brought in by `from_onnx`, against PyTorch.
+
+The models and their inputs are those of tests/frontend/test_torch_hf_models.py: small
+configurations, random weights, nothing downloaded (``HF_HUB_OFFLINE=1``). Each is run by
+PyTorch in eval mode (the oracle), exported by the TorchScript exporter (``dynamo=False``,
+opset 17, static shapes), imported with `kiln.frontend.onnx.from_onnx` and compiled with
+`kiln.build`. A text model given an attention mask must keep it as a graph input: the
+exporter drops inputs the output does not depend on.
+
+The default run uses hidden sizes of 32, 2 layers, 8 tokens or 32×32 images (ViT 16×16);
+the larger forms (64 wide, 16 tokens, batch 2) run with ``-m slow``.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+onnx = pytest.importorskip("onnx")
+from torch import nn  # noqa: E402
+
+import kiln  # noqa: E402
+from kiln.frontend.onnx import from_onnx  # noqa: E402
+from tests.frontend.test_torch_hf_models import (  # noqa: E402
+    TEXT,
+    VISION,
+    _ids,
+    _mask,
+    full_size,  # noqa: F401 (the fixture that skips the larger forms)
+)
+
+# (text model, with an attention mask) pairs
+TEXT_CASES = [("t5_encoder", False), ("t5_encoder", True), ("bert", True)]
+VISION_CASES = ["convnext", "efficientnet", "vit", "whisper_encoder"]
+
+
+def _check_onnx(model: nn.Module, inputs: list[torch.Tensor], names: list[str],
+                path: Path) -> None:
+    """kiln's compiled code for ``model`` exported to ONNX agrees with PyTorch at rtol 1e-4,
+    on an output that is not all (nearly) zero."""
+    model.eval()
+    with torch.no_grad():
+        want = model(*inputs).numpy()
+    assert float(np.abs(want).max()) > 1e-2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, tuple(inputs), str(path), dynamo=False, opset_version=17,
+                          input_names=names, output_names=["out"])
+    assert [i.name for i in onnx.load(str(path)).graph.input] == names
+
+    mod, params = from_onnx(path)
+    got = np.asarray(kiln.build(mod, params=params)(*[x.numpy() for x in inputs]))
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+def _text(name: str, masked: bool, width: int, batch: int, seq: int, path: Path) -> None:
+    torch.manual_seed(sum(map(ord, name)))
+    model = TEXT[name](width)
+    inputs, names = [_ids(batch, seq)], ["input_ids"]
+    if masked:
+        inputs.append(_mask(batch, seq))
+        names.append("attention_mask")
+    _check_onnx(model, inputs, names, path)
+
+
+def _vision(name: str, width: int, batch: int, size: int, path: Path) -> None:
+    torch.manual_seed(sum(map(ord, name)))
+    build, make = VISION[name]
+    _check_onnx(build(width), [make(batch, size)], ["x"], path)
+
+
+@pytest.mark.parametrize(("name", "masked"), TEXT_CASES,
+                         ids=[f"{n}-{'mask' if m else 'no_mask'}" for n, m in TEXT_CASES])
+def test_text_model(name: str, masked: bool, tmp_path: Path) -> None:
+    _text(name, masked, width=32, batch=2, seq=8, path=tmp_path / f"{name}.onnx")
+
+
+@pytest.mark.parametrize("name", VISION_CASES)
+def test_vision_and_audio_model(name: str, tmp_path: Path) -> None:
+    _vision(name, width=32, batch=1, size=32, path=tmp_path / f"{name}.onnx")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("full_size")
+@pytest.mark.parametrize(("name", "masked"), TEXT_CASES,
+                         ids=[f"{n}-{'mask' if m else 'no_mask'}" for n, m in TEXT_CASES])
+def test_text_model_larger(name: str, masked: bool, tmp_path: Path) -> None:
+    _text(name, masked, width=64, batch=2, seq=16, path=tmp_path / f"{name}.onnx")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("full_size")
+@pytest.mark.parametrize("name", VISION_CASES)
+def test_vision_and_audio_model_larger(name: str, tmp_path: Path) -> None:
+    _vision(name, width=64, batch=2, size=64, path=tmp_path / f"{name}.onnx")
