@@ -80,7 +80,7 @@ def test_errors_are_one_line_with_a_nonzero_status(files, capsys):
     capsys.readouterr()
     cases = [
         (["run", str(d / "m.kiln"), "--inputs", str(d / "bad.npz")],
-         "argument 1 (%x) of @main expects Tensor[(2, 5), float32]"),
+         "input 'x' has shape [2, 4], but the model expects Tensor[(2, 5), float32]"),
         (["run", str(d / "m.kiln")], "give them with --inputs"),
         (["build", str(d / "none.rly")], "no such file"),
         (["run", str(d / "w.npz")], "not a valid kiln executable"),
