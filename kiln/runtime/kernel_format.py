@@ -49,7 +49,6 @@ from kiln.loops.ir import (
 )
 from kiln.loops.verify import verify
 
-
 # No kernel kiln makes has wider vectors (64 int8 lanes fill a 512-bit register); a file
 # asking for more would only make LLVM build absurd types.
 MAX_LANES = 256
