@@ -66,17 +66,23 @@ class Conv2DBackwardWeightAttrs(WindowAttrs):
     grad_layout: str
 
 
+def check_input_dtypes(data: TensorType, weight: TensorType, attrs: Conv2DAttrs) -> None:
+    """A convolution's data and weight share a numeric dtype, or differ (uint8 data, int8
+    weight) when ``out_dtype`` says what they accumulate in, as TVM's relations allow."""
+    if attrs.out_dtype == "" or data.dtype == weight.dtype:
+        same_dtype([data, weight], ("data", "weight"))
+    else:
+        require_dtype(weight, "weight", "numeric")
+    require_dtype(data, "data", "numeric")
+
+
 def _conv2d_relation(arg_types: Sequence[Type], attrs: Conv2DAttrs) -> Type | None:
     args = tensor_args(arg_types, ("data", "weight"))
     if args is None:
         return None
     data, weight = args
     data_layout, kernel_layout, out_layout = _layouts(attrs)
-    if attrs.out_dtype == "" or data.dtype == weight.dtype:
-        same_dtype(args, ("data", "weight"))
-    else:  # mixed inputs (uint8 data, int8 weight) accumulate in out_dtype, as TVM's
-        require_dtype(weight, "weight", "numeric")
-    require_dtype(data, "data", "numeric")
+    check_input_dtypes(data, weight, attrs)
     require_rank(data, f"data ({data_layout})", 4)
     require_rank(weight, f"weight ({kernel_layout})", 4)
     n, c, h, w = _permuted(data.shape, data_layout, "NCHW")

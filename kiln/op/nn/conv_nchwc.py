@@ -32,8 +32,6 @@ from kiln.op.common import (
     check_window_attrs,
     padding4,
     pair,
-    require_dtype,
-    same_dtype,
     shape_str,
     tensor_args,
     unify_dim,
@@ -56,6 +54,7 @@ from kiln.op.nn.conv import (
     _geometry,
     _output_padding,
     _window_attrs,
+    check_input_dtypes,
 )
 from kiln.op.registry import Attr, OpPattern, register
 
@@ -110,11 +109,7 @@ def _relation(arg_types: Sequence[Type], attrs: Conv2DAttrs) -> Type | None:
         return None
     data, weight = args
     data_layout, kernel_layout, out_layout = _layouts(attrs)
-    if attrs.out_dtype == "" or data.dtype == weight.dtype:
-        same_dtype(args, ("data", "weight"))
-    else:  # mixed inputs (uint8 data, int8 weight) accumulate in out_dtype, as conv2d's
-        require_dtype(weight, "weight", "numeric")
-    require_dtype(data, "data", "numeric")
+    check_input_dtypes(data, weight, attrs)
     n, c, h, w = _logical(data, data_layout, "NCHW", f"data ({data_layout.text})")
     o, i, kh, kw = _logical(weight, kernel_layout, "OIHW", f"weight ({kernel_layout.text})")
     groups = attrs.groups
