@@ -333,6 +333,33 @@ register(
 )
 
 
+# --- argwhere ---------------------------------------------------------------------------------
+
+
+def _argwhere_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type | None:
+    cond = tensor_arg(arg_types[0], "condition")
+    if cond is None:
+        return None
+    return TensorType((ANY, cond.ndim), "int32")
+
+
+def _argwhere(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    cond = np.asarray(arrays[0])
+    return np.argwhere(cond).astype(np.int32)  # (count, ndim), also for a scalar
+
+
+register(
+    "argwhere",
+    inputs=("condition",),
+    relation=_argwhere_relation,
+    compute=_argwhere,
+    pattern=OpPattern.OPAQUE,
+    doc="The indices of the nonzero elements, one row (of ndim int32s) per element, in order.",
+    differentiable=False,
+    host=True,
+)
+
+
 def runs_on_host(c: Call) -> bool:
     """Whether the call runs on the host (the VM runs its compute) rather than as a kernel:
     an operator of data-dependent shape (``host=True``), or one whose relation needs its

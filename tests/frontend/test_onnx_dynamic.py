@@ -110,6 +110,14 @@ def test_batched_matmul_gather_elements_and_flatten():
     against_ort(m, feeds)
 
 
+def test_nonzero_of_data_known_only_when_it_runs():
+    nodes = [helper.make_node("Greater", ["x", "half"], ["big"]),
+             helper.make_node("NonZero", ["big"], ["y"])]
+    m = model(nodes, [vi("x", [3, 4])], [vi("y", [2, "n"], I64)],
+              [helper.make_tensor("half", F, [], [0.0])])
+    against_ort(m, [{"x": rand(3, 4, seed=k)} for k in range(3)])
+
+
 # --- transformers exported with dynamic batch and sequence axes -------------------------------
 
 

@@ -11,7 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
+
+import kiln
 
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
@@ -172,9 +175,17 @@ def test_operator(name: str) -> None:
     check(Fn(fn), *make())
 
 
-def test_boolean_mask_index_is_refused_with_the_node() -> None:
-    with pytest.raises(Error, match=r"aten\.(index|nonzero).*(mask|data)"):
-        from_torch(Fn(lambda x: x[x > 0]), (r(3, 4),))
+def test_a_boolean_mask_index_counts_its_result_when_it_runs() -> None:
+    mod, params = from_torch(Fn(lambda x: x[x > 0] * 2), (r(3, 4),))
+    exe = kiln.build(mod, params=params)
+    for seed in (1, 2):
+        x = torch.randn(3, 4, generator=torch.Generator().manual_seed(seed))
+        np.testing.assert_allclose(exe(x.numpy()), (x[x > 0] * 2).numpy(), rtol=1e-6)
+
+
+def test_a_boolean_mask_of_a_middle_axis_is_refused_with_the_node() -> None:
+    with pytest.raises(Error, match=r"aten\.index"):
+        from_torch(Fn(lambda x: x[:, x[0] > 0]), (r(3, 4),))
 
 
 class Branches(nn.Module):

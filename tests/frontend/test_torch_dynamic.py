@@ -80,3 +80,26 @@ def test_hugging_face_models_exported_with_dynamic_shapes(name):
     mod, params = from_torch(module, ids_and_mask(2, 8),
                              dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}))
     run_at_shapes(module, mod, params, ids_and_mask)
+
+
+class DataDependent(torch.nn.Module):
+    """Results whose size is a count of the data: nonzero, masked_select, a boolean mask."""
+
+    def forward(self, x, m):
+        return torch.nonzero(x > 0.5), torch.masked_select(x, m), (x[m] * 2).sum()
+
+
+def test_shapes_counted_from_the_data():
+    x = torch.rand(3, 4)
+    mod, params = from_torch(DataDependent(), (x, x < 0.3))
+    exe = kiln.build(mod, params=params)
+    counts = set()
+    for seed in range(4):
+        x = torch.rand(3, 4, generator=torch.Generator().manual_seed(seed))
+        got = exe(x.numpy(), (x < 0.3).numpy())
+        want = DataDependent()(x, x < 0.3)
+        for g, w in zip(got, want, strict=True):
+            assert g.shape == tuple(w.shape)
+            np.testing.assert_allclose(g, w.numpy(), rtol=1e-6)
+        counts.add(got[0].shape[0])
+    assert len(counts) > 1  # the sizes really came from the data

@@ -92,3 +92,16 @@ def test_dyn_strided_slice_against_torch() -> None:
     # slice_mode "size": end holds sizes, -1 meaning "to the end"
     check("dyn.strided_slice", [x, np.array([1, 2]), np.array([2, -1]), np.array([1, 1])],
           t[1:3, 2:].numpy(), slice_mode="size")
+
+
+@covers("argwhere")
+@pytest.mark.parametrize("shape", [(5,), (3, 4), (2, 0, 3), ()])
+def test_argwhere_against_torch(shape) -> None:
+    x = rand(np.random.default_rng(3), shape) if shape else np.array(1.5, "float32")
+    cond = np.asarray(x > 0.5)
+    want = torch.nonzero(torch.from_numpy(cond)).numpy().astype("int32")
+    op = kiln.op.get("argwhere")
+    got = op.compute([cond], op.normalize_attrs({}))  # a count of the data: no static type
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    assert infer("argwhere", [TensorType((ANY, 4), "bool")]) == TensorType((ANY, 2), "int32")

@@ -323,8 +323,11 @@ def pad_2(ctx: NodeContext) -> Expr:
 
 @converter("NonZero", since=9)
 def nonzero(ctx: NodeContext) -> Expr:
-    x = ctx.need_const(0, "input (kiln needs the shape of NonZero's result)")
-    return Constant(np.asarray(np.nonzero(x), dtype="int64").reshape(x.ndim, -1))
+    x = ctx.const(0)
+    if x is not None:  # known now: the indices are a constant
+        return Constant(np.asarray(np.nonzero(x), dtype="int64").reshape(x.ndim, -1))
+    # counted when the program runs: argwhere on the host gives (count, rank), ONNX (rank, count)
+    return op.transpose(cast(dynamic.dyn("argwhere", ctx.x(0)), "int64"), axes=[1, 0])
 
 
 @converter("Compress", since=11)

@@ -24,7 +24,19 @@ from kiln.frontend.torch.registry import AtenCall, axis, converter
 from kiln.frontend.torch.sizes import dyn
 from kiln.ir import Expr, const
 from kiln.ir.dtype import dtype_of
-from kiln.op import add, cast, expand_dims, multiply, nn, prod, reshape, take, transpose, where
+from kiln.op import (
+    add,
+    broadcast_to,
+    cast,
+    expand_dims,
+    multiply,
+    nn,
+    prod,
+    reshape,
+    take,
+    transpose,
+    where,
+)
 from kiln.op import sum as sum_
 
 
@@ -147,3 +159,29 @@ def _weights(size: int, out: int, align_corners: bool, scale: float | None,
     np.add.at(a, (np.arange(out), low), 1.0 - frac)
     np.add.at(a, (np.arange(out), high), frac)
     return a.astype(dtype)
+
+
+# --- shapes that depend on the data: counted on the host when the program runs ---------------
+
+
+@converter("aten.nonzero.default")
+def nonzero(n: AtenCall, x: Expr) -> Expr:
+    return cast(dyn("argwhere", x), dtype="int64")  # (count, rank), as torch.nonzero
+
+
+@converter("aten.masked_select.default")
+def masked_select(n: AtenCall, x: Expr, mask: Expr) -> Expr:
+    """``x[mask]`` flattened: the positions of the true elements (argwhere, on the host)
+    turned into offsets of the broadcast ``x`` and taken from it, in order."""
+    shape = tuple(np.broadcast_shapes(n.static_shape(x, "masked_select"),
+                                      n.static_shape(mask, "masked_select")))
+    if tuple(n.shape(x)) != shape:
+        x = broadcast_to(x, shape=list(shape))
+    if tuple(n.shape(mask)) != shape:
+        mask = broadcast_to(mask, shape=list(shape))
+    if not shape:
+        x, mask, shape = reshape(x, newshape=[1]), reshape(mask, newshape=[1]), (1,)
+    strides = [int(np.prod(shape[k + 1:])) for k in range(len(shape))]
+    positions = cast(dyn("argwhere", mask), dtype="int64")
+    flat = sum_(multiply(positions, const(np.asarray(strides, "int64"))), axis=[1])
+    return take(reshape(x, newshape=[-1]), flat, axis=0, mode="clip")

@@ -25,6 +25,7 @@ from kiln.frontend.torch.sizes import dyn
 from kiln.ir import Constant, Expr, const
 from kiln.ir.ty import TensorType
 from kiln.op import add, broadcast_to, cast, floor_mod, multiply, reshape, take
+from kiln.op import sum as sum_
 from kiln.op import transpose as transpose_
 
 
@@ -95,6 +96,22 @@ def _wrapped(n: AtenCall, i: Expr, size: Any) -> Expr:
     return floor_mod(as64, const(np.int64(size)))
 
 
+def _masked(n: AtenCall, x: Expr, mask: Expr) -> Expr:
+    """``x[mask]`` with a boolean mask over the leading axes: the positions of its true
+    elements (``argwhere``, counted on the host when the program runs) as offsets along the
+    leading axes merged into one, taken in order."""
+    shape = n.static_shape(x, "indexing with a boolean mask")
+    lead = n.static_shape(mask, "a boolean mask")
+    if tuple(shape[:len(lead)]) != tuple(lead):
+        raise n.error(f"a boolean mask of shape {lead} does not match the leading axes of "
+                      f"{shape}")
+    strides = [prod(lead[j + 1:]) for j in range(len(lead))]
+    positions = cast(dyn("argwhere", mask), dtype="int64")  # (count, len(lead))
+    flat = sum_(multiply(positions, const(np.asarray(strides, "int64"))), axis=[1])
+    rows = reshape(x, newshape=[prod(lead), *shape[len(lead):]])
+    return take(rows, flat, axis=0, mode="clip")
+
+
 def _moved(n: AtenCall, x: Expr, plan: _Plan) -> Expr:
     """``x`` with its indexed axes together and merged into one."""
     if plan.order != sorted(plan.order):
@@ -110,6 +127,8 @@ def index(n: AtenCall, x: Expr, indices: list[Expr | None]) -> Expr:
     if len(used) == 1 and n.dtype(used[0][1]) not in ("bool", "uint8"):
         k, i = used[0]
         return take(x, i, axis=k, mode="wrap")  # wrap: torch's negative indices count back
+    if len(used) == 1 and used[0][0] == 0 and n.dtype(used[0][1]) == "bool":
+        return _masked(n, x, used[0][1])
     plan = _plan(n, x, indices)
     return take(_moved(n, x, plan), plan.position, axis=plan.first, mode="clip")
 
