@@ -199,7 +199,7 @@ class Block:
 class Function:
     """A global function of the SSA program: blocks, the first one its entry."""
 
-    __slots__ = ("name", "ret_type", "blocks", "type_params", "arena_bytes")
+    __slots__ = ("name", "ret_type", "blocks", "type_params", "arena_bytes", "_names")
 
     def __init__(self, name: str, params: Sequence[BlockArg], ret_type: Type,
                  type_params: Sequence[str] = ()) -> None:
@@ -208,6 +208,8 @@ class Function:
         self.type_params = tuple(type_params)
         self.blocks: list[Block] = [Block("entry", params)]
         self.arena_bytes = 0  # set by the memory planner
+        # block names taken, and the (count, last block) they were read at (see add_block)
+        self._names: tuple[set[str], tuple[int, int]] = (set(), (0, 0))
 
     @property
     def entry(self) -> Block:
@@ -218,13 +220,17 @@ class Function:
         return self.entry.params
 
     def add_block(self, hint: str = "bb", params: Sequence[BlockArg] = ()) -> Block:
-        names = {b.name for b in self.blocks}
+        names, seen = self._names
+        if seen != (len(self.blocks), id(self.blocks[-1])):  # changed another way: read again
+            names = {b.name for b in self.blocks}
         name, n = hint, len(self.blocks)
         while name in names:
             name = f"{hint}{n}"
             n += 1
         b = Block(name, params)
         self.blocks.append(b)
+        names.add(name)
+        self._names = (names, (len(self.blocks), id(b)))
         return b
 
     def instructions(self) -> Iterator[Instr]:

@@ -317,7 +317,7 @@ _FACTORIES: dict[str, Callable[[], Pass]] = {}
 def register_pass(name: str, factory: Callable[[], Pass]) -> None:
     """Make a pass findable by its kebab-case name (for the command line and `required`)."""
     if name in _FACTORIES:
-        raise InternalError(f"pass {name} is registered twice")
+        raise Error(f"a pass named {name!r} is registered already: give yours another name")
     _FACTORIES[name] = factory
 
 
