@@ -27,7 +27,7 @@ from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import ANY, TensorType, Type
 from kiln.op.common import require_dtype, tensor_arg
 from kiln.op.grad_helpers import call
-from kiln.op.registry import Attr, OpPattern, register
+from kiln.op.registry import Attr, OpDef, OpPattern, register
 from kiln.op.shape import (
     StridedSliceAttrs,
     _strided_slice,
@@ -35,7 +35,9 @@ from kiln.op.shape import (
     infer_reshape,
 )
 
-__all__ = ["shape_of"]
+# The dyn.* builders are this module's reshape, broadcast_to, full, zeros, ones and
+# strided_slice (kiln.op.dyn.reshape(x, shape)); shape_of and argwhere are also kiln.op's.
+__all__ = ["argwhere", "shape_of"]
 
 
 def shape_values(value: np.ndarray, what: str) -> tuple[int, ...]:
@@ -138,10 +140,10 @@ def _dyn_reshape(arrays: list[np.ndarray], attrs: DynReshapeAttrs) -> np.ndarray
 
 
 def _dyn_reshape_grad(c: Call, g: Expr) -> list[Expr | None]:
-    return [call("dyn.reshape", g, shape_of(c.args[0], dtype="int64")), None]
+    return [reshape(g, shape_of(c.args[0], dtype="int64")), None]
 
 
-register(
+reshape = register(
     "dyn.reshape",
     inputs=("data", "newshape"),
     attrs_type=DynReshapeAttrs,
@@ -193,7 +195,7 @@ def _broadcast(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
                     f"{list(shape)}") from None
 
 
-register(
+broadcast_to = register(
     "dyn.broadcast_to",
     inputs=("data", "shape"),
     relation=_broadcast_relation,
@@ -228,7 +230,7 @@ def _full(arrays: list[np.ndarray], attrs: DynFullAttrs) -> np.ndarray:
     return np.full(shape, fill, dtype)
 
 
-register(
+full = register(
     "dyn.full",
     inputs=("fill_value", "shape"),
     attrs_type=DynFullAttrs,
@@ -243,7 +245,7 @@ register(
 )
 
 
-def _filled(name: str, value: int) -> None:
+def _filled(name: str, value: int) -> OpDef:
     def relation(arg_types: Sequence[Type], attrs: DynFullAttrs,
                  values: Sequence[np.ndarray | None]) -> Type | None:
         return _shaped_relation(attrs.dtype, arg_types[0], values, 0)
@@ -252,7 +254,7 @@ def _filled(name: str, value: int) -> None:
         shape = checked_shape(name, shape_values(arrays[0], f"{name}'s shape"), attrs.dtype)
         return np.full(shape, value, attrs.dtype)
 
-    register(
+    return register(
         name,
         inputs=("shape",),
         attrs_type=DynFullAttrs,
@@ -267,8 +269,8 @@ def _filled(name: str, value: int) -> None:
     )
 
 
-_filled("dyn.zeros", 0)
-_filled("dyn.ones", 1)
+zeros = _filled("dyn.zeros", 0)
+ones = _filled("dyn.ones", 1)
 
 
 # --- dyn.strided_slice -----------------------------------------------------------------------
@@ -318,7 +320,7 @@ def _dyn_slice(arrays: list[np.ndarray], attrs: DynSliceAttrs) -> np.ndarray:
         raise Error(f"dyn.strided_slice of {x.dtype}{list(x.shape)}: {e.message}") from None
 
 
-register(
+strided_slice = register(
     "dyn.strided_slice",
     inputs=("data", "begin", "end", "strides"),
     attrs_type=DynSliceAttrs,
@@ -348,7 +350,7 @@ def _argwhere(arrays: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     return np.argwhere(cond).astype(np.int32)  # (count, ndim), also for a scalar
 
 
-register(
+argwhere = register(
     "argwhere",
     inputs=("condition",),
     relation=_argwhere_relation,

@@ -13,9 +13,11 @@ from __future__ import annotations
 import numpy as np
 
 from kiln import op
-from kiln.frontend.batch_matmul import batch_matmul as batch_matmul
 from kiln.frontend.onnx.context import NodeContext, cast
+from kiln.frontend.runtime_shapes import batch_matmul as batch_matmul
+from kiln.frontend.runtime_shapes import ones, triangle
 from kiln.ir.expr import Constant, Expr
+from kiln.op import dyn
 
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -43,15 +45,6 @@ def shape_input(ctx: NodeContext, i: int, what: str) -> tuple[Expr, int]:
     return (x if t.dtype == "int64" else cast(x, "int64")), t.shape[0]
 
 
-def dyn(name: str, *args: Expr, **attrs: object) -> Expr:
-    """A call of the operator ``name`` of kiln/op/dyn.py."""
-    return op.get(name)(*args, **attrs)
-
-
-def ones(n: int) -> Expr:
-    return Constant(np.ones(n, "int64"))
-
-
 def expand(ctx: NodeContext) -> Expr:
     """``Expand`` to a shape computed at run time: ONNX broadcasts both ways, so the result's
     shape is the elementwise maximum of the two shapes aligned at the right (each dimension is
@@ -65,7 +58,7 @@ def expand(ctx: NodeContext) -> Expr:
         mine = op.concatenate([ones(ndim - rank), mine], axis=0)
     if ndim > n:
         target = op.concatenate([ones(ndim - n), target], axis=0)
-    return dyn("dyn.broadcast_to", ctx.x(0), op.maximum(mine, target))
+    return dyn.broadcast_to(ctx.x(0), op.maximum(mine, target))
 
 
 def _dim(shape: Expr, k: int) -> Expr:
@@ -97,10 +90,10 @@ def gather_elements(ctx: NodeContext, axis: int) -> Expr:
         if k != axis:
             view = [1] * rank
             view[k] = -1
-            along = dyn("dyn.reshape", _ramp(_dim(index_shape, k)),
+            along = dyn.reshape(_ramp(_dim(index_shape, k)),
                         Constant(np.array(view, "int64")))
             flat = op.add(flat, op.multiply(along, strides[k]))
-    data = dyn("dyn.reshape", ctx.x(0), Constant(np.array([-1], "int64")))
+    data = dyn.reshape(ctx.x(0), Constant(np.array([-1], "int64")))
     return op.take(data, flat, axis=0, mode="clip")
 
 
@@ -112,7 +105,7 @@ def flatten(ctx: NodeContext, axis: int) -> Expr:
         rows = op.multiply(rows, _dim(shape, k))
     target = op.concatenate([op.expand_dims(rows, axis=0), Constant(np.array([-1], "int64"))],
                             axis=0)
-    return dyn("dyn.reshape", ctx.x(0), target)
+    return dyn.reshape(ctx.x(0), target)
 
 
 def trilu(ctx: NodeContext, k: int, upper: bool) -> Expr:
@@ -121,16 +114,8 @@ def trilu(ctx: NodeContext, k: int, upper: bool) -> Expr:
     if ctx.ndim(0) < 2:
         raise ctx.error(f"Trilu takes a tensor of rank 2 or more, not rank {ctx.ndim(0)}")
     shape = op.shape_of(ctx.x(0), dtype="int64")
-    zero, one = Constant(np.array(0, "int64")), Constant(np.array(1, "int64"))
     rank = ctx.ndim(0)
-
-    def ramp(axis: int) -> Expr:
-        size = op.take(shape, Constant(np.array(rank + axis, "int64")))
-        return op.arange(zero, size, one, dtype="int64")
-
-    offset = op.subtract(op.expand_dims(ramp(-1), axis=0), op.expand_dims(ramp(-2), axis=1))
-    bound = Constant(np.array(k, "int64"))
-    keep = op.greater_equal(offset, bound) if upper else op.less_equal(offset, bound)
+    keep = triangle(_dim(shape, rank - 2), _dim(shape, rank - 1), k, upper)
     return op.where(keep, ctx.x(0), op.zeros_like(ctx.x(0)))
 
 
@@ -173,5 +158,5 @@ def slice_(ctx: NodeContext) -> Expr:
             begin.append(Constant(np.zeros(1, "int64")))
             end.append(Constant(np.array([_INT64_MAX], "int64")))
             stride.append(1)
-    return dyn("dyn.strided_slice", ctx.x(0), op.concatenate(begin, axis=0),
+    return dyn.strided_slice(ctx.x(0), op.concatenate(begin, axis=0),
                op.concatenate(end, axis=0), Constant(np.array(stride, "int64")))

@@ -19,6 +19,7 @@ from kiln.frontend.onnx.ops_tensor import norm_axis, reshape
 from kiln.frontend.onnx.table import converter
 from kiln.ir.dtype import dtype_of
 from kiln.ir.expr import Constant, Expr
+from kiln.op import dyn
 
 # --- slices ---------------------------------------------------------------------------------
 
@@ -327,7 +328,7 @@ def nonzero(ctx: NodeContext) -> Expr:
     if x is not None:  # known now: the indices are a constant
         return Constant(np.asarray(np.nonzero(x), dtype="int64").reshape(x.ndim, -1))
     # counted when the program runs: argwhere on the host gives (count, rank), ONNX (rank, count)
-    return op.transpose(cast(dynamic.dyn("argwhere", ctx.x(0)), "int64"), axes=[1, 0])
+    return op.transpose(cast(dyn.argwhere(ctx.x(0)), "int64"), axes=[1, 0])
 
 
 @converter("Compress", since=11)

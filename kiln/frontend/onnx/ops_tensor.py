@@ -16,6 +16,7 @@ from kiln.frontend.onnx.context import NodeContext, RandomOutput, cast, const_li
 from kiln.frontend.onnx.table import converter
 from kiln.ir.expr import Constant, Expr
 from kiln.ir.ty import SymDim
+from kiln.op import dyn
 
 
 def norm_axis(ctx: NodeContext, axis: int, ndim: int) -> int:
@@ -89,7 +90,7 @@ def constant_of_shape(ctx: NodeContext) -> Expr:
         if fill.size != 1:
             raise ctx.error(f"attribute 'value' must hold one element, not {fill.size}")
         target, _ = dynamic.shape_input(ctx, 0, "shape")
-        return dynamic.dyn("dyn.full", Constant(fill.reshape(())), target)
+        return dyn.full(Constant(fill.reshape(())), target)
     shape = ctx.ints(0, "shape")
     ctx.check_shape(shape, "the result")
     value = ctx.attr("value")
@@ -157,7 +158,7 @@ def onnx_reshape(ctx: NodeContext, x: Expr, shape: list[int], allowzero: int) ->
 def reshape_5(ctx: NodeContext) -> Expr:
     if ctx.const(1) is None:  # a shape computed at run time
         shape, _ = dynamic.shape_input(ctx, 1, "shape")
-        return dynamic.dyn("dyn.reshape", ctx.x(0), shape, allowzero=ctx.attr("allowzero", 0))
+        return dyn.reshape(ctx.x(0), shape, allowzero=ctx.attr("allowzero", 0))
     return onnx_reshape(ctx, ctx.x(0), ctx.ints(1, "shape"), ctx.attr("allowzero", 0))
 
 

@@ -16,16 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from kiln.frontend.batch_matmul import batch_matmul
+from kiln.frontend.runtime_shapes import batch_matmul, triangle
 from kiln.frontend.torch.registry import AtenCall, converter
 from kiln.ir import Expr, const
 from kiln.op import (
     add,
     any,
-    arange,
     broadcast_to,
-    expand_dims,
-    less_equal,
     logical_and,
     multiply,
     nn,
@@ -92,7 +89,7 @@ def scaled_dot_product_attention(n: AtenCall, q: Expr, k: Expr, v: Expr,
 def _attention_at_run_time(n: AtenCall, q: Expr, k: Expr, v: Expr, mask: Expr | None,
                            is_causal: bool, scale: float | None, depth: int) -> Expr:
     """Attention over sequences whose lengths are known when the program runs: the products
-    through the run-time batched matmul (kiln/frontend/batch_matmul.py) at full rank, the
+    through the run-time batched matmul (kiln/frontend/runtime_shapes.py) at full rank, the
     masks broadcasting against the scores as they are."""
     dtype = n.out.dtype
     rq, rk = n.rank(q), n.rank(k)
@@ -101,10 +98,8 @@ def _attention_at_run_time(n: AtenCall, q: Expr, k: Expr, v: Expr, mask: Expr | 
     scores = multiply(batch_matmul(q, rq, kt, rk), const(factor, dtype))
     keep: Expr | None = None
     if is_causal:  # j <= i, from the lengths of the two sequences
-        zero, one = const(0, "int64"), const(1, "int64")
-        rows, cols = (arange(zero, n.tensor(d, "int64"), one, dtype="int64")
-                      for d in (n.sizes(q)[-2], n.sizes(k)[-2]))
-        keep = less_equal(expand_dims(cols, axis=0), expand_dims(rows, axis=1))
+        keep = triangle(n.tensor(n.sizes(q)[-2], "int64"), n.tensor(n.sizes(k)[-2], "int64"), 0,
+                        upper=False)
     if mask is not None:
         if n.dtype(mask) == "bool":
             keep = mask if keep is None else logical_and(keep, mask)

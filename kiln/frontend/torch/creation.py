@@ -6,18 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from kiln.frontend.runtime_shapes import triangle as triangle_mask
 from kiln.frontend.torch.registry import AtenCall, converter
-from kiln.frontend.torch.sizes import dyn
 from kiln.ir import Expr, const
 from kiln.op import (
     arange,
     cast,
-    expand_dims,
+    dyn,
     full,
     full_like,
-    greater_equal,
-    less_equal,
-    subtract,
     where,
 )
 
@@ -32,7 +29,7 @@ def _filled(n: AtenCall, value: object, like: Expr | None = None) -> Expr:
         return full(fill, shape=n.out.static_shape, dtype=dtype)
     if like is not None and tuple(n.shape(like)) == tuple(n.out.shape):
         return full_like(like if n.dtype(like) == dtype else cast(like, dtype=dtype), fill)
-    return dyn("dyn.full", fill, n.shape_tensor(n.out_sizes), dtype=dtype)  # sizes at run time
+    return dyn.full(fill, n.shape_tensor(n.out_sizes), dtype=dtype)  # sizes at run time
 
 
 @converter("aten.full.default")
@@ -88,12 +85,8 @@ def triangle(n: AtenCall, x: Expr, diagonal: int = 0) -> Expr:
     if n.rank(x) < 2:
         raise n.error(f"triu/tril takes a tensor of rank 2 or more, not rank {n.rank(x)}")
     if not all(isinstance(d, int) for d in n.shape(x)[-2:]):  # sizes known when it runs
-        zero, one = const(0, "int64"), const(1, "int64")
-        row_ramp, col_ramp = (arange(zero, n.tensor(d, "int64"), one, dtype="int64")
-                              for d in n.sizes(x)[-2:])
-        offset = subtract(expand_dims(col_ramp, axis=0), expand_dims(row_ramp, axis=1))
-        bound = const(diagonal, "int64")
-        keep = greater_equal(offset, bound) if upper else less_equal(offset, bound)
+        height, width = n.sizes(x)[-2:]
+        keep = triangle_mask(n.tensor(height, "int64"), n.tensor(width, "int64"), diagonal, upper)
         return where(keep, x, const(0, n.dtype(x)))
     rows, cols = n.static_shape(x, "triu/tril")[-2:]
     mask = (np.triu if upper else np.tril)(np.ones((rows, cols), dtype=bool), k=diagonal)

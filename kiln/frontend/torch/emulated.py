@@ -21,13 +21,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from kiln.frontend.torch.registry import AtenCall, axis, converter
-from kiln.frontend.torch.sizes import dyn
 from kiln.ir import Expr, const
 from kiln.ir.dtype import dtype_of
 from kiln.op import (
     add,
     broadcast_to,
     cast,
+    dyn,
     expand_dims,
     multiply,
     nn,
@@ -95,7 +95,7 @@ def _gather_at_run_time(n: AtenCall, x: Expr, dim: int, index: Expr) -> Expr:
     if any(k != d and xs[k] != ids[k] for k in range(rank)):  # not known to be equal
         big = np.iinfo(np.int64).max
         ends = [big if k == d else size for k, size in enumerate(n.sizes(index))]
-        x = dyn("dyn.strided_slice", x, const(np.zeros(rank, "int64")),
+        x = dyn.strided_slice(x, const(np.zeros(rank, "int64")),
                 n.shape_tensor(ends), const(np.ones(rank, "int64")))
     picked = take(_move_last(x, d, rank), _move_last(index, d, rank), axis=rank - 1,
                   batch_dims=rank - 1, mode="clip")
@@ -166,7 +166,7 @@ def _weights(size: int, out: int, align_corners: bool, scale: float | None,
 
 @converter("aten.nonzero.default")
 def nonzero(n: AtenCall, x: Expr) -> Expr:
-    return cast(dyn("argwhere", x), dtype="int64")  # (count, rank), as torch.nonzero
+    return cast(dyn.argwhere(x), dtype="int64")  # (count, rank), as torch.nonzero
 
 
 @converter("aten.masked_select.default")
@@ -182,6 +182,6 @@ def masked_select(n: AtenCall, x: Expr, mask: Expr) -> Expr:
     if not shape:
         x, mask, shape = reshape(x, newshape=[1]), reshape(mask, newshape=[1]), (1,)
     strides = [int(np.prod(shape[k + 1:])) for k in range(len(shape))]
-    positions = cast(dyn("argwhere", mask), dtype="int64")
+    positions = cast(dyn.argwhere(mask), dtype="int64")
     flat = sum_(multiply(positions, const(np.asarray(strides, "int64"))), axis=[1])
     return take(reshape(x, newshape=[-1]), flat, axis=0, mode="clip")

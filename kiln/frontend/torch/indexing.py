@@ -21,10 +21,9 @@ import numpy as np
 
 from kiln.frontend.torch.registry import AtenCall, converter
 from kiln.frontend.torch.scatter import scatter_along
-from kiln.frontend.torch.sizes import dyn
 from kiln.ir import Constant, Expr, const
 from kiln.ir.ty import TensorType
-from kiln.op import add, broadcast_to, cast, floor_mod, multiply, reshape, take
+from kiln.op import add, broadcast_to, cast, dyn, floor_mod, multiply, reshape, take
 from kiln.op import sum as sum_
 from kiln.op import transpose as transpose_
 
@@ -106,7 +105,7 @@ def _masked(n: AtenCall, x: Expr, mask: Expr) -> Expr:
         raise n.error(f"a boolean mask of shape {lead} does not match the leading axes of "
                       f"{shape}")
     strides = [prod(lead[j + 1:]) for j in range(len(lead))]
-    positions = cast(dyn("argwhere", mask), dtype="int64")  # (count, len(lead))
+    positions = cast(dyn.argwhere(mask), dtype="int64")  # (count, len(lead))
     flat = sum_(multiply(positions, const(np.asarray(strides, "int64"))), axis=[1])
     rows = reshape(x, newshape=[prod(lead), *shape[len(lead):]])
     return take(rows, flat, axis=0, mode="clip")
@@ -118,7 +117,7 @@ def _moved(n: AtenCall, x: Expr, plan: _Plan) -> Expr:
         x = transpose_(x, axes=plan.order)
     if all(isinstance(d, int) for d in plan.merged):
         return reshape(x, newshape=plan.merged)
-    return dyn("dyn.reshape", x, n.shape_tensor(plan.merged), allowzero=1)
+    return dyn.reshape(x, n.shape_tensor(plan.merged), allowzero=1)
 
 
 @converter("aten.index.Tensor")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TypeGuard
 
-from kiln.frontend.batch_matmul import batch_matmul
+from kiln.frontend.runtime_shapes import batch_matmul
 from kiln.frontend.torch.registry import AtenCall, converter, is_transpose_2d
 from kiln.ir import Call, Expr, Op
 from kiln.op import (

@@ -25,10 +25,10 @@ import numpy as np
 import torch
 
 from kiln.errors import Error
-from kiln.frontend.torch.sizes import Sources, dyn, shape_tensor, size_expr
+from kiln.frontend.torch.sizes import Sources, shape_tensor, size_expr
 from kiln.ir import ANY, Call, Constant, Expr, Op, SymDim, TensorType, const
 from kiln.ir.ty import DTYPES, Dim
-from kiln.op import cast, reshape
+from kiln.op import cast, dyn, reshape
 from kiln.op.shape import TransposeAttrs
 
 Converter = Callable[..., Any]
@@ -237,7 +237,7 @@ class AtenCall:
             elif -1 not in newshape:
                 newshape.append(-1)
             else:  # the sizes computed when the program runs (torch's 0 is a size)
-                return dyn("dyn.reshape", x, self.shape_tensor(target), allowzero=1)
+                return dyn.reshape(x, self.shape_tensor(target), allowzero=1)
         allowzero = 0
         if any(isinstance(d, int) and d == 0 for d in target):
             if len(newshape) != len(target) or any(not isinstance(d, int) for d in target):

@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 
 from kiln.frontend.torch.registry import AtenCall, axis, converter
-from kiln.frontend.torch.sizes import dyn
 from kiln.ir import Expr, const
 from kiln.op import (
     broadcast_to,
     concatenate,
+    dyn,
     expand_dims,
     nn,
     split,
@@ -88,7 +88,7 @@ def expand(n: AtenCall, x: Expr, _size: object, *_: object) -> Expr:
     if tuple(n.out.shape) == tuple(n.shape(x)):
         return x
     if not n.out.is_static:  # to sizes computed when the program runs
-        return dyn("dyn.broadcast_to", x, n.shape_tensor(n.out_sizes))
+        return dyn.broadcast_to(x, n.shape_tensor(n.out_sizes))
     return broadcast_to(x, shape=n.static_out("expand"))
 
 
@@ -180,7 +180,7 @@ def _slice_at_run_time(n: AtenCall, x: Expr, ax: int, start: Any, end: Any,
     begin = n.shape_tensor([*lead, 0 if start is None else start])
     stop = n.shape_tensor([*[_END] * ax, _END if end is None else end])
     strides = const(np.asarray([1] * ax + [step], "int64"))
-    return dyn("dyn.strided_slice", x, begin, stop, strides)
+    return dyn.strided_slice(x, begin, stop, strides)
 
 
 def _bound(n: AtenCall, v: Any) -> int:

@@ -10,6 +10,7 @@ VM evaluates before the ``dyn.*`` operators that take it (kiln/op/dyn.py).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -63,6 +64,11 @@ def size_expr(d: Any, sources: Sources) -> Expr:
     return _sympy(node.expr, sources)
 
 
+# sympy's operations in torch's size expressions, as kiln's (FloorDiv and Mod are binary)
+_SYMPY_OPS = {"Add": op.add, "Mul": op.multiply, "Max": op.maximum, "Min": op.minimum,
+              "FloorDiv": op.floor_divide, "Mod": op.floor_mod, "PythonMod": op.floor_mod}
+
+
 def _sympy(root: Any, sources: Sources) -> Expr:
     """A sympy expression over symbols of input sizes as kiln arithmetic (post-order, with an
     explicit stack: sympy trees from torch are small, but nothing here recurses)."""
@@ -93,29 +99,10 @@ def _sympy(root: Any, sources: Sources) -> Expr:
             continue
         args = [done[id(a)] for a in e.args]
         kind = type(e).__name__
-        if kind == "Add":
-            out = args[0]
-            for a in args[1:]:
-                out = op.add(out, a)
-        elif kind == "Mul":
-            out = args[0]
-            for a in args[1:]:
-                out = op.multiply(out, a)
-        elif kind == "FloorDiv":
-            out = op.floor_divide(args[0], args[1])
-        elif kind in ("Mod", "PythonMod"):
-            out = op.floor_mod(args[0], args[1])
-        elif kind == "Max":
-            out = args[0]
-            for a in args[1:]:
-                out = op.maximum(out, a)
-        elif kind == "Min":
-            out = args[0]
-            for a in args[1:]:
-                out = op.minimum(out, a)
-        else:
+        combine = _SYMPY_OPS.get(kind)
+        if combine is None:
             raise Error(f"kiln cannot compute the symbolic size {root} (it uses {kind})")
-        done[id(e)] = out
+        done[id(e)] = functools.reduce(combine, args)  # n-ary Add/Mul/Max/Min fold left
     return done[id(root)]
 
 
@@ -125,8 +112,3 @@ def shape_tensor(sizes: Sequence[Any], sources: Sources) -> Expr:
         return const(np.asarray(list(sizes), "int64").reshape(len(sizes)))
     parts = [op.expand_dims(size_expr(d, sources), axis=0) for d in sizes]
     return parts[0] if len(parts) == 1 else op.concatenate(parts, axis=0)
-
-
-def dyn(name: str, *args: Expr, **attrs: object) -> Expr:
-    """A call of the operator ``name`` of kiln/op/dyn.py."""
-    return op.get(name)(*args, **attrs)
