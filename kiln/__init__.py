@@ -5,11 +5,12 @@
     print(kiln.astext(mod))             # Relay text again
     out = kiln.interpret(mod, x)        # run @main with the reference interpreter
     exe = kiln.build(mod)               # compile to machine code; exe(x), exe.save(path)
+    kiln.tune(mod, log="m.tunelog")     # search kernel schedules; kiln.build(..., tuning_log=)
 """
 
 import logging as _logging
 
-from kiln import op, transform
+from kiln import op, train, transform
 from kiln.ad import grad
 from kiln.errors import Error, EvalError, InternalError, ParseError, TypeCheckError
 from kiln.eval import Closure, ConstructorValue, RefValue, interpret
@@ -21,6 +22,7 @@ from kiln.runtime import Executable, build, load
 from kiln.target import Target
 from kiln.text import astext, parse, parse_expr, parse_type
 from kiln.transform import optimize
+from kiln.tune import tune  # the function (kiln/tune/tuner.py) stands for the package's name
 
 __all__ = [
     "Closure",
@@ -46,7 +48,9 @@ __all__ = [
     "parse_expr",
     "parse_type",
     "script",
+    "train",
     "transform",
+    "tune",
     *_ir_all,
 ]
 __version__ = "0.1.0"

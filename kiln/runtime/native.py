@@ -90,6 +90,7 @@ class NativeExecutor:
         self._tuple_result = isinstance(self._ret_type, TupleType)
         self._simple = all(isinstance(p.type, TensorType) for p in program.main.params)
         self._local = threading.local()
+        self.results_allocated = 0  # result arrays `run` has allocated (run_into: none)
 
     @property
     def object_code(self) -> bytes:
@@ -109,32 +110,47 @@ class NativeExecutor:
         return state
 
     def run(self, args: list[Any]) -> Any:
-        fn = self._fn
-        if fn is None:  # built for another machine: check_runnable says why it cannot run here
-            check_runnable(self.library.target, "this program")
-            raise InternalError("the program's entry point is not loaded")
         if self._simple:
             leaves = args
         else:
             leaves = []
             for a in args:
                 _flatten_into(a, leaves)
-        if len(leaves) != self._n_in:
-            raise InternalError(f"the native entry point takes {self._n_in} arrays, got "
-                                f"{len(leaves)}")
+        outs = [np.empty(shape, dtype) for shape, dtype in self._outputs]
+        self.results_allocated += len(outs)
+        self.run_into(leaves, outs)
+        if self._tuple_result:
+            return _rebuild(self._ret_type, outs)
+        return outs[0]
+
+    def run_into(self, leaves: list[np.ndarray], outs: list[np.ndarray]) -> None:
+        """Run on the input arrays ``leaves`` (tuples flattened, checked by the caller),
+        writing the results into the caller's arrays ``outs`` (flattened, of the result's
+        shapes and dtypes, C-contiguous): nothing is allocated.
+
+        An output array may be one of the inputs (donation: kiln/train's weights): the
+        entry point writes its results only at the end, once every kernel has read its
+        inputs, so a result computed from the input it overwrites is right. A result that
+        is itself a copy of a donated input is not (`kiln.ssa.memory.donation_hazards`
+        says which; give those a scratch array).
+        """
+        fn = self._fn
+        if fn is None:  # built for another machine: check_runnable says why it cannot run here
+            check_runnable(self.library.target, "this program")
+            raise InternalError("the program's entry point is not loaded")
+        if len(leaves) != self._n_in or len(outs) != len(self._outputs):
+            raise InternalError(f"the native entry point takes {self._n_in} arrays and "
+                                f"{len(self._outputs)} results, got {len(leaves)} and "
+                                f"{len(outs)}")
         stack, ins, out_ptrs = self._thread_state()
         ptr = self._pointer
         for i, a in enumerate(leaves):
             ins[i] = ptr(a)
-        outs = [np.empty(shape, dtype) for shape, dtype in self._outputs]
         for i, o in enumerate(outs):
             out_ptrs[i] = ptr(o)
         status = fn(self._ctx, ins, out_ptrs, stack)
         if status:
             self._fail(status)
-        if self._tuple_result:
-            return _rebuild(self._ret_type, outs)
-        return outs[0]
 
     def _fail(self, status: int) -> None:
         k = (status >> STATUS_SHIFT) - 1

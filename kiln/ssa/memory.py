@@ -306,3 +306,85 @@ def _role(fn: Function, alloc: Instr) -> str:
 def plan_memory(program: Program) -> MemoryPlan:
     """Plan the memory of every function of ``program`` (offsets are set in place)."""
     return MemoryPlan({name: plan_function(fn) for name, fn in program.functions.items()})
+
+
+def result_sources(program: Program) -> list[frozenset[int]] | None:
+    """For each tensor of the entry function's result (tuples flattened), the tensors of its
+    parameters (flattened, by index) that it may be a copy of: empty when every ``ret``
+    returns a tensor computed in the frame or a constant there. None when that cannot be
+    told (a result passed through a block parameter)."""
+    fn = program.main
+    index: dict[Value, list[frozenset[int]]] = {}
+    n = 0
+    for p in fn.params:
+        count = len(_tensor_leaves(p.type))
+        index[p] = [frozenset([n + i]) for i in range(count)]
+        n += count
+    out: list[frozenset[int]] | None = None
+    for b in fn.blocks:
+        t = b.terminator
+        if t is None or t.op != "ret":
+            continue
+        got = _sources_of(t.operands[0], index)
+        if got is None:
+            return None
+        out = got if out is None else [a | c for a, c in zip(out, got)]
+    return out or []
+
+
+def _tensor_leaves(t: Type) -> list[Type]:
+    from kiln.ir.ty import TupleType
+
+    stack, out = [t], []
+    while stack:
+        x = stack.pop()
+        if isinstance(x, TupleType):
+            stack.extend(reversed(x.fields))
+        else:
+            out.append(x)
+    return out
+
+
+def _sources_of(v: Value, index: dict[Value, list[frozenset[int]]]
+                ) -> list[frozenset[int]] | None:
+    """The parameter tensors each leaf of ``v`` may be (through tuples and their fields; a
+    field of a field recurses once per level of tuple nesting, never along a chain)."""
+    out: list[frozenset[int]] = []
+    stack: list[Value] = [v]
+    while stack:
+        value = stack.pop()
+        if value in index:
+            out.extend(index[value])
+        elif isinstance(value, Instr) and value.op == "tuple":
+            stack.extend(reversed(value.operands))
+        elif isinstance(value, Instr) and value.op == "get_field":
+            src = _sources_of(value.operands[0], index)
+            if src is None:
+                return None
+            fields = value.operands[0].type.fields  # type: ignore[attr-defined]
+            i = value.attrs["index"]
+            start = sum(len(_tensor_leaves(f)) for f in fields[:i])
+            out.extend(src[start: start + len(_tensor_leaves(fields[i]))])
+        elif isinstance(value, Instr):  # alloc, const, call: memory of the frame or constants
+            out.extend(frozenset() for _ in _tensor_leaves(value.type))
+        else:  # a block parameter: could hold anything passed to it
+            return None
+    return out
+
+
+def donation_hazards(program: Program, donate: dict[int, int]) -> set[int]:
+    """Of the results donated to inputs (``donate``: result tensor -> input tensor, both
+    flattened), those that must not be written straight into their input's memory.
+
+    The native entry point writes its results into the caller's arrays only at its ``ret``,
+    after every kernel has read its inputs, so a result computed from the input whose memory
+    it takes is safe. What is not: a result that is a copy of an input (its ``ret`` copies
+    the input's memory, which an earlier result may have overwritten), and a result donated
+    to an input that such a copy reads. Those take scratch memory, copied over afterwards.
+    """
+    sources = result_sources(program)
+    if sources is None:
+        return set(donate)
+    read = set().union(*sources) if sources else set()
+    return {out for out, inp in donate.items()
+            if out >= len(sources) or sources[out] or inp in read}

@@ -1,0 +1,191 @@
+"""The training step as one Level-1 function: loss, gradients and optimizer update.
+
+From a loss function ``f(x..., w..., frozen...)`` (a scalar loss, or a tuple whose field 0 is
+the loss) and the indices of its trainable parameters, `step_function` builds
+
+    fn (%x..., %w..., %frozen..., %state..., %lr, %step) {
+      let %r = <first-order gradient of f with respect to %w, keeping f's value>;
+      ... clipping by global norm, then the optimizer's update of each %w ...
+      (loss, (new %w...), (new %state...), grad_norm, outputs)
+    }
+
+an ordinary dataflow program, so kiln.build fuses and compiles all of it at once (the update
+of a weight fuses with the last kernel of its gradient where fusion allows). The weights and
+the state come back as results in the order they came in; the Step (kiln/train/step.py) makes
+each result write the buffer of the input it replaces.
+
+`gradient_function` builds the first half alone — ``(loss, grads..., outputs)`` — and
+`update_function` the second — ``(new %w..., new %state..., grad_norm)`` from ``%w, %grad,
+%state, %lr, %step`` — so that a data-parallel wrapper can all-reduce the
+gradients between the two (`Step(..., split=True)`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kiln.ad.grad import grad
+from kiln.errors import Error
+from kiln.infer import infer_types
+from kiln.ir.expr import Expr, Function, Let, Tuple, TupleGetItem, Var
+from kiln.ir.module import IRModule
+from kiln.ir.ty import TensorType, TupleType, tensor_type
+from kiln.op import reshape
+from kiln.train.clip import clip_by_global_norm, global_norm
+from kiln.train.optimizers import Optimizer
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """Where things are in the step program's parameters and results."""
+
+    num_inputs: int  # the loss function's own parameters, trainable and frozen ones included
+    trainable: tuple[int, ...]  # of those, the trained ones
+    num_state: int  # state tensors, after the loss function's parameters
+    has_outputs: bool  # whether f returns more than the loss (returned as the last result)
+
+
+def _scalar(name: str) -> Var:
+    t = tensor_type((), "float32")
+    return Var(name, t, checked_type_=t)
+
+
+def _loss_type_check(fn: Function) -> bool:
+    """Whether ``fn`` returns a tuple (loss first); a `kiln.Error` unless the loss is a
+    float32 scalar."""
+    result = fn.body.checked_type
+    loss = result.fields[0] if isinstance(result, TupleType) and result.fields else result
+    if not (isinstance(loss, TensorType) and loss.dtype == "float32"
+            and loss.is_static and loss.static_shape in ((), (1,))):
+        raise Error(f"a training step needs a loss function returning a float32 scalar (or a "
+                    f"tuple whose first field is one); this one returns {result}")
+    return isinstance(result, TupleType)
+
+
+def _differentiate(fn: Function, mod: IRModule | None,
+                   trainable: Sequence[int]) -> tuple[Function, Expr, list[Expr], Expr | None]:
+    """The first-order gradient function of ``fn``; ``let %r = <its body>; %r`` (the body
+    for the caller to replace); the gradients and the other outputs (None when ``fn``
+    returns only the loss) as projections of ``%r``."""
+    is_tuple = _loss_type_check(fn)
+    g = grad(fn, mod=mod, mode="first_order", wrt=tuple(trainable), of=0 if is_tuple else None,
+             keeping=None)
+    r = Var("r", g.body.checked_type, checked_type_=g.body.checked_type)
+    value: Expr = TupleGetItem(r, 0)
+    grads_tuple = TupleGetItem(r, 1)
+    grads: list[Expr] = [TupleGetItem(grads_tuple, i) for i in range(len(trainable))]
+    outputs: Expr | None = None
+    if is_tuple:
+        fields = fn.body.checked_type.fields  # type: ignore[attr-defined]
+        rest = tuple(TupleGetItem(value, i) for i in range(1, len(fields)))
+        outputs = rest[0] if len(rest) == 1 else Tuple(rest)
+    return g, Let(r, g.body, r), grads, outputs  # the Let is re-bodied by the caller
+
+
+def _state_vars(fn: Function, trainable: Sequence[int], opt: Optimizer) -> list[list[Var]]:
+    out = []
+    for i in trainable:
+        p = fn.params[i]
+        t = p.checked_type
+        out.append([Var(f"{p.name_hint}_{slot}", t, checked_type_=t) for slot in opt.slots])
+    return out
+
+
+def _check_trainable(fn: Function, trainable: Sequence[int]) -> None:
+    for i in trainable:
+        p = fn.params[i]
+        t = p.checked_type
+        if not (isinstance(t, TensorType) and t.dtype == "float32" and t.is_static):
+            raise Error(f"%{p.name_hint} cannot be trained: it is {t}; kiln.train trains "
+                        "float32 tensors of static shape")
+
+
+def step_function(fn: Function, trainable: Sequence[int], opt: Optimizer, *,
+                  clip_grad_norm: float | None = None,
+                  mod: IRModule | None = None) -> tuple[Function, StepLayout]:
+    """The whole training step of loss function ``fn`` as one function (see the module
+    docstring), and where its parameters and results are."""
+    fn = _typed(fn, mod)
+    _check_trainable(fn, trainable)
+    g, bound, grads, outputs = _differentiate(fn, mod, trainable)
+    assert isinstance(bound, Let)
+    r = bound.var
+    loss = _loss_of(r, outputs is not None)
+    state = _state_vars(fn, trainable, opt)
+    lr, step = _scalar("lr"), _scalar("step")
+    norm = global_norm(grads)
+    if clip_grad_norm is not None:
+        grads = clip_by_global_norm(grads, norm, clip_grad_norm)
+    new_params: list[Expr] = []
+    new_state: list[Expr] = []
+    for i, gi, si in zip(trainable, grads, state):
+        p, s = opt.update(g.params[i], gi, si, lr, step)
+        new_params.append(p)
+        new_state.extend(s)
+    results: list[Expr] = [loss, Tuple(tuple(new_params)), Tuple(tuple(new_state)), norm]
+    if outputs is not None:
+        results.append(outputs)
+    flat_state = [v for vs in state for v in vs]
+    body = Let(r, bound.value, Tuple(tuple(results)))
+    out = Function((*g.params, *flat_state, lr, step), body)
+    layout = StepLayout(len(fn.params), tuple(trainable), len(flat_state), outputs is not None)
+    return _typed(out, mod), layout
+
+
+def gradient_function(fn: Function, trainable: Sequence[int], *,
+                      mod: IRModule | None = None) -> tuple[Function, StepLayout]:
+    """The first half of a split step: ``(loss, (grads...)[, outputs])`` from the loss
+    function's parameters."""
+    fn = _typed(fn, mod)
+    _check_trainable(fn, trainable)
+    g, bound, grads, outputs = _differentiate(fn, mod, trainable)
+    assert isinstance(bound, Let)
+    r = bound.var
+    results: list[Expr] = [_loss_of(r, outputs is not None), Tuple(tuple(grads))]
+    if outputs is not None:
+        results.append(outputs)
+    out = Function(g.params, Let(r, bound.value, Tuple(tuple(results))))
+    layout = StepLayout(len(fn.params), tuple(trainable), 0, outputs is not None)
+    return _typed(out, mod), layout
+
+
+def update_function(params: Sequence[Var], opt: Optimizer, *,
+                    clip_grad_norm: float | None = None) -> Function:
+    """The second half of a split step: ``fn (%w..., %grad..., %state..., %lr, %step)
+    { ((new %w...), (new %state...), grad_norm) }``; the norm (and the clipping) is of the
+    gradients it is given, which a data-parallel wrapper has summed over its processes."""
+    ws = [Var(p.name_hint, p.checked_type, checked_type_=p.checked_type) for p in params]
+    gs = [Var(f"{p.name_hint}_grad", p.checked_type, checked_type_=p.checked_type)
+          for p in params]
+    state = [[Var(f"{p.name_hint}_{slot}", p.checked_type, checked_type_=p.checked_type)
+              for slot in opt.slots] for p in params]
+    lr, step = _scalar("lr"), _scalar("step")
+    grads: list[Expr] = list(gs)
+    norm = global_norm(grads)
+    if clip_grad_norm is not None:
+        grads = clip_by_global_norm(grads, norm, clip_grad_norm)
+    new_params: list[Expr] = []
+    new_state: list[Expr] = []
+    for w, gi, si in zip(ws, grads, state):
+        p, s = opt.update(w, gi, si, lr, step)
+        new_params.append(p)
+        new_state.extend(s)
+    flat_state = [v for vs in state for v in vs]
+    body = Tuple((Tuple(tuple(new_params)), Tuple(tuple(new_state)), norm))
+    return _typed(Function((*ws, *gs, *flat_state, lr, step), body), None)
+
+
+def _loss_of(r: Var, is_tuple: bool) -> Expr:
+    value = TupleGetItem(r, 0)
+    loss: Expr = TupleGetItem(value, 0) if is_tuple else value
+    return reshape(loss, newshape=[])  # () or (1,): the step returns a scalar
+
+
+def _typed(fn: Function, mod: IRModule | None) -> Function:
+    out = infer_types(fn, mod)
+    assert isinstance(out, Function)
+    return out
+
+
+__all__ = ["StepLayout", "gradient_function", "step_function", "update_function"]

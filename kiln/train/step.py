@@ -1,0 +1,359 @@
+"""`kiln.train.Step`: a training step compiled into one executable, its weights kept in place.
+
+    step = kiln.train.Step(mod, params, optimizer=kiln.train.Adam(lr=1e-3))
+    for x, y in batches:
+        loss = step(x, y)          # forward, gradients, clipping and update: one native call
+    step.params["fc1_weight"]      # the weights, in the Step's own arrays
+
+``mod``'s @main is a loss function: its parameters named in ``params`` are weights (trained,
+or frozen when left out of ``trainable``), the others are the batch, given to each call in
+order. The Step owns the weights and the optimizer's state as numpy arrays and each step's
+results overwrite them (donation): the compiled program's results for the new weights and
+state are written into the memory of the inputs they replace, so after the first call a
+step allocates nothing (the native executor; the VM, for programs it cannot compile whole,
+returns new arrays that are copied into the Step's).
+
+``split=True`` compiles the step as two executables, gradients then update, and calls
+``grad_hook(grads)`` between them with the gradient arrays (the Step's, to change in place):
+where a data-parallel wrapper all-reduces them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import Error
+from kiln.infer import infer_types
+from kiln.ir.expr import Function
+from kiln.ir.module import IRModule
+from kiln.ir.ty import TensorType, TupleType, Type
+from kiln.runtime.build import Executable, build
+from kiln.runtime.native import NativeExecutor
+from kiln.ssa.memory import donation_hazards
+from kiln.target import Target
+from kiln.train.clip import check_max_norm
+from kiln.train.optimizers import Optimizer
+from kiln.train.program import gradient_function, step_function, update_function
+
+GradHook = Callable[[list[np.ndarray]], None]
+
+
+def _leaves(t: Type) -> list[TensorType]:
+    stack, out = [t], []
+    while stack:
+        x = stack.pop()
+        if isinstance(x, TupleType):
+            stack.extend(reversed(x.fields))
+        elif isinstance(x, TensorType) and x.is_static:
+            out.append(x)
+        else:
+            raise Error(f"a training step's values must be tensors of static shape, not {x}")
+    return out
+
+
+def _empty(t: TensorType) -> np.ndarray:
+    return np.zeros(t.static_shape, t.dtype)
+
+
+class _Program:
+    """One compiled executable run on buffers: the input arrays in a fixed list (the batch's
+    places filled per call), the outputs in arrays made once, donated ones in the inputs'."""
+
+    def __init__(self, exe: Executable, inputs: list[np.ndarray | None],
+                 donate: Mapping[int, int]) -> None:
+        self.exe = exe
+        main = exe.program.main
+        in_types = [t for p in main.params for t in _leaves(p.type)]
+        out_types = _leaves(main.ret_type)
+        if len(in_types) != len(inputs):
+            raise Error(f"the compiled step takes {len(in_types)} tensors where the Step has "
+                        f"{len(inputs)}: a parameter was bound or removed by the build")
+        self.inputs = inputs
+        self.in_types = in_types
+        self.outputs: list[np.ndarray] = []
+        self.copy_back: list[tuple[np.ndarray, np.ndarray]] = []  # (scratch, destination)
+        executor = exe.executor
+        self.native: NativeExecutor | None = (executor if isinstance(executor, NativeExecutor)
+                                              else None)
+        hazards = donation_hazards(exe.program, dict(donate)) if self.native else set(donate)
+        for j, t in enumerate(out_types):
+            if j in donate:
+                target = inputs[donate[j]]
+                assert target is not None
+                if target.shape != t.static_shape or target.dtype != np.dtype(t.dtype):
+                    raise Error(f"result {j} of the step ({t}) cannot replace input "
+                                f"{donate[j]} of shape {target.shape} and dtype {target.dtype}")
+                if j in hazards:
+                    scratch = _empty(t)
+                    self.copy_back.append((scratch, target))
+                    self.outputs.append(scratch)
+                else:
+                    self.outputs.append(target)
+            else:
+                self.outputs.append(_empty(t))
+
+    def __call__(self) -> None:
+        ins: list[Any] = self.inputs
+        if self.native is not None:
+            self.native.run_into(ins, self.outputs)
+        else:
+            flat: list[np.ndarray] = []
+            stack = [self.exe(*ins)]
+            while stack:
+                v = stack.pop()
+                if isinstance(v, tuple):
+                    stack.extend(reversed(v))
+                else:
+                    flat.append(v)
+            for dst, src in zip(self.outputs, flat):
+                np.copyto(dst, src)
+        for src, dst in self.copy_back:
+            np.copyto(dst, src)
+
+
+class Step:
+    """A compiled training step of a loss function (see the module docstring).
+
+    ``model``: an IRModule (its @main) or a Function returning a float32 scalar loss, or a
+    tuple whose field 0 is the loss and whose other fields are outputs (`outputs`).
+    ``params``: weights by parameter name (copied into the Step's own arrays). ``trainable``:
+    the names to train (default: every float32 one of ``params``); the others are frozen,
+    compiled in as constants. ``optimizer``: `SGD`, `Adam` or `AdamW` (kiln/train/optimizers.py),
+    its learning rate a number or a schedule (kiln/train/schedules.py) read before each step
+    and given to the program as an input. ``clip_grad_norm``: the largest global 2-norm of
+    the gradients (torch's ``clip_grad_norm_``), None for no clipping. ``split`` and
+    ``grad_hook``: see the module docstring. ``target``, ``opt_level`` and ``threads`` are
+    `kiln.build`'s.
+    """
+
+    def __init__(self, model: IRModule | Function, params: Mapping[str, Any],
+                 optimizer: Optimizer, *, trainable: Iterable[str] | None = None,
+                 clip_grad_norm: float | None = None, split: bool = False,
+                 grad_hook: GradHook | None = None, target: Target | str = "llvm",
+                 opt_level: int = 3, threads: int | None = None) -> None:
+        if not isinstance(optimizer, Optimizer):
+            raise Error(f"optimizer must be a kiln.train optimizer (SGD, Adam, AdamW), not "
+                        f"{type(optimizer).__name__}")
+        if grad_hook is not None and not split:
+            raise Error("grad_hook runs between the gradient and the update: give split=True")
+        fn, mod = _loss_function(model)
+        names = [p.name_hint for p in fn.params]
+        unknown = sorted(set(params) - set(names))
+        if unknown:
+            raise Error(f"params names {', '.join(unknown)}, which the loss function does not "
+                        f"take (its parameters: {', '.join(names)})")
+        if len(set(names)) != len(names):
+            raise Error("the loss function has two parameters of the same name")
+        chosen = ([n for n in names if n in params and np.asarray(params[n]).dtype == np.float32]
+                  if trainable is None else list(trainable))
+        for n in chosen:
+            if n not in params:
+                raise Error(f"trainable names {n!r}, which is not among the params given")
+        self.optimizer = optimizer
+        self.clip_grad_norm = check_max_norm(clip_grad_norm)
+        self.grad_hook = grad_hook
+        self._trainable = [names.index(n) for n in sorted(set(chosen), key=names.index)]
+        frozen = {n: params[n] for n in params if names.index(n) not in self._trainable}
+        self._batch = [i for i, n in enumerate(names) if n not in params]
+        self._names = names
+        self._fn = fn
+        types = [p.checked_type for p in fn.params]
+        self._weights: dict[str, np.ndarray] = {}
+        for i in self._trainable:
+            t = types[i]
+            value = np.array(params[names[i]], dtype=np.float32, order="C", copy=True)
+            if not isinstance(t, TensorType) or value.shape != t.static_shape:
+                raise Error(f"params[{names[i]!r}] has shape {value.shape}; the loss function's "
+                            f"%{names[i]} is {t}")
+            self._weights[names[i]] = value
+        self._state: dict[str, list[np.ndarray]] = {
+            names[i]: [np.zeros_like(self._weights[names[i]]) for _ in optimizer.slots]
+            for i in self._trainable}
+        self._lr = np.zeros((), np.float32)
+        self._step_no = np.zeros((), np.float32)
+        self.steps_taken = 0
+        self.grad_norm = float("nan")  # the global norm of the last step's gradients
+        kept = [i for i in range(len(names)) if i in self._trainable or i in self._batch]
+        self._in_types = {i: types[i] for i in kept}
+
+        def compile_(f: Function, bound: Mapping[str, Any]) -> Executable:
+            return build(IRModule.from_expr(f, mod), target=target, opt_level=opt_level,
+                         params=bound, threads=threads)
+
+        weights = [self._weights[names[i]] for i in self._trainable]
+        state = [s for i in self._trainable for s in self._state[names[i]]]
+        # the loss function's kept parameters, in order (the batch's places filled per call)
+        front: list[np.ndarray | None] = [None if i in self._batch else
+                                          self._weights[names[i]] for i in kept]
+        self._slots = [kept.index(i) for i in self._batch]
+        n_w, n_s = len(weights), len(state)
+        where = {i: kept.index(i) for i in self._trainable}
+        if not split:
+            sf, layout = step_function(fn, self._trainable, optimizer,
+                                       clip_grad_norm=self.clip_grad_norm, mod=mod)
+            exe = compile_(sf, frozen)
+            inputs = [*front, *state, self._lr, self._step_no]
+            donate = {1 + j: where[i] for j, i in enumerate(self._trainable)}
+            donate.update({1 + n_w + k: len(front) + k for k in range(n_s)})
+            self._main = _Program(exe, inputs, donate)
+            self._programs = [self._main]
+            self._has_outputs = layout.has_outputs
+            self._norm_at = 1 + n_w + n_s
+            self._grads: list[np.ndarray] = []
+        else:
+            gf, layout = gradient_function(fn, self._trainable, mod=mod)
+            gexe = compile_(gf, frozen)
+            self._main = _Program(gexe, list(front), {})
+            self._grads = self._main.outputs[1: 1 + n_w]
+            uf = update_function([fn.params[i] for i in self._trainable], optimizer,
+                                 clip_grad_norm=self.clip_grad_norm)
+            uexe = compile_(uf, {})
+            u_inputs: list[np.ndarray | None] = [*weights, *self._grads, *state, self._lr,
+                                                 self._step_no]
+            u_donate = {j: j for j in range(n_w)}
+            u_donate.update({n_w + k: 2 * n_w + k for k in range(n_s)})
+            self._update = _Program(uexe, u_inputs, u_donate)
+            self._programs = [self._main, self._update]
+            self._has_outputs = layout.has_outputs
+            self._norm_at = -1
+
+    # -- running ---------------------------------------------------------------------
+
+    def __call__(self, *batch: Any, lr: float | None = None) -> float:
+        """One training step on ``batch`` (the loss function's other parameters, in order):
+        the loss, before the update."""
+        if len(batch) != len(self._batch):
+            want = ", ".join(f"%{self._names[i]}" for i in self._batch) or "nothing"
+            raise Error(f"the step takes {len(self._batch)} batch input(s) ({want}), "
+                        f"got {len(batch)}")
+        ins = self._main.inputs
+        for slot, i, value in zip(self._slots, self._batch, batch):
+            ins[slot] = self._checked(i, value)
+        self._lr[...] = self.optimizer.rate(self.steps_taken) if lr is None else lr
+        self._step_no[...] = self.steps_taken + 1
+        self._main()
+        if self.grad_hook is not None:
+            self.grad_hook(self._grads)
+        if len(self._programs) > 1:
+            self._update()
+            self.grad_norm = float(self._update.outputs[-1])
+        else:
+            self.grad_norm = float(self._main.outputs[self._norm_at])
+        self.steps_taken += 1
+        return float(self._main.outputs[0])
+
+    def _checked(self, i: int, value: Any) -> np.ndarray:
+        t = self._in_types[i]
+        assert isinstance(t, TensorType)
+        if (type(value) is np.ndarray and value.dtype == np.dtype(t.dtype)
+                and value.shape == t.static_shape and value.flags.c_contiguous
+                and value.flags.aligned):
+            return value
+        try:
+            a = np.ascontiguousarray(value, dtype=t.dtype)
+        except (TypeError, ValueError) as e:
+            raise Error(f"batch input %{self._names[i]} must be {t}: {e}") from None
+        if a.shape != t.static_shape:
+            raise Error(f"batch input %{self._names[i]} must be {t}, got shape {a.shape}")
+        if value is not a and isinstance(value, np.ndarray) and value.dtype.kind != a.dtype.kind:
+            raise Error(f"batch input %{self._names[i]} must be {t}, got dtype {value.dtype}")
+        return a
+
+    # -- what it holds ------------------------------------------------------------------
+
+    @property
+    def params(self) -> dict[str, np.ndarray]:
+        """The trained weights by name: the Step's own arrays, updated in place by each step
+        (copy one to keep it)."""
+        return dict(self._weights)
+
+    @property
+    def outputs(self) -> Any:
+        """The loss function's other outputs at the last step (the Step's arrays, overwritten
+        by the next step); None when it returns only the loss."""
+        if not self._has_outputs:
+            return None
+        t = self._fn.body.checked_type
+        assert isinstance(t, TupleType)
+        rest = self._main.outputs[len(_leaves(self._main.exe.program.main.ret_type))
+                                  - len(_leaves(TupleType(t.fields[1:]))):]
+        return rest[0] if len(rest) == 1 else tuple(rest)
+
+    @property
+    def gradients(self) -> dict[str, np.ndarray]:
+        """The last step's gradients by weight name (``split=True`` only: the one-program
+        step never stores them)."""
+        if not self._grads:
+            raise Error("the gradients are kept only by a split step: Step(..., split=True)")
+        return {self._names[i]: g for i, g in zip(self._trainable, self._grads)}
+
+    @property
+    def executables(self) -> list[Executable]:
+        """The compiled programs: one, or gradient then update when split."""
+        return [p.exe for p in self._programs]
+
+    @property
+    def results_allocated(self) -> int:
+        """Result arrays the executors allocated since building (0 when donation holds)."""
+        return sum(p.native.results_allocated if p.native is not None else -1
+                   for p in self._programs)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Copies of the weights, the optimizer state and the step count."""
+        return {
+            "params": {n: w.copy() for n, w in self._weights.items()},
+            "state": {n: {slot: s.copy() for slot, s in zip(self.optimizer.slots, ss)}
+                      for n, ss in self._state.items()},
+            "steps_taken": self.steps_taken,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Set the weights (and, where given, the optimizer state and step count) from a
+        `state_dict`; written into the Step's arrays."""
+        params = state.get("params", state)
+        for name, value in params.items():
+            if name not in self._weights:
+                raise Error(f"{name!r} is not a trained weight of this step "
+                            f"({', '.join(self._weights)})")
+            _assign(self._weights[name], value, name)
+        for name, slots in state.get("state", {}).items():
+            if name not in self._state:
+                raise Error(f"{name!r} is not a trained weight of this step")
+            for slot, value in slots.items():
+                if slot not in self.optimizer.slots:
+                    raise Error(f"{type(self.optimizer).__name__} keeps no {slot!r}")
+                _assign(self._state[name][self.optimizer.slots.index(slot)], value,
+                        f"{name}.{slot}")
+        if "steps_taken" in state:
+            self.steps_taken = int(state["steps_taken"])
+
+    def __repr__(self) -> str:
+        return (f"<kiln.train.Step of {len(self._weights)} weights, {self.optimizer!r}, "
+                f"{self.steps_taken} steps taken>")
+
+
+def _assign(dst: np.ndarray, value: Any, name: str) -> None:
+    a = np.asarray(value, dtype=np.float32)
+    if a.shape != dst.shape:
+        raise Error(f"{name} has shape {dst.shape}, the state dict gives {a.shape}")
+    np.copyto(dst, a)
+
+
+def _loss_function(model: IRModule | Function) -> tuple[Function, IRModule | None]:
+    if isinstance(model, IRModule):
+        if "main" not in model:
+            raise Error("the module has no @main to train")
+        mod = model if model.is_typed else infer_types(model)
+        fn = mod["main"]
+        return fn, mod
+    if isinstance(model, Function):
+        out = infer_types(model) if model.checked_type_ is None else model
+        assert isinstance(out, Function)
+        return out, None
+    raise Error(f"kiln.train.Step takes an IRModule or a Function, not {type(model).__name__}")
+
+
+__all__ = ["GradHook", "Step"]
