@@ -53,6 +53,7 @@ from kiln.loops.ir import (
     Var,
 )
 from kiln.loops.schedule import PARALLEL_MIN_ELEMENTS, lowering_target
+from kiln.loops.tunable import Space, current_overrides, override, site_key
 from kiln.target import Target
 
 PLANES_PARALLEL_MIN = 1 << 16  # floats of input planes worth a parallel copy
@@ -331,8 +332,71 @@ def conv_plan(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[
     in place), so the parallel loop runs over whichever of M and N has more tiles, in blocks
     small enough that the pool hands out several per thread: a thread that is descheduled
     then holds up a small share, not half of the product.
+
+    The plan's GEMM knobs are those the enclosing `overrides_scope` gives its key
+    (`conv_key`: a tuning log's, checked against `conv_space`), else the rule's.
     """
     tgt = lowering_target(target)
+    base = _heuristic_plan(x_shape, w_shape, strides, padding, dilation, groups, out_shape,
+                           prepacked, tgt)
+    key = conv_key(x_shape, w_shape, strides, padding, dilation, groups, out_shape, prepacked)
+    base = replace(base, schedule=replace(base.schedule, key=key))
+    if current_overrides() is None:
+        return base
+    knobs = override(_plan_space(base, x_shape, w_shape, groups, out_shape, prepacked, tgt,
+                                 strides, padding, dilation))
+    return base if knobs is None else replace(base, schedule=g.gemm_schedule(base.schedule,
+                                                                             knobs))
+
+
+def conv_key(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
+             padding: Sequence[int], dilation: Sequence[int], groups: int,
+             out_shape: Sequence[int], prepacked: bool) -> str:
+    """The key naming a convolution's implicit GEMM in a tuning log (padding: top, left)."""
+    return site_key("conv2d", x=tuple(x_shape), w=tuple(w_shape), strides=tuple(strides),
+                    padding=tuple(padding[:2]), dilation=tuple(dilation), groups=groups,
+                    out=tuple(out_shape), prepacked=prepacked)
+
+
+def _plan_space(plan: ConvPlan, x_shape: Sequence[int], w_shape: Sequence[int], groups: int,
+                out_shape: Sequence[int], prepacked: bool, target: Target,
+                strides: Sequence[int], padding: Sequence[int],
+                dilation: Sequence[int]) -> Space:
+    s = plan.schedule
+    _, cg, kh, kw = w_shape
+    k, og = cg * kh * kw, int(out_shape[1]) // groups
+    oh, ow = int(out_shape[2]), int(out_shape[3])
+    if plan.pixels == "rows":
+        m, n = oh * ow, og
+        fixed: tuple[str, ...] = ("mr",)  # whole output rows per tile (`_pixel_rows`)
+    else:
+        geo = conv_layout(x_shape, w_shape, strides, padding, dilation, out_shape)
+        m, n, fixed = og, geo.columns, ()
+    if prepacked:
+        fixed += ("kc",)  # alter-layout pads K to k_blocking's blocks
+    key = s.key or conv_key(x_shape, w_shape, strides, padding, dilation, groups, out_shape,
+                            prepacked)
+    return Space(key, g.tile_space(s, groups, m, n, k, "float32", target, fixed),
+                 g.tile_check(s, "float32", target))
+
+
+def conv_space(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
+               padding: Sequence[int], dilation: Sequence[int], groups: int,
+               out_shape: Sequence[int], prepacked: bool = True,
+               target: Target | None = None) -> Space:
+    """The search space of a convolution's implicit GEMM (`conv_plan`'s site): the knobs
+    of its GEMM (kiln/loops/gemm.py `tile_space`) for the plan the rule picks; pixels as
+    rows keep their tile height (whole output rows), a prepacked weight its K blocking."""
+    tgt = lowering_target(target)
+    plan = _heuristic_plan(x_shape, w_shape, strides, padding, dilation, groups, out_shape,
+                           prepacked, tgt)
+    return _plan_space(plan, x_shape, w_shape, groups, out_shape, prepacked, tgt, strides,
+                       padding, dilation)
+
+
+def _heuristic_plan(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
+                    padding: Sequence[int], dilation: Sequence[int], groups: int,
+                    out_shape: Sequence[int], prepacked: bool, tgt: Target) -> ConvPlan:
     geo = conv_layout(x_shape, w_shape, strides, padding, dilation, out_shape)
     _, cg, kh, kw = w_shape
     og, k = int(out_shape[1]) // groups, cg * kh * kw
@@ -342,14 +406,14 @@ def conv_plan(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[
         mr, per_tile, per_row = rows
         lanes = tgt.lanes("float32")
         nr = 2 * lanes
-        s = g.GemmSchedule.default(groups, oh * ow, og, k, "float32", b_prepacked=True,
-                                   target=tgt)
+        s = g.GemmSchedule.heuristic(groups, oh * ow, og, k, "float32", b_prepacked=True,
+                                     target=tgt)
         s = _finer(replace(s, mr=mr, nr=nr, mc=mr * max(1, s.mc // s.mr),
                            nc=nr * max(1, s.nc // s.nr)), oh * ow, og, tgt)
         return ConvPlan("rows", s, per_tile, per_row)
     m, n = og, geo.columns
-    s = g.GemmSchedule.default(groups, m, n, k, "float32", a_prepacked=prepacked,
-                               b_prepacked=True, target=tgt)
+    s = g.GemmSchedule.heuristic(groups, m, n, k, "float32", a_prepacked=prepacked,
+                                 b_prepacked=True, target=tgt)
     if not prepacked and s.parallel == "m":
         return ConvPlan("columns", s)  # each M block packs its own share of the weight
     return ConvPlan("columns", _finer(s, m, n, tgt))
@@ -409,6 +473,7 @@ def implicit_gemm(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequenc
                          prepacked=False, target=tgt)
         schedule = plan.schedule
         mr, nr, kc = schedule.mr, schedule.nr, schedule.kc
+    nk = -(-k // kc)  # the product's K blocks (a tuned kc may differ from k_blocking's)
     rows = plan.pixels == "rows"
     exact = kc * nk == k
     img = Var("n")

@@ -36,7 +36,8 @@ knobs (`GemmSchedule`) are recorded in ``kernel.attrs["schedules"]``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 from kiln.errors import InternalError
 from kiln.ir.dtype import dtype_of
@@ -60,6 +61,7 @@ from kiln.loops.ir import (
     Var,
 )
 from kiln.loops.schedule import lowering_target, worth_parallel
+from kiln.loops.tunable import Space, current_overrides, ordered, override, site_key
 from kiln.target import Target
 
 DTYPES = ("float32",)  # what the packed micro-kernel handles
@@ -131,11 +133,32 @@ class GemmSchedule:
     parallel: str | None
     unroll: int = 1
     lanes: int | None = None
+    key: str | None = None  # the site's key (`gemm_key`), where a tuning log can name it
+    tuned: bool = False  # whether the knobs came from outside (kiln/loops/tunable.py)
 
     @staticmethod
     def default(batch: int, m: int, n: int, k: int, dtype: str = "float32",
                 threads: int | None = None, b_prepacked: bool = False,
                 a_prepacked: bool = False, target: Target | None = None) -> GemmSchedule:
+        """The schedule of this product: the knobs the enclosing `overrides_scope` gives its
+        key (`gemm_key`; a tuning log's), else `heuristic`'s."""
+        t = lowering_target(target)
+        base = GemmSchedule.heuristic(batch, m, n, k, dtype, threads, b_prepacked,
+                                      a_prepacked, t)
+        if not supported(dtype):
+            return base
+        key = gemm_key(batch, m, n, k, dtype, b_prepacked, a_prepacked, threads)
+        base = replace(base, key=key)
+        if current_overrides() is None:
+            return base
+        space = gemm_space(base, batch, m, n, k, dtype, b_prepacked, a_prepacked, t)
+        knobs = override(space)
+        return base if knobs is None else gemm_schedule(base, knobs)
+
+    @staticmethod
+    def heuristic(batch: int, m: int, n: int, k: int, dtype: str = "float32",
+                  threads: int | None = None, b_prepacked: bool = False,
+                  a_prepacked: bool = False, target: Target | None = None) -> GemmSchedule:
         """A schedule for ``target`` (default: the lowering's) from the shapes: its register
         tile, cache-sized blocks, the parallel loop over its cores (or ``threads``). With
         ``b_prepacked`` (B's panels are a constant), splitting M copies nothing; with
@@ -177,6 +200,108 @@ class GemmSchedule:
     def attrs(self) -> dict:
         """The knobs, for ``kernel.attrs`` (printing, statistics)."""
         return {"kernel": "gemm", **asdict(self)}
+
+
+# --- the search space (kiln/loops/tunable.py) ---------------------------------------------------
+
+
+def gemm_key(batch: int, m: int, n: int, k: int, dtype: str = "float32",
+             b_prepacked: bool = False, a_prepacked: bool = False,
+             threads: int | None = None) -> str:
+    """The key naming this product's schedule in a tuning log (the Target is the log's)."""
+    fields: dict = dict(batch=batch, m=m, n=n, k=k, dtype=dtype, a_prepacked=a_prepacked,
+                        b_prepacked=b_prepacked)
+    if threads is not None:
+        fields["threads"] = threads
+    return site_key("gemm", **fields)
+
+
+def tile_knobs(s: GemmSchedule) -> dict:
+    """A schedule's knobs as a point of its space: the blocks as numbers of tiles."""
+    return {"mr": s.mr, "nr": s.nr, "kc": s.kc, "mb": s.mc // s.mr, "nb": s.nc // s.nr,
+            "parallel": s.parallel, "unroll": s.unroll}
+
+
+def gemm_schedule(base: GemmSchedule, knobs: dict) -> GemmSchedule:
+    """``base`` with the knobs of a point of its space (see `gemm_space`), marked tuned."""
+    mr, nr = int(knobs["mr"]), int(knobs["nr"])
+    return replace(base, mr=mr, nr=nr, kc=int(knobs["kc"]), mc=int(knobs["mb"]) * mr,
+                   nc=int(knobs["nb"]) * nr, parallel=knobs["parallel"],
+                   unroll=int(knobs["unroll"]), tuned=tile_knobs(base) != knobs)
+
+
+def tile_space(base: GemmSchedule, batch: int, m: int, n: int, k: int, dtype: str,
+               target: Target, fixed: tuple[str, ...] = ()) -> tuple[tuple[str, tuple], ...]:
+    """The knobs' legal values around ``base`` (its own first) for an m×n×k product on
+    ``target``: register tiles that fit its registers (1-3 vectors of columns), K in 1 to
+    2× as many even blocks, blocks of 1 to 32 tiles within a cache's size, each parallel
+    loop with work for several threads, and unrolling of the K loop by 1, 2 or 4. Knobs
+    in ``fixed`` keep base's value (a prepacked operand's layout depends on them)."""
+    lanes = base.lanes or target.lanes(dtype)
+    regs = target.registers
+    d = tile_knobs(base)
+    mrs = [x for x in (4, 6, 8, 10, 12, 14, 16, 2 * lanes - 4) if x <= regs - 2 and x < 2 * m]
+    nrs = [v * lanes for v in (1, 2, 3) if (v == 1 or n > (v - 1) * lanes)
+           and (regs - v - 1) // v >= 4]
+    blocks = -(-k // base.kc)
+    kcs = [-(-k // b) for b in {max(1, blocks - 1), blocks + 1, 2 * blocks}]
+    kcs = [x for x in kcs if x >= 8]
+    mt, nt = -(-m // min(mrs + [base.mr])), -(-n // min(nrs + [base.nr]))
+    mbs = [x for x in (1, 2, 4, 8, 16, 32) if x <= mt]
+    nbs = [x for x in (1, 2, 4, 8, 16, 32) if x <= nt]
+    pars: list = [None]
+    if target.cores > 1:
+        pars += ["batch"] if batch >= 2 else []
+        pars += ["m"] if -(-m // base.mr) >= 2 else []
+        pars += ["n"] if -(-n // base.nr) >= 2 else []
+    # a tile height only where some allowed width fits it in the registers
+    widths = [d["nr"]] if "nr" in fixed else [d["nr"], *nrs]
+    mrs = [x for x in mrs if any(x * (w // lanes) + w // lanes + 1 <= regs for w in widths)]
+    values = {"mr": mrs, "nr": nrs, "kc": kcs, "mb": mbs, "nb": nbs, "parallel": pars,
+              "unroll": [1, 2, 4]}
+    return tuple((name, ordered(d[name], [] if name in fixed else values[name]))
+                 for name in d)
+
+
+def tile_check(base: GemmSchedule, dtype: str, target: Target) -> Callable[[Any], bool]:
+    """The combinations of `tile_space` allowed: an accumulator tile that fits the
+    registers, and packed blocks no larger than a cache (or than base's)."""
+    lanes = base.lanes or target.lanes(dtype)
+    size = dtype_of(dtype).itemsize
+    a_cap = max(base.mc * base.kc * size, target.l2 // 2)
+    b_cap = max(base.nc * base.kc * size, target.l2)
+
+    def check(knobs: Any) -> bool:
+        mr, nr, kc = knobs["mr"], knobs["nr"], knobs["kc"]
+        v = nr // lanes
+        if nr % lanes or mr * v + v + 1 > target.registers:
+            return False
+        return knobs["mb"] * mr * kc * size <= a_cap and knobs["nb"] * nr * kc * size <= b_cap
+
+    return check
+
+
+def gemm_space(base: GemmSchedule, batch: int, m: int, n: int, k: int, dtype: str,
+               b_prepacked: bool, a_prepacked: bool, target: Target) -> Space:
+    """The search space of a packed product (`GemmSchedule.default`'s site): see
+    `tile_space`. A prepacked operand fixes its tile width and the K blocking (its panels
+    were laid out for them, kiln/op/nn/packed.py)."""
+    fixed = ("kc",) * (a_prepacked or b_prepacked) + ("nr",) * b_prepacked \
+        + ("mr",) * a_prepacked
+    key = base.key or gemm_key(batch, m, n, k, dtype, b_prepacked, a_prepacked)
+    return Space(key, tile_space(base, batch, m, n, k, dtype, target, fixed),
+                 tile_check(base, dtype, target))
+
+
+def space_of(batch: int, m: int, n: int, k: int, dtype: str = "float32",
+             b_prepacked: bool = False, a_prepacked: bool = False,
+             threads: int | None = None, target: Target | None = None) -> Space:
+    """The search space of the product `GemmSchedule.default` schedules for these shapes."""
+    t = lowering_target(target)
+    base = replace(GemmSchedule.heuristic(batch, m, n, k, dtype, threads, b_prepacked,
+                                          a_prepacked, t),
+                   key=gemm_key(batch, m, n, k, dtype, b_prepacked, a_prepacked, threads))
+    return gemm_space(base, batch, m, n, k, dtype, b_prepacked, a_prepacked, t)
 
 
 def _min(a: Expr, b: int) -> Expr:

@@ -16,7 +16,9 @@ parameter first — the back end's `lift-constants` pass does that for a whole p
 
 Kernels are scheduled for a `kiln.Target` (default: this machine): the lowering runs inside
 `target_scope`, so the operators' lowering rules build their kernels (GEMM tiles, vector
-widths, parallel loops) for it; the chosen knobs are in ``kernel.attrs["schedules"]``.
+widths, parallel loops) for it; the chosen knobs are in ``kernel.attrs["schedules"]``. Knobs
+searched by `kiln.tune` come in the same way, through `overrides_scope`
+(kiln/loops/tunable.py), keyed by each site's key.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from kiln.loops.ir import (
 )
 from kiln.loops.ir import Var as LVar
 from kiln.loops.schedule import loop_nest, lowering_target, target_scope
+from kiln.loops.tunable import ScheduleOverrides, overrides_scope
 from kiln.loops.verify import verify
 from kiln.op import registry
 from kiln.target import Target
@@ -273,10 +276,16 @@ def _types(t: Type) -> list[TensorType]:
 
 
 def lower_primitive(fn: Function, name: str = "kernel",
-                    target: Target | str | None = None) -> Kernel:
+                    target: Target | str | None = None,
+                    overrides: ScheduleOverrides | None = None) -> Kernel:
     """The kernel computing a typed primitive function, scheduled for ``target`` (default:
-    the enclosing `target_scope`'s, else this machine; see the module docstring)."""
+    the enclosing `target_scope`'s, else this machine; see the module docstring), with the
+    knobs ``overrides`` gives its sites (default: the enclosing `overrides_scope`'s;
+    kiln/loops/tunable.py)."""
     if fn.checked_type_ is None:
         raise InternalError("lower_primitive needs a type-checked function")
     with target_scope(lowering_target(target)):
-        return _Lowering(fn, name).run()
+        if overrides is None:
+            return _Lowering(fn, name).run()
+        with overrides_scope(overrides):
+            return _Lowering(fn, name).run()

@@ -16,8 +16,11 @@ first use, for the shapes met, by the same Level-3 passes.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager as ContextManager
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -289,7 +292,7 @@ class Executable:
 
 def build(mod: IRModule | Expr, target: Target | str = "llvm", opt_level: int = 3,
           params: Mapping[str, Any] | None = None, *, executor: str | None = None,
-          threads: int | None = None) -> Executable:
+          threads: int | None = None, tuning_log: str | Path | None = None) -> Executable:
     """Optimize, fuse, lower and compile ``mod`` (its ``@main``) into an `Executable`.
 
     ``params`` binds weights (parameters of @main by name) as constants first. ``target`` is
@@ -301,7 +304,9 @@ def build(mod: IRModule | Expr, target: Target | str = "llvm", opt_level: int = 
     caps the threads its parallel loops use (`Executable.set_threads`; the schedules come
     from the target's cores, so the machine code is the same for every count). The passes
     run in the current `PassContext`: its instruments, disabled passes and debug checks apply
-    to the back end's passes too.
+    to the back end's passes too. ``tuning_log`` (default: the file ``KILN_TUNING_LOG``
+    names, if set) is a log of `kiln.tune`: each kernel whose key it has an entry for on
+    this Target is built with the best schedule found (kiln/tune/log.py).
     """
     if isinstance(mod, Expr):
         mod = IRModule.from_expr(mod)
@@ -319,7 +324,8 @@ def build(mod: IRModule | Expr, target: Target | str = "llvm", opt_level: int = 
     timing = _StepTiming()
     outer = PassContext.current()
     with PassContext(outer.opt_level, outer.required_pass, outer.disabled_pass, outer.config,
-                     [*outer.instruments, timing], outer.debug):
+                     [*outer.instruments, timing], outer.debug), \
+            _tuned(tuning_log, machine):
         low = lower(mod, target if machine is None else machine, opt_level, params)
     timings = {"optimize": timing.optimize, "lower": timing.backend}
     plan, kernels = low.plan, low.kernels
@@ -331,6 +337,23 @@ def build(mod: IRModule | Expr, target: Target | str = "llvm", opt_level: int = 
                       target=target if machine is None else machine, opt_level=opt_level,
                       timings=timings, executor=executor, threads=threads,
                       input_names=input_names, output_names=output_names)
+
+
+def _tuned(tuning_log: str | Path | None, machine: Target | None) -> ContextManager[Any]:
+    """The schedule overrides of the tuning log (``KILN_TUNING_LOG`` when none is given and
+    no enclosing scope sets them, as `kiln.tune` does for its candidates)."""
+    from kiln.loops.tunable import current_overrides, overrides_scope
+
+    if tuning_log is None:
+        env = os.environ.get("KILN_TUNING_LOG")
+        if not env or current_overrides() is not None:
+            return nullcontext()
+        tuning_log = env
+    if machine is None:  # the evaluator: its kernels are scheduled for this machine
+        machine = Target.host()
+    from kiln.tune.log import overrides_from_log
+
+    return overrides_scope(overrides_from_log(tuning_log, machine))
 
 
 class _StepTiming(PassInstrument):

@@ -1,0 +1,150 @@
+"""The kernel sites a model has to tune, and a one-operator program for each.
+
+A *site* is where a schedule with searchable knobs is chosen (kiln/loops/tunable.py): a
+packed GEMM (`kiln.loops.gemm.GemmSchedule.default`) or a convolution's implicit GEMM
+(`kiln.loops.conv_kernels.conv_plan`). Its key names the shapes and operand layouts; the
+Target is the tuning run's. Lowering records each site's key in ``kernel.attrs
+["schedules"]``, so the sites of a model are read off its build, deduplicated by key, with
+each one's share of the model's time from `Executable.profile`.
+
+To measure a candidate, the site is rebuilt alone: a program of one operator (dense on a
+constant weight for a GEMM whose B is prepacked, batch_matmul otherwise, conv2d on a
+constant or variable weight) whose lowering meets the same key, so alter-layout packs its
+weight for the candidate's tiles just as the model's build will.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import Error
+from kiln.ir.module import IRModule
+from kiln.loops import conv_kernels, gemm
+from kiln.loops.tunable import Space, parse_key
+from kiln.target import Target
+
+
+@dataclass(frozen=True)
+class Site:
+    """A kernel site to tune: its key, kind, search space, and its program alone."""
+
+    key: str
+    kind: str  # "gemm" or "conv2d"
+    space: Space
+    text: str  # Relay text of the one-operator program
+    constants: tuple[str, ...]  # parameters bound as weights (constant, so prepacked)
+    flops: int  # multiply-adds × 2 of one call
+
+    def program(self, seed: int = 0) -> tuple[IRModule, dict[str, np.ndarray],
+                                              list[np.ndarray]]:
+        """The module, its weights and random inputs for the other parameters."""
+        from kiln.text import parse
+
+        mod = parse(self.text)
+        rng = np.random.default_rng(seed)
+        params: dict[str, np.ndarray] = {}
+        inputs: list[np.ndarray] = []
+        for p in mod["main"].params:
+            t = p.type_annotation
+            shape = tuple(int(d) for d in t.shape)  # type: ignore[union-attr]
+            value = rng.uniform(-1, 1, shape).astype(np.float32)
+            if p.name_hint in self.constants:
+                params[p.name_hint] = value
+            else:
+                inputs.append(value)
+        return mod, params, inputs
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split("x"))
+
+
+def _tensor(shape: tuple[int, ...]) -> str:
+    return f"Tensor[({', '.join(map(str, shape))}{',' if len(shape) == 1 else ''}), float32]"
+
+
+def site_of(key: str, target: Target) -> Site | None:
+    """The site a key names (None for a kind or layout kiln cannot rebuild alone)."""
+    try:
+        kind, f = parse_key(key)
+        if kind == "gemm":
+            return _gemm_site(key, f, target)
+        if kind == "conv2d":
+            return _conv_site(key, f, target)
+    except (KeyError, ValueError):
+        return None
+    return None
+
+
+def _gemm_site(key: str, f: Mapping[str, str], target: Target) -> Site | None:
+    batch, m, n, k = (int(f[x]) for x in ("batch", "m", "n", "k"))
+    b_pre, a_pre = f["b_prepacked"] == "1", f["a_prepacked"] == "1"
+    if f["dtype"] != "float32" or a_pre or "threads" in f or (b_pre and batch != 1):
+        return None
+    space = gemm.space_of(batch, m, n, k, "float32", b_pre, a_pre, target=target)
+    if space.key != key:
+        return None
+    if b_pre:  # a dense layer on a constant weight (alter-layout packs it)
+        text = (f"def @main(%x: {_tensor((m, k))}, %w: {_tensor((n, k))}) "
+                "{ nn.dense(%x, %w) }")
+        constants: tuple[str, ...] = ("w",)
+    else:
+        text = (f"def @main(%x: {_tensor((batch, m, k))}, %y: {_tensor((batch, k, n))}) "
+                "{ nn.batch_matmul(%x, %y, transpose_b=False) }")
+        constants = ()
+    return Site(key, "gemm", space, f"#[version = \"0.0.5\"]\n{text}\n", constants,
+                2 * batch * m * n * k)
+
+
+def _conv_site(key: str, f: Mapping[str, str], target: Target) -> Site | None:
+    x, w, out = _ints(f["x"]), _ints(f["w"]), _ints(f["out"])
+    strides, pad, dil = _ints(f["strides"]), _ints(f["padding"]), _ints(f["dilation"])
+    groups, prepacked = int(f["groups"]), f["prepacked"] == "1"
+    # bottom and right padding: the least that gives this output size (conv_plan sees only
+    # top and left, and the output's shape)
+    ends = []
+    for axis in range(2):
+        reach = (out[2 + axis] - 1) * strides[axis] + dil[axis] * (w[2 + axis] - 1) + 1
+        ends.append(max(0, reach - x[2 + axis] - pad[axis]))
+    space = conv_kernels.conv_space(x, w, strides, pad, dil, groups, out, prepacked,
+                                    target=target)
+    if space.key != key:
+        return None
+    attrs = (f"strides=[{strides[0]}, {strides[1]}], padding=[{pad[0]}, {pad[1]}, "
+             f"{ends[0]}, {ends[1]}], dilation=[{dil[0]}, {dil[1]}], groups={groups}")
+    text = (f"def @main(%x: {_tensor(x)}, %w: {_tensor(w)}) "
+            f"{{ nn.conv2d(%x, %w, {attrs}) }}")
+    flops = 2 * out[0] * out[1] * out[2] * out[3] * w[1] * w[2] * w[3]
+    return Site(key, "conv2d", space, f"#[version = \"0.0.5\"]\n{text}\n",
+                ("w",) if prepacked else (), flops)
+
+
+def kernel_keys(kernel_attrs: Mapping[str, Any]) -> list[str]:
+    """The site keys a lowered kernel records (``attrs["schedules"]``)."""
+    keys = []
+    for _, knobs in kernel_attrs.get("schedules", ()):
+        key = knobs.get("key")
+        if isinstance(key, str) and key not in keys:
+            keys.append(key)
+    return keys
+
+
+def random_inputs(exe: Any, seed: int = 0) -> list[np.ndarray]:
+    """Random values for an executable's inputs (floats in [-1, 1), integers 0)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for info in exe.inputs:
+        shape = info.shape
+        if shape is None or any(not isinstance(d, int) for d in shape):
+            raise Error(f"kiln.tune needs inputs of static shape; input {info.name!r} is "
+                        f"{info.shape}")
+        dtype = np.dtype(info.dtype)
+        if dtype.kind == "f":
+            out.append(rng.uniform(-1, 1, shape).astype(dtype))
+        else:
+            out.append(np.zeros(shape, dtype))
+    return out

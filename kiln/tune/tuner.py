@@ -1,0 +1,310 @@
+"""kiln.tune: search the schedules of a model's kernels on this machine, into a tuning log.
+
+    result = kiln.tune(mod, params, budget_s=120, log="model.tunelog")
+    exe = kiln.build(mod, params=params, tuning_log="model.tunelog")
+
+1. The model is built with the default schedules and profiled on random inputs: its kernel
+   sites (kiln/tune/sites.py), deduplicated by key (shape and layout; the Target is this
+   run's), each with its share of the model's time.
+2. The budget is split across the sites by those shares, the costliest first (what one
+   finishes early goes to the next). For each site: the default schedule is measured, then
+   a greedy coordinate search moves one knob at a time from the best so far (each knob's
+   values in turn, a move kept when it is faster by more than `MIN_GAIN`), rounds until no
+   move helps, then random points near the best (one to three knobs changed) until its time
+   is up. Every candidate is compiled alone and its output checked against the default's
+   before its time counts (kiln/tune/measure.py).
+3. The best is confirmed against the default with interleaved samples; the entry is
+   ``final`` with those two times (the default's knobs if the gain did not hold up).
+
+Each new best is appended to the log as soon as it is found, so an interrupted run
+(KeyboardInterrupt) keeps what it found: the log is closed and the interrupt raised again.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kiln.errors import Error, InternalError
+from kiln.ir.expr import Expr
+from kiln.ir.module import IRModule
+from kiln.loops.tunable import Knobs
+from kiln.target import Target
+from kiln.tune.log import Entry, LogWriter
+from kiln.tune.measure import (
+    Candidate,
+    CandidateError,
+    build_candidate,
+    check_output,
+    compare,
+    measure,
+)
+from kiln.tune.sites import Site, kernel_keys, random_inputs, site_of
+
+log = logging.getLogger(__name__)
+
+MIN_GAIN = 0.02  # a move must be this much faster to be taken (noise is about 1 %)
+CONFIRM_GAIN = 0.01  # ... and the confirmed best this much faster than the default
+
+
+@dataclass
+class KernelResult:
+    """What tuning found for one site."""
+
+    key: str
+    kind: str
+    share: float  # of the model's kernel time, untuned
+    default_s: float = 0.0
+    best_s: float = 0.0
+    knobs: Knobs = field(default_factory=dict)
+    tuned: bool = False  # whether the best is not the default
+    candidates: int = 0  # measured (the default included)
+    rejected: int = 0  # that failed to build or gave another result
+    time_to_best_s: float = 0.0  # from the start of this site's search
+    seconds: float = 0.0  # spent on this site
+
+    @property
+    def speedup(self) -> float:
+        return self.default_s / self.best_s if self.best_s > 0 else 1.0
+
+
+@dataclass
+class TuneResult:
+    """A tuning run: each site's result, the log written, whether it was interrupted."""
+
+    kernels: list[KernelResult]
+    log: str | None
+    target: Target
+    seconds: float
+    skipped: list[str] = field(default_factory=list)  # site keys not tunable alone
+
+    def __str__(self) -> str:
+        lines = [f"{'kernel':<64} {'share':>6} {'default':>10} {'tuned':>10} {'speedup':>7} "
+                 f"{'tried':>5} {'to best':>8}"]
+        for r in self.kernels:
+            lines.append(f"{r.key[:64]:<64} {r.share:6.1%} {r.default_s * 1e3:8.3f}ms "
+                         f"{r.best_s * 1e3:8.3f}ms {r.speedup:6.2f}x {r.candidates:5d} "
+                         f"{r.time_to_best_s:7.1f}s")
+        lines.append(f"{len(self.kernels)} kernels tuned in {self.seconds:.1f} s for "
+                     f"{self.target}" + (f"; log {self.log}" if self.log else ""))
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class TuneProgress:
+    """What a progress callback is told after each candidate."""
+
+    kernels_done: int
+    kernels_total: int
+    current: str  # the site being tuned
+    best_speedup: float  # the best so far over all sites (model time saved, estimated)
+    seconds_left: float
+
+
+ProgressFn = Callable[[TuneProgress], None]
+
+
+def _targets(target: Target | str) -> Target:
+    from kiln.runtime.compiler import resolve_target
+
+    machine = resolve_target(target)
+    if machine is None:
+        raise Error("kiln.tune measures machine code on this machine; the evaluator has no "
+                    "schedules to tune")
+    host = Target.host()
+    if machine.arch != host.arch or not machine.features <= host.features:
+        raise Error(f"kiln.tune measures on this machine ({host}); it cannot run code for "
+                    f"{machine}")
+    return machine
+
+
+def extract_sites(mod: IRModule, params: Mapping[str, Any] | None, target: Target,
+                  seed: int = 0) -> tuple[list[tuple[Site, float]], list[str]]:
+    """The sites of ``mod`` with their shares of its kernel time (the costliest first), and
+    the keys of sites that cannot be tuned alone."""
+    from kiln.loops.tunable import overrides_scope
+    from kiln.runtime.build import build
+
+    with overrides_scope(None):  # the defaults, whatever the caller's scope or environment
+        exe = build(mod, target=target, params=params)
+    prof = exe.profile(*random_inputs(exe, seed))
+    times: dict[str, float] = {}
+    for row in prof.rows:
+        decl = exe.program.kernels.get(row.kernel)
+        if decl is None or decl.kernel is None:
+            continue
+        keys = kernel_keys(decl.kernel.attrs)
+        for key in keys:
+            times[key] = times.get(key, 0.0) + row.total / len(keys)
+    total = prof.kernel_total or 1.0
+    sites, skipped = [], []
+    for key, t in sorted(times.items(), key=lambda kv: -kv[1]):
+        site = site_of(key, target)
+        if site is None:
+            skipped.append(key)
+        else:
+            sites.append((site, t / total))
+    return sites, skipped
+
+
+class _Search:
+    """The search of one site (see the module docstring)."""
+
+    def __init__(self, site: Site, result: KernelResult, target: Target, deadline: float,
+                 writer: LogWriter | None, on_step: Callable[[], None], rng: random.Random,
+                 started: float) -> None:
+        self.site, self.result, self.target = site, result, target
+        self.deadline, self.writer, self.on_step, self.rng = deadline, writer, on_step, rng
+        self.started = started
+        self.tried: dict[tuple, float | None] = {}
+        self.best: Candidate | None = None
+        self.default: Candidate | None = None
+
+    def _mark(self, knobs: Knobs) -> tuple:
+        return tuple(sorted((k, str(v)) for k, v in knobs.items()))
+
+    def _entry(self, knobs: Knobs, t: float, default_s: float, final: bool) -> Entry:
+        return Entry(self.target.fingerprint, self.site.key, knobs, t, default_s, final,
+                     self.site.kind, self.target.describe(), time.perf_counter() - self.started)
+
+    def try_(self, knobs: Knobs) -> float | None:
+        """Measure a candidate (None: rejected); keep it when it is the best."""
+        mark = self._mark(knobs)
+        if mark in self.tried:
+            return self.tried[mark]
+        self.tried[mark] = None
+        r = self.result
+        r.candidates += 1
+        try:
+            cand = build_candidate(self.site, knobs, self.target)
+            assert self.default is not None
+            check_output(self.site, cand, self.default.output)
+        except CandidateError as e:
+            r.rejected += 1
+            log.warning("kiln.tune: %s", e.message)
+            return None
+        except InternalError as e:  # the loop-IR verifier refused it: never a kernel
+            r.rejected += 1
+            log.warning("kiln.tune: candidate %s of %r rejected: %s", knobs, self.site.key,
+                        e.message)
+            return None
+        t = measure(cand)
+        self.tried[mark] = t
+        if t < r.best_s * (1 - MIN_GAIN):
+            self.best, r.best_s, r.knobs = cand, t, dict(knobs)
+            r.time_to_best_s = time.perf_counter() - self.started
+            if self.writer is not None:
+                self.writer.add(self._entry(knobs, t, r.default_s, False))
+        self.on_step()
+        return t
+
+    def time_left(self) -> bool:
+        return time.perf_counter() < self.deadline
+
+    def run(self) -> None:
+        r, space = self.result, self.site.space
+        self.default = build_candidate(self.site, None, self.target)
+        self.best = self.default
+        r.default_s = r.best_s = measure(self.default)
+        r.knobs = space.default
+        r.candidates = 1
+        self.tried[self._mark(space.default)] = r.default_s
+        self.on_step()
+        improved = True
+        while improved and self.time_left():
+            improved = False
+            for name, values in space.knobs:  # greedy, one knob at a time
+                start = dict(r.knobs)
+                for v in values:
+                    if not self.time_left():
+                        break
+                    moved = {**start, name: v}
+                    if moved != start and space.legal(moved):
+                        self.try_(moved)
+                improved = improved or r.knobs != start
+        names = space.names
+        misses = 0
+        while self.time_left() and misses < 200:  # random points near the best
+            point = dict(r.knobs)
+            for name in self.rng.sample(names, self.rng.randint(1, min(3, len(names)))):
+                point[name] = self.rng.choice(space.values(name))
+            if not space.legal(point) or self._mark(point) in self.tried:
+                misses += 1
+                continue
+            misses = 0
+            self.try_(point)
+        self.confirm()
+
+    def confirm(self) -> None:
+        r = self.result
+        assert self.default is not None and self.best is not None
+        if self.best is not self.default:
+            best_s, default_s = compare(self.best, self.default)
+            if best_s < default_s * (1 - CONFIRM_GAIN):
+                r.best_s, r.default_s, r.tuned = best_s, default_s, True
+            else:
+                r.knobs, r.best_s, r.default_s = self.site.space.default, default_s, default_s
+        if self.writer is not None:
+            self.writer.add(self._entry(r.knobs, r.best_s, r.default_s, True))
+
+
+def tune(mod: IRModule | Expr, params: Mapping[str, Any] | None = None, *,
+         budget_s: float = 60.0, log: str | None = None, target: Target | str = "llvm",
+         progress: ProgressFn | None = None, seed: int = 0) -> TuneResult:
+    """Search the schedules of ``mod``'s kernels on this machine for ``budget_s`` seconds
+    (about: each kernel's search finishes its current candidate and its confirmation), and
+    append what is found to the tuning log ``log`` (JSON lines; kiln/tune/log.py), for
+    ``kiln.build(mod, tuning_log=log)``. ``progress`` is called after every candidate.
+    A KeyboardInterrupt stops the search; the log keeps every entry written so far."""
+    if isinstance(mod, Expr):
+        mod = IRModule.from_expr(mod)
+    if not isinstance(mod, IRModule):
+        raise Error(f"kiln.tune takes an IRModule, not {type(mod).__name__}")
+    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or budget_s < 0:
+        raise Error(f"budget_s must be a number of seconds, not {budget_s!r}")
+    machine = _targets(target)
+    started = time.perf_counter()
+    writer = LogWriter(str(log)) if log is not None else None
+    try:
+        sites, skipped = extract_sites(mod, params, machine, seed)
+        results: list[KernelResult] = []
+        share_left = sum(s for _, s in sites) or 1.0
+        end = started + budget_s
+        rng = random.Random(seed)
+        saved = [0.0]  # model kernel time saved so far (shares × (1 - 1/speedup))
+
+        def step(current: str) -> Callable[[], None]:
+            def report() -> None:
+                if progress is None:
+                    return
+                done_saved = saved[0] + sum(
+                    r.share * (1 - r.best_s / r.default_s)
+                    for r in results[-1:] if r.default_s > 0)
+                progress(TuneProgress(len(results) - 1, len(sites), current,
+                                      1 / max(1e-9, 1 - done_saved),
+                                      max(0.0, end - time.perf_counter())))
+            return report
+
+        for site, share in sites:
+            now = time.perf_counter()
+            allot = max(0.0, end - now) * share / share_left
+            share_left -= share
+            r = KernelResult(site.key, site.kind, share)
+            results.append(r)
+            search = _Search(site, r, machine, now + allot, writer, step(site.key), rng, now)
+            search.run()
+            r.seconds = time.perf_counter() - now
+            if r.default_s > 0:
+                saved[0] += r.share * (1 - r.best_s / r.default_s)
+        if progress is not None:
+            progress(TuneProgress(len(results), len(sites), "", 1 / max(1e-9, 1 - saved[0]),
+                                  max(0.0, end - time.perf_counter())))
+        return TuneResult(results, str(log) if log is not None else None, machine,
+                          time.perf_counter() - started, skipped)
+    finally:
+        if writer is not None:
+            writer.close()

@@ -1,0 +1,175 @@
+"""The search spaces are legal: candidates of awkward shapes verify and compute what the
+default schedule and the reference interpreter compute (kiln/loops/tunable.py)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.codegen.cache import fingerprint
+from kiln.ir.traverse import post_order
+from kiln.loops import gemm
+from kiln.loops.conv_kernels import conv_space
+from kiln.loops.lower import lower_primitive
+from kiln.loops.tunable import ScheduleOverrides, Space, overrides_scope
+from kiln.target import Target
+from kiln.tune.measure import build_candidate
+from kiln.tune.sites import Site, site_of
+
+
+def _site(space: Space) -> Site:
+    site = site_of(space.key, Target.host())
+    assert site is not None, space.key
+    return site
+
+
+def _oracle(site: Site) -> np.ndarray:
+    """The reference interpreter on the site's program (weights bound by name)."""
+    mod, params, inputs = site.program()
+    names = [p.name_hint for p in mod["main"].params]
+    args = [params[n] if n in params else inputs.pop(0) for n in names]
+    return np.asarray(kiln.interpret(mod, *args))
+
+
+def _points(space: Space, extra: int, seed: int = 0) -> list[dict]:
+    """The default, every one-knob move from it (what the greedy search tries first), and
+    ``extra`` random points of the whole space."""
+    points = [space.default, *space.neighbours(space.default)]
+    rest = [p for p in space.points() if p not in points]
+    random.Random(seed).shuffle(rest)
+    return points + rest[:extra]
+
+
+def _covering(space: Space) -> list[dict]:
+    """A few legal points in which every value of every knob appears (point i takes each
+    knob's i-th value where that stays legal; one-knob moves cover what is left)."""
+    points = [space.default]
+    longest = max(len(v) for _, v in space.knobs)
+    for i in range(1, longest):
+        point = dict(space.default)
+        for name, values in space.knobs:
+            moved = {**point, name: values[i % len(values)]}
+            if space.legal(moved):
+                point = moved
+        points.append(point)
+    seen = {(n, str(p[n])) for p in points for n in p}
+    for point in space.points():  # values legal only with others changed too
+        if any((n, str(v)) not in seen for n, v in point.items()):
+            points.append(point)
+            seen |= {(n, str(v)) for n, v in point.items()}
+    return points
+
+
+def _check_all(space: Space, extra: int, points: list[dict] | None = None) -> None:
+    site = _site(space)
+    expected = _oracle(site)
+    k = max(1, site.flops // (2 * expected.size))
+    scale = np.abs(expected).max()
+    tuned = 0
+    for knobs in points if points is not None else _points(space, extra):
+        cand = build_candidate(site, knobs, Target.host())
+        assert cand.output.shape == expected.shape
+        err = np.abs(cand.output.astype(np.float64) - expected).max()
+        assert err <= 1e-5 * scale * np.sqrt(k), (knobs, err)
+        tuned += cand.tuned
+    assert tuned >= 1  # the moves did reach the kernel
+
+
+HOST = Target.host()
+
+SPACES = {
+    # dense on a constant weight (its panels prepacked): 7 rows, 13 units, K 19
+    "dense prepacked": lambda: gemm.space_of(1, 7, 13, 19, b_prepacked=True),
+    # batch_matmul with a batch, odd sizes, K in two blocks or more
+    "batch_matmul": lambda: gemm.space_of(3, 5, 21, 37),
+    # conv2d 3x3 stride 2, odd channels and image (the weight prepacked)
+    "conv2d stride 2": lambda: conv_space((1, 5, 11, 9), (7, 5, 3, 3), (2, 2), (1, 1), (1, 1),
+                                          1, (1, 7, 6, 5)),
+    # 1x1 conv on a variable weight (nothing prepacked: every knob free)
+    "conv2d 1x1": lambda: conv_space((1, 6, 5, 7), (9, 6, 1, 1), (1, 1), (0, 0), (1, 1), 1,
+                                     (1, 9, 5, 7), prepacked=False),
+}
+
+
+@pytest.mark.parametrize("name", list(SPACES))
+def test_candidates_match_the_oracle(name: str) -> None:
+    # every value of every knob, in a few candidates (the slow form: each one-knob move
+    # and random points of the whole space)
+    space = SPACES[name]()
+    points = _covering(space)
+    legal = {(n, str(p[n])) for p in space.points() for n in p}
+    assert {(n, str(v)) for n, vs in space.knobs for v in vs} == legal  # no dead values
+    assert {(n, str(p[n])) for p in points for n in p} == legal
+    _check_all(space, 0, points)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(SPACES))
+def test_more_candidates_match_the_oracle(name: str) -> None:
+    _check_all(SPACES[name](), extra=40)
+
+
+@pytest.mark.slow
+def test_grouped_and_large_k_conv_candidates() -> None:
+    # groups of 2; K = 64·9 = 576 in several blocks; pixels as rows (K ≥ 1024) on 4×4
+    _check_all(conv_space((1, 8, 7, 7), (6, 4, 3, 3), (1, 1), (1, 1), (1, 1), 2,
+                          (1, 6, 7, 7)), extra=10)
+    _check_all(conv_space((1, 128, 4, 4), (24, 128, 3, 3), (1, 1), (1, 1), (1, 1), 1,
+                          (1, 24, 4, 4)), extra=10)
+
+
+def test_space_declares_the_default_first() -> None:
+    base = gemm.GemmSchedule.heuristic(1, 64, 96, 300)
+    space = gemm.space_of(1, 64, 96, 300)
+    assert space.default == gemm.tile_knobs(base)
+    assert space.legal(space.default)
+    for _, values in space.knobs:
+        assert len(set(map(str, values))) == len(values)  # no value twice
+    # a tile that would not fit the registers is not a point of the space
+    lanes, regs = HOST.lanes("float32"), HOST.registers
+    too_tall = {**space.default, "nr": 2 * lanes, "mr": (regs - 3) // 2 + 2}
+    assert not space.legal(too_tall)
+    # a prepacked weight keeps its panels' width and K blocking
+    packed = gemm.space_of(1, 64, 96, 300, b_prepacked=True)
+    assert len(packed.values("nr")) == 1 and len(packed.values("kc")) == 1
+
+
+def _dense_primitive() -> kiln.Function:
+    x = kiln.var("x", shape=(40, 50), dtype="float32")
+    w = kiln.var("w", shape=(30, 50), dtype="float32")
+    fused = kiln.infer_types(kiln.optimize(kiln.IRModule.from_expr(
+        kiln.Function([x, w], kiln.op.nn.dense(x, w)))))
+    return next(f for f in post_order(fused["main"])
+                if isinstance(f, kiln.Function) and f.attrs.get("Primitive"))
+
+
+def test_overrides_are_scoped_and_change_the_cache_key() -> None:
+    prim = _dense_primitive()
+    plain = lower_primitive(prim, "d")
+    (_, knobs), = plain.attrs["schedules"]
+    space = gemm.space_of(1, 40, 30, 50)
+    assert knobs["key"] == space.key and not knobs["tuned"]
+    move = next(p for p in space.neighbours(space.default) if p["unroll"] != 1)
+    tuned = lower_primitive(prim, "d", overrides=ScheduleOverrides({space.key: move}))
+    (_, got), = tuned.attrs["schedules"]
+    assert got["tuned"] and got["unroll"] == move["unroll"]
+    assert fingerprint(tuned) != fingerprint(plain)  # machine code cached apart
+    with overrides_scope(ScheduleOverrides({space.key: move})):
+        (_, inside), = lower_primitive(prim, "d").attrs["schedules"]
+    (_, after), = lower_primitive(prim, "d").attrs["schedules"]
+    assert inside["tuned"] and not after["tuned"]  # nothing leaks out of the scope
+
+
+def test_illegal_knobs_fall_back_to_the_default(caplog: pytest.LogCaptureFixture) -> None:
+    prim = _dense_primitive()
+    space = gemm.space_of(1, 40, 30, 50)
+    bad = {**space.default, "nr": HOST.lanes("float32") + 1}  # not whole vectors
+    with caplog.at_level("WARNING", logger="kiln"):
+        kernel = lower_primitive(prim, "d", overrides=ScheduleOverrides({space.key: bad},
+                                                                         "bad.tunelog"))
+    (_, got), = kernel.attrs["schedules"]
+    assert not got["tuned"] and got["nr"] == space.default["nr"]
+    assert "not a legal schedule" in caplog.text
