@@ -11,6 +11,8 @@
     kiln optimize --list                          every pass, with its opt level
     kiln build model.rly -o model.kiln            compile to an executable file
     kiln bench model.onnx --profile --threads 4   latency, and the time of every kernel
+    kiln tune model.onnx -o model.tunelog --budget 120s   search kernel schedules (a log)
+    kiln build model.onnx --tuning-log model.tunelog      ... and build with them
     kiln export model.onnx -o model.so            a C-callable shared library and model.h
     kiln cache info                               where the machine-code cache is, its size
     kiln cache clear                              empty it
@@ -34,7 +36,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from kiln.cli import bench, cache, export, graph, import_cmd, run, show
+from kiln.cli import bench, cache, export, graph, import_cmd, run, show, tune
 from kiln.cli import compile as compile_cmd
 from kiln.cli.common import add_verbosity
 from kiln.errors import Error, InternalError
@@ -98,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     compile_cmd.add_parsers(sub)
     export.add_parser(sub)
     bench.add_parser(sub)
+    tune.add_parser(sub)
     cache.add_parser(sub)
     return parser
 

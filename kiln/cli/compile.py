@@ -119,7 +119,8 @@ def build_model(model: ModelFile, args: argparse.Namespace,
 
     with compile_progress(progress.kernels if progress is not None else None):
         return build(model.module, target=args.target, opt_level=args.opt_level,
-                     params=model.params or None, threads=getattr(args, "threads", None))
+                     params=model.params or None, threads=getattr(args, "threads", None),
+                     tuning_log=getattr(args, "tuning_log", None))
 
 
 def list_build_passes() -> str:
@@ -161,8 +162,12 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def compile_options(p: argparse.ArgumentParser) -> None:
+def compile_options(p: argparse.ArgumentParser, tuning_log: bool = True) -> None:
     p.add_argument("--params", help="an .npz of weights to bind to @main's parameters by name")
+    if tuning_log:
+        p.add_argument("--tuning-log", metavar="FILE",
+                       help="build with the schedules of this `kiln tune` log (default: "
+                       "KILN_TUNING_LOG, if set)")
     p.add_argument("--opt-level", type=int_in(0, 4), default=3, metavar="N",
                    help="optimization level 0-4 (default 3)")
     p.add_argument("--target", default="llvm",

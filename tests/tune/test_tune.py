@@ -1,0 +1,91 @@
+"""kiln.tune end to end on small models: a tiny budget finishes, writes a log that a rebuild
+uses, and a KeyboardInterrupt keeps what was found."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.loops import gemm
+from kiln.target import Target
+from kiln.tune import TuneProgress, read_log
+from kiln.tune.log import best_entries
+from tests.tune.helpers import conv_net, reference
+
+HOST = Target.host()
+
+
+def _recorded(exe: kiln.Executable) -> dict[str, dict]:
+    out = {}
+    for decl in exe.program.kernels.values():
+        for _, knobs in (decl.kernel.attrs.get("schedules", ()) if decl.kernel else ()):
+            if knobs.get("key"):
+                out[knobs["key"]] = knobs
+    return out
+
+
+def test_tiny_budget_run_writes_a_log_that_a_rebuild_uses(tmp_path: Path) -> None:
+    mod, params = conv_net()
+    log = tmp_path / "net.tunelog"
+    seen: list[TuneProgress] = []
+    start = time.perf_counter()
+    result = kiln.tune(mod, params, budget_s=4.0, log=str(log), progress=seen.append)
+    elapsed = time.perf_counter() - start
+    assert elapsed < 4.0 + 15  # the budget, and one candidate and confirmation per kernel
+    keys = {r.key for r in result.kernels}
+    assert len(keys) == 3 and not result.skipped  # two convolutions and the dense layer
+    for r in result.kernels:
+        assert r.candidates >= 1 and r.rejected == 0 and r.default_s > 0
+        assert r.best_s <= r.default_s and 0 < r.share <= 1
+    assert seen and seen[-1].kernels_done == seen[-1].kernels_total == 3
+    entries = read_log(log)
+    assert {e.key for e in entries if e.final} == keys  # every kernel confirmed
+    best = best_entries(entries, HOST)
+    exe = kiln.build(mod, params=params, tuning_log=log)
+    recorded = _recorded(exe)
+    for key, entry in best.items():
+        knobs = recorded[key]
+        assert gemm.tile_knobs(gemm.GemmSchedule(
+            knobs["mr"], knobs["nr"], knobs["kc"], knobs["mc"], knobs["nc"],
+            knobs["parallel"], knobs["unroll"])) == entry.knobs
+        assert knobs["tuned"] == (entry.knobs != _default(key))
+    x = np.random.default_rng(3).uniform(-1, 1, (1, 3, 12, 12)).astype(np.float32)
+    np.testing.assert_allclose(exe(x), reference(mod, params, x), rtol=1e-4, atol=1e-4)
+    assert str(result).count("\n") == 4  # a header, three kernels, a summary
+
+
+def _default(key: str) -> dict:
+    from kiln.tune.sites import site_of
+
+    site = site_of(key, HOST)
+    assert site is not None
+    return site.space.default
+
+
+def test_keyboard_interrupt_keeps_the_log(tmp_path: Path) -> None:
+    mod, params = conv_net()
+    log = tmp_path / "cut.tunelog"
+
+    def stop_after_first_kernel(p: TuneProgress) -> None:
+        if p.kernels_done >= 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        kiln.tune(mod, params, budget_s=3.0, log=str(log), progress=stop_after_first_kernel)
+    entries = read_log(log)  # a whole log: header and flushed lines
+    assert any(e.final for e in entries)  # the first kernel's search was confirmed
+    assert len({e.key for e in entries}) <= 2
+
+
+def test_bad_arguments() -> None:
+    mod, params = conv_net()
+    with pytest.raises(kiln.Error, match="budget_s"):
+        kiln.tune(mod, params, budget_s=-1)
+    with pytest.raises(kiln.Error, match="evaluator"):
+        kiln.tune(mod, params, target="evaluator")
+    with pytest.raises(kiln.Error, match="cannot run code"):
+        kiln.tune(mod, params, target="aarch64-linux-gnu")
