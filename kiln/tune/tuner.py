@@ -90,7 +90,7 @@ class TuneResult:
                          f"{r.best_s * 1e3:8.3f}ms {r.speedup:6.2f}x {r.candidates:5d} "
                          f"{r.time_to_best_s:7.1f}s")
         lines.append(f"{len(self.kernels)} kernels tuned in {self.seconds:.1f} s for "
-                     f"{self.target}" + (f"; log {self.log}" if self.log else ""))
+                     f"{self.target.describe()}" + (f"; log {self.log}" if self.log else ""))
         return "\n".join(lines)
 
 
