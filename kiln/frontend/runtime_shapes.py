@@ -6,15 +6,21 @@
   operands (kiln/op/dyn.py).
 - `triangle`: the mask of a triangle (triu/tril, a causal mask) from the sizes of its rows and
   columns: column minus row compared with the diagonal.
+- `gather_elements`: ``take_along_axis`` (ONNX GatherElements, torch.gather): the data cut
+  to the index's sizes on the other axes, then one ``take`` with batch dimensions.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
 from kiln import op
 from kiln.ir.expr import Constant, Expr
 from kiln.op import dyn
+
+_INT64_MAX = np.iinfo(np.int64).max
 
 
 def ones(n: int) -> Expr:
@@ -57,3 +63,37 @@ def triangle(rows: Expr, cols: Expr, k: int, upper: bool) -> Expr:
     offset = op.subtract(op.expand_dims(j, axis=0), op.expand_dims(i, axis=1))
     bound = Constant(np.array(k, "int64"))
     return op.greater_equal(offset, bound) if upper else op.less_equal(offset, bound)
+
+
+def gather_elements(data: Expr, index: Expr, axis: int, rank: int,
+                    same_sizes: Sequence[bool], index_dtype: str) -> Expr:
+    """numpy's ``take_along_axis`` (ONNX ``GatherElements``, ``torch.gather``) of shapes
+    known at run time. Negative indices count from the end of the axis. The index may be
+    smaller than the data on the other axes, so there the data is first cut to the index's
+    sizes (``dyn.strided_slice`` to ``shape_of`` the index), unless ``same_sizes[k]`` says
+    the two are known to be equal on every such axis k; then both have the axis moved last,
+    and one ``take`` along it treats every other axis as a batch dimension."""
+    if any(not same for k, same in enumerate(same_sizes) if k != axis):
+        sizes = op.shape_of(index, dtype="int64")
+        ends: list[Expr] = [Constant(np.array([_INT64_MAX], "int64"))]
+        if axis > 0:
+            ends.insert(0, _part(sizes, 0, axis))
+        if axis < rank - 1:
+            ends.append(_part(sizes, axis + 1, rank))
+        data = dyn.strided_slice(data, Constant(np.zeros(rank, "int64")),
+                                 op.concatenate(ends, axis=0) if len(ends) > 1 else ends[0],
+                                 Constant(np.ones(rank, "int64")))
+    idx = index if index_dtype == "int64" else op.cast(index, dtype="int64")
+    size = op.take(op.shape_of(data, dtype="int64"), Constant(np.array(axis, "int64")))
+    idx = op.where(op.less(idx, Constant(np.array(0, "int64"))), op.add(idx, size), idx)
+    picked = op.take(_move_last(data, axis, rank), _move_last(idx, axis, rank),
+                     axis=rank - 1, batch_dims=rank - 1, mode="clip")
+    if axis == rank - 1:
+        return picked
+    return op.transpose(picked, axes=[*range(axis), rank - 1, *range(axis, rank - 1)])
+
+
+def _move_last(x: Expr, axis: int, rank: int) -> Expr:
+    if axis == rank - 1:
+        return x
+    return op.transpose(x, axes=[k for k in range(rank) if k != axis] + [axis])

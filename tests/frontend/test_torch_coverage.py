@@ -19,7 +19,6 @@ import kiln
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from kiln.errors import Error  # noqa: E402
 from kiln.frontend import from_torch  # noqa: E402
 from tests.frontend.test_torch import Fn, check  # noqa: E402
 
@@ -183,9 +182,13 @@ def test_a_boolean_mask_index_counts_its_result_when_it_runs() -> None:
         np.testing.assert_allclose(exe(x.numpy()), (x[x > 0] * 2).numpy(), rtol=1e-6)
 
 
-def test_a_boolean_mask_of_a_middle_axis_is_refused_with_the_node() -> None:
-    with pytest.raises(Error, match=r"aten\.index"):
-        from_torch(Fn(lambda x: x[:, x[0] > 0]), (r(3, 4),))
+def test_a_boolean_mask_of_a_middle_axis() -> None:
+    # more in tests/frontend/test_torch_ranks_and_masks.py
+    mod, params = from_torch(Fn(lambda x: x[:, x[0] > 0]), (r(3, 4),))
+    exe = kiln.build(mod, params=params)
+    for _ in range(3):
+        x = r(3, 4)
+        np.testing.assert_array_equal(exe(x.numpy()), x[:, x[0] > 0].numpy())
 
 
 class Branches(nn.Module):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from kiln import op
+from kiln.frontend import runtime_shapes
 from kiln.frontend.onnx.context import NodeContext, cast
 from kiln.frontend.runtime_shapes import batch_matmul as batch_matmul
 from kiln.frontend.runtime_shapes import ones, triangle
@@ -65,36 +66,15 @@ def _dim(shape: Expr, k: int) -> Expr:
     return op.take(shape, Constant(np.array(k, "int64")))
 
 
-def _ramp(size: Expr) -> Expr:
-    return op.arange(Constant(np.array(0, "int64")), size, Constant(np.array(1, "int64")),
-                     dtype="int64")
-
-
 def gather_elements(ctx: NodeContext, axis: int) -> Expr:
-    """``GatherElements`` with shapes known at run time: each index becomes an offset into
-    the flattened data (index * stride of ``axis`` plus position * stride of every other
-    axis), the strides and positions computed from the shapes when the program runs."""
+    """``GatherElements`` with shapes known at run time (kiln/frontend/runtime_shapes.py,
+    shared with torch.gather)."""
     rank = ctx.ndim(0)
     if ctx.ndim(1) != rank:
         raise ctx.error(f"indices must have the data's rank {rank}, not {ctx.ndim(1)}")
-    data_shape = op.shape_of(ctx.x(0), dtype="int64")
-    index_shape = op.shape_of(ctx.x(1), dtype="int64")
-    strides: list[Expr] = [Constant(np.array(1, "int64"))]
-    for k in range(rank - 1, 0, -1):
-        strides.insert(0, op.multiply(strides[0], _dim(data_shape, k)))
-    idx = ctx.x(1) if ctx.dtype(1) == "int64" else cast(ctx.x(1), "int64")
-    n = _dim(data_shape, axis)
-    idx = op.where(op.less(idx, Constant(np.array(0, "int64"))), op.add(idx, n), idx)
-    flat = op.multiply(idx, strides[axis])
-    for k in range(rank):
-        if k != axis:
-            view = [1] * rank
-            view[k] = -1
-            along = dyn.reshape(_ramp(_dim(index_shape, k)),
-                        Constant(np.array(view, "int64")))
-            flat = op.add(flat, op.multiply(along, strides[k]))
-    data = dyn.reshape(ctx.x(0), Constant(np.array([-1], "int64")))
-    return op.take(data, flat, axis=0, mode="clip")
+    data, index = ctx.t(0).shape, ctx.t(1).shape
+    same = [a == b for a, b in zip(data, index)]
+    return runtime_shapes.gather_elements(ctx.x(0), ctx.x(1), axis, rank, same, ctx.dtype(1))
 
 
 def flatten(ctx: NodeContext, axis: int) -> Expr:

@@ -16,7 +16,7 @@ from typing import Any
 
 from kiln.frontend.torch import conv, elementwise, norm, reduce
 from kiln.frontend.torch.registry import AtenCall, axis, converter
-from kiln.frontend.torch.shape import split_tensor
+from kiln.frontend.torch.shape import split_at_run_time, split_tensor
 from kiln.ir import Expr, TensorType, const
 from kiln.op import clip, nn
 
@@ -115,8 +115,8 @@ def unflatten(n: AtenCall, x: Expr, dim: int, sizes: Sequence[int]) -> Expr:
 def chunk(n: AtenCall, x: Expr, chunks: int, dim: int = 0) -> list[Expr]:
     ax = axis(dim, n.rank(x), n)
     size = n.sizes(x)[ax]
-    if not isinstance(size, int):
-        raise n.error("chunk along a symbolic dimension is not supported")
+    if not isinstance(size, int):  # the pieces' sizes as torch traced them
+        return split_at_run_time(n, x, ax)
     return split_tensor(n, x, -(-size // chunks), dim)  # torch's chunk size, rounded up
 
 

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from kiln.errors import Error
+from kiln.frontend.runtime_shapes import gather_elements
 from kiln.frontend.torch.registry import AtenCall, axis, converter
 from kiln.ir import Expr, const
 from kiln.ir.dtype import dtype_of
@@ -29,10 +31,13 @@ from kiln.op import (
     cast,
     dyn,
     expand_dims,
+    maximum,
     multiply,
     nn,
     prod,
     reshape,
+    strided_slice,
+    subtract,
     take,
     transpose,
     where,
@@ -84,25 +89,13 @@ def cumsum(n: AtenCall, x: Expr, dim: int, dtype: str | None = None) -> Expr:
 
 
 def _gather_at_run_time(n: AtenCall, x: Expr, dim: int, index: Expr) -> Expr:
-    """torch.gather of shapes known when the program runs: the data cut to the index's sizes
-    off the gathered axis (torch allows them smaller), both with that axis moved last, and
-    ``take`` along it with every other axis a batch dimension."""
+    """torch.gather of shapes known when the program runs (kiln/frontend/runtime_shapes.py,
+    shared with ONNX's GatherElements)."""
     rank = n.rank(x)
     if n.rank(index) != rank:
         raise n.error(f"gather's index has rank {n.rank(index)} but its input has rank {rank}")
-    d = axis(dim, rank, n)
-    xs, ids = n.shape(x), n.shape(index)
-    if any(k != d and xs[k] != ids[k] for k in range(rank)):  # not known to be equal
-        big = np.iinfo(np.int64).max
-        ends = [big if k == d else size for k, size in enumerate(n.sizes(index))]
-        x = dyn.strided_slice(x, const(np.zeros(rank, "int64")),
-                n.shape_tensor(ends), const(np.ones(rank, "int64")))
-    picked = take(_move_last(x, d, rank), _move_last(index, d, rank), axis=rank - 1,
-                  batch_dims=rank - 1, mode="clip")
-    if d == rank - 1:
-        return picked
-    back = list(range(d)) + [rank - 1] + list(range(d, rank - 1))
-    return transpose(picked, axes=back)
+    same = [a == b for a, b in zip(n.shape(x), n.shape(index))]
+    return gather_elements(x, index, axis(dim, rank, n), rank, same, n.dtype(index))
 
 
 def _move_last(x: Expr, d: int, rank: int) -> Expr:
@@ -185,3 +178,56 @@ def masked_select(n: AtenCall, x: Expr, mask: Expr) -> Expr:
     positions = cast(dyn.argwhere(mask), dtype="int64")
     flat = sum_(multiply(positions, const(np.asarray(strides, "int64"))), axis=[1])
     return take(reshape(x, newshape=[-1]), flat, axis=0, mode="clip")
+
+
+@converter("aten.masked_scatter.default")
+def masked_scatter(n: AtenCall, x: Expr, mask: Expr, source: Expr) -> Expr:
+    """``x`` with its elements where ``mask`` (broadcast to ``x``) is true replaced by the
+    first elements of ``source``, in order: the k-th true element takes ``source``'s k-th,
+    k counted by a prefix sum of the mask (`counts`). A source with fewer elements than
+    the mask has true ones is an error when the program runs, as in torch."""
+    shape = n.static_shape(x, "masked_scatter")
+    mshape = n.static_shape(mask, "masked_scatter's mask")
+    if tuple(np.broadcast_shapes(shape, mshape)) != tuple(shape):
+        raise n.error(f"masked_scatter's mask of shape {list(mshape)} does not broadcast to "
+                      f"the input's shape {list(shape)}")
+    total = int(np.prod(n.static_shape(source, "masked_scatter's source")))
+    size = int(np.prod(shape))
+    if size == 0:
+        return x
+    if total == 0:
+        raise n.error("masked_scatter with an empty source (kiln needs at least one element)")
+    if tuple(mshape) != tuple(shape):
+        mask = broadcast_to(mask, shape=list(shape))
+    flat = reshape(mask, newshape=[size])
+    count = counts(cast(flat, dtype="float32"), size)  # true elements up to each, inclusive
+    at = maximum(subtract(count, const(np.int64(1))), const(np.int64(0)))
+    # mode fast: an index past the source is an error when the program runs
+    picked = take(reshape(n.tensor(source, n.out.dtype), newshape=[total]), at, axis=0,
+                  mode="fast")
+    return reshape(where(flat, picked, reshape(n.tensor(x, n.out.dtype), newshape=[size])),
+                   newshape=list(shape))
+
+
+def counts(ones: Expr, size: int) -> Expr:
+    """The inclusive prefix sums of a 1-D float32 vector of 0s and 1s, as int64. Two levels
+    of triangular products, in blocks of b: within each block (size·b work), then over the
+    blocks' totals ((size/b)² work); b ≈ (2·size)^(1/3) balances the two. float32 counts
+    are exact below 2²⁴."""
+    if size >= 2**24:
+        raise Error(f"a prefix count over {size} elements (kiln counts up to 2^24)")
+    block = max(1, min(size, round((2 * size) ** (1 / 3))))
+    blocks = -(-size // block)
+    padded = ones if blocks * block == size else nn.pad(
+        ones, pad_width=[[0, blocks * block - size]], pad_value=const(np.float32(0)))
+    rows = reshape(padded, newshape=[blocks, block])
+    inner = nn.dense(rows, const(np.tril(np.ones((block, block), "float32"))))  # (blocks, b)
+    if blocks > 1:
+        totals = strided_slice(inner, begin=[block - 1], end=[block], axes=[1])  # (blocks, 1)
+        before = nn.dense(reshape(totals, newshape=[1, blocks]),
+                          const(np.tril(np.ones((blocks, blocks), "float32"), k=-1)))
+        inner = add(inner, reshape(before, newshape=[blocks, 1]))
+    prefix = reshape(inner, newshape=[blocks * block])
+    if blocks * block != size:
+        prefix = strided_slice(prefix, begin=[0], end=[size])
+    return cast(prefix, dtype="int64")

@@ -252,7 +252,19 @@ def copy(n: AtenCall, x: Expr, src: Expr, non_blocking: bool = False) -> Expr:
 def slice_scatter(n: AtenCall, x: Expr, src: Expr, dim: int = 0, start: int | None = None,
                   end: int | None = None, step: int = 1) -> Expr:
     """``x`` with ``x[start:end:step]`` along ``dim`` replaced by ``src``: ``src`` read at
-    each replaced position (a take), ``x`` kept elsewhere."""
+    each replaced position (a take), ``x`` kept elsewhere. Into a tensor of symbolic shape
+    only a slice of the whole axis is supported (what ``x[:, i] = v`` records around its
+    index_put)."""
+    if not n.type(x).is_static:
+        d = axis(dim, n.rank(x), n)
+        whole = (start in (None, 0) and step == 1
+                 and (end is None or (isinstance(end, int) and end >= 2**31 - 1)
+                      or str(end) == str(n.sizes(x)[d])))
+        if not whole:
+            raise n.error("slice_scatter into a tensor of symbolic shape is supported for a "
+                          f"slice of the whole axis only, not [{start}:{end}:{step}] of "
+                          f"dimension {d}")
+        return n.tensor(src, n.out.dtype)
     shape = n.static_shape(x, "slice_scatter")
     d = axis(dim, len(shape), n)
     size = shape[d]

@@ -128,16 +128,41 @@ def _split(n: AtenCall, x: Expr, sizes: Sequence[int], ax: int) -> list[Expr]:
 
 
 @converter("aten.split_with_sizes.default")
-def split_with_sizes(n: AtenCall, x: Expr, sizes: Sequence[int], dim: int = 0) -> list[Expr]:
-    return _split(n, x, list(sizes), axis(dim, n.rank(x), n))
+def split_with_sizes(n: AtenCall, x: Expr, sizes: Sequence[Any], dim: int = 0) -> list[Expr]:
+    ax = axis(dim, n.rank(x), n)
+    if not all(isinstance(s, int) for s in sizes):
+        return split_at_run_time(n, x, ax)
+    return _split(n, x, list(sizes), ax)
+
+
+def split_at_run_time(n: AtenCall, x: Expr, ax: int) -> list[Expr]:
+    """Pieces along an axis of symbolic size (chunk, split): each a ``dyn.strided_slice``
+    between offsets summed from the pieces' sizes torch traced (ints or symbolic sizes,
+    computed when the program runs). torch.export fixes the number of pieces."""
+    vals = n.node.meta.get("val")
+    if not isinstance(vals, (list, tuple)) or not vals:
+        raise n.error("splitting along a symbolic dimension: torch recorded no pieces")
+    sizes = [v.shape[ax] for v in vals]
+    if len(sizes) == 1:
+        return [x]
+    pieces: list[Expr] = []
+    start: Any = 0
+    big = [_END] * ax
+    ones = const(np.ones(ax + 1, "int64"))
+    for k, size in enumerate(sizes):
+        stop = start + size
+        end = n.shape_tensor([*big, _END if k == len(sizes) - 1 else stop])
+        pieces.append(dyn.strided_slice(x, n.shape_tensor([*[0] * ax, start]), end, ones))
+        start = stop
+    return pieces
 
 
 @converter("aten.split.Tensor")
 def split_tensor(n: AtenCall, x: Expr, size: int, dim: int = 0) -> list[Expr]:
     ax = axis(dim, n.rank(x), n)
     total = n.shape(x)[ax]
-    if not isinstance(total, int):  # only the split axis needs to be static
-        raise n.error(f"split along a symbolic dimension ({total}) is not supported")
+    if not isinstance(total, int):  # the pieces' sizes as torch traced them
+        return split_at_run_time(n, x, ax)
     sizes = [min(size, total - start) for start in range(0, total, size)] or [0]
     return _split(n, x, sizes, ax)
 

@@ -11,6 +11,14 @@ last (length L, L² comparisons)::
 NaN sorts as larger than every number (last ascending, first descending), as in torch.
 ``topk`` is the first k of the sort, which gives ties in index order; torch's order among
 ties is its own. Fine for the lengths models sort (a vocabulary of 50k would not be).
+
+``kthvalue``, ``median`` and ``nanmedian`` need one place of that order, not the whole sort:
+the element whose ``place`` is the wanted position (k - 1; ``(L - 1) // 2`` for the lower
+median; for ``median`` of a row holding NaN, the row's first NaN, as torch's result is NaN;
+for ``nanmedian`` the lower median of the row's numbers, counted per row). Among equal values
+torch documents its index as unspecified (its CPU quickselect picks one); kiln gives the one
+of that place in the stable order, so the value always matches torch and the index always
+points at an element equal to it.
 """
 
 from __future__ import annotations
@@ -18,19 +26,25 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.frontend.torch.registry import AtenCall, axis, converter
-from kiln.ir import Expr, const
+from kiln.ir import Expr, TensorType, const
 from kiln.ir.dtype import dtype_of
 from kiln.op import (
+    any_,
     cast,
     equal,
     expand_dims,
+    floor_divide,
     greater,
     less,
     logical_and,
     logical_not,
     logical_or,
+    maximum,
     not_equal,
+    reshape,
+    squeeze,
     strided_slice,
+    subtract,
     transpose,
     where,
 )
@@ -73,17 +87,100 @@ def sorted_along(n: AtenCall, x: Expr, dim: int, descending: bool) -> tuple[Expr
     d = axis(dim, rank, n)
     length = shape[d]
     moved = _move_last(x, d, rank)
-    mine, theirs = expand_dims(moved, axis=rank), expand_dims(moved, axis=rank - 1)  # i, j
-    first, same = _goes_before(mine, theirs, descending, dtype_of(dtype).is_float)
-    earlier = const(np.tril(np.ones((length, length), dtype=bool), k=-1))  # [i, j]: j < i
-    before = logical_or(first, logical_and(same, earlier))
-    place = sum_(cast(before, dtype="int64"), axis=[rank])  # (..., L)
+    place = _places(moved, rank, length, descending, dtype_of(dtype).is_float)  # (..., L)
     at = equal(expand_dims(place, axis=rank - 1),
                const(np.arange(length, dtype=np.int64).reshape(length, 1)))  # [r, i]
     positions = const(np.arange(length, dtype=np.int64))
     indices = sum_(where(at, positions, const(np.int64(0))), axis=[rank])
     values = sum_(where(at, expand_dims(moved, axis=rank - 1), const(0, dtype)), axis=[rank])
     return _move_back(values, d, rank), _move_back(indices, d, rank)
+
+
+def _places(moved: Expr, rank: int, length: int, descending: bool, floating: bool) -> Expr:
+    """Each element's place in the stable order along the last axis (int64, shape kept)."""
+    mine, theirs = expand_dims(moved, axis=rank), expand_dims(moved, axis=rank - 1)  # i, j
+    first, same = _goes_before(mine, theirs, descending, floating)
+    earlier = const(np.tril(np.ones((length, length), dtype=bool), k=-1))  # [i, j]: j < i
+    before = logical_or(first, logical_and(same, earlier))
+    return sum_(cast(before, dtype="int64"), axis=[rank])
+
+
+def ranked(n: AtenCall, x: Expr, dim: int, what: str, k: int | None = None,
+           nan: str = "last") -> tuple[Expr, Expr, int]:
+    """The value and int64 index of one place of the ascending stable order along ``dim``
+    (the axis kept, size 1): place ``k`` (0-based), or with ``k=None`` the lower median —
+    ``nan="propagate"`` the row's first NaN where it holds one (torch.median), ``nan="skip"``
+    the median of the row's numbers (torch.nanmedian). Also the axis, made non-negative."""
+    shape = n.static_shape(x, what)
+    rank, dtype = len(shape), n.dtype(x)
+    if dtype == "bool":
+        raise n.error(f"{what} of bool tensors is not supported")
+    if rank == 0:
+        x = reshape(x, newshape=[1])
+        shape, rank = (1,), 1
+    d = axis(dim, rank, n)
+    length = shape[d]
+    if length == 0:
+        raise n.error(f"{what} of an empty dimension")
+    moved = _move_last(x, d, rank)
+    floating = dtype_of(dtype).is_float
+    place = _places(moved, rank, length, False, floating)
+    if k is not None:
+        wanted: Expr = const(np.int64(k))
+    else:
+        wanted = const(np.int64((length - 1) // 2))
+        if floating and nan != "last":
+            nans = not_equal(moved, moved)
+            numbers = sum_(cast(logical_not(nans), dtype="int64"), axis=[rank - 1], keepdims=True)
+            if nan == "propagate":  # the first NaN sits just after the numbers
+                wanted = where(any_(nans, axis=[rank - 1], keepdims=True), numbers, wanted)
+            else:
+                half = floor_divide(subtract(numbers, const(np.int64(1))), const(np.int64(2)))
+                wanted = maximum(half, const(np.int64(0)))  # all NaN: the first one
+    at = equal(place, wanted)  # one element per row
+    positions = const(np.arange(length, dtype=np.int64))
+    index = sum_(where(at, positions, const(np.int64(0))), axis=[rank - 1], keepdims=True)
+    value = sum_(where(at, moved, const(0, dtype)), axis=[rank - 1], keepdims=True)
+    return _move_back(value, d, rank), _move_back(index, d, rank), d
+
+
+def _kept(pair: tuple[Expr, Expr, int], keepdim: bool, scalar: bool) -> list[Expr]:
+    value, index, d = pair
+    if scalar:
+        return [reshape(value, newshape=[]), reshape(index, newshape=[])]
+    if keepdim:
+        return [value, index]
+    return [squeeze(value, axis=[d]), squeeze(index, axis=[d])]
+
+
+@converter("aten.kthvalue.default")
+def kthvalue(n: AtenCall, x: Expr, k: int, dim: int = -1, keepdim: bool = False) -> list[Expr]:
+    """The k-th smallest (1-based) along ``dim`` and its index (NaN counts as the largest)."""
+    rank = n.rank(x)
+    size = n.static_shape(x, "kthvalue")[axis(dim, rank, n)] if rank else 1
+    if not 1 <= k <= size:
+        raise n.error(f"kthvalue's k={k} is outside [1, {size}] (the size of dimension {dim})")
+    return _kept(ranked(n, x, dim, "kthvalue", k=k - 1), bool(keepdim), rank == 0)
+
+
+@converter("aten.median.dim", "aten.nanmedian.dim")
+def median_dim(n: AtenCall, x: Expr, dim: int, keepdim: bool = False) -> list[Expr]:
+    """The lower median along ``dim`` and its index; ``median`` is NaN where the row holds
+    NaN, ``nanmedian`` the median of the row's numbers."""
+    nan = "skip" if n.target.startswith("aten.nanmedian") else "propagate"
+    what = n.target.split(".")[1]
+    return _kept(ranked(n, x, dim, what, nan=nan), bool(keepdim), n.rank(x) == 0)
+
+
+@converter("aten.median.default", "aten.nanmedian.default")
+def median(n: AtenCall, x: Expr) -> Expr:
+    """The lower median of all the elements."""
+    nan = "skip" if n.target.startswith("aten.nanmedian") else "propagate"
+    what = n.target.split(".")[1]
+    flat = n.note(reshape(x, newshape=[-1]),
+                  TensorType((int(np.prod(n.static_shape(x, what))),), n.dtype(x)))
+    value = ranked(n, flat, 0, what, nan=nan)[0]
+    return reshape(value, newshape=[])
 
 
 @converter("aten.sort.default")
