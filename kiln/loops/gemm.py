@@ -257,15 +257,19 @@ def tile_space(base: GemmSchedule, batch: int, m: int, n: int, k: int, dtype: st
     # a tile height only where some allowed width fits it in the registers
     widths = [d["nr"]] if "nr" in fixed else [d["nr"], *nrs]
     mrs = [x for x in mrs if any(x * (w // lanes) + w // lanes + 1 <= regs for w in widths)]
+    # unrolling only by what divides some K block (else the loop is not unrolled at all)
+    blocks_k = [d["kc"]] if "kc" in fixed else [d["kc"], *kcs]
+    unrolls = [u for u in (1, 2, 4) if any(x % u == 0 for x in blocks_k)]
     values = {"mr": mrs, "nr": nrs, "kc": kcs, "mb": mbs, "nb": nbs, "parallel": pars,
-              "unroll": [1, 2, 4]}
+              "unroll": unrolls}
     return tuple((name, ordered(d[name], [] if name in fixed else values[name]))
                  for name in d)
 
 
 def tile_check(base: GemmSchedule, dtype: str, target: Target) -> Callable[[Any], bool]:
     """The combinations of `tile_space` allowed: an accumulator tile that fits the
-    registers, and packed blocks no larger than a cache (or than base's)."""
+    registers, an unrolling that divides the K block, and packed blocks no larger than a
+    cache (or than base's)."""
     lanes = base.lanes or target.lanes(dtype)
     size = dtype_of(dtype).itemsize
     a_cap = max(base.mc * base.kc * size, target.l2 // 2)
@@ -274,7 +278,7 @@ def tile_check(base: GemmSchedule, dtype: str, target: Target) -> Callable[[Any]
     def check(knobs: Any) -> bool:
         mr, nr, kc = knobs["mr"], knobs["nr"], knobs["kc"]
         v = nr // lanes
-        if nr % lanes or mr * v + v + 1 > target.registers:
+        if nr % lanes or mr * v + v + 1 > target.registers or kc % knobs["unroll"]:
             return False
         return knobs["mb"] * mr * kc * size <= a_cap and knobs["nb"] * nr * kc * size <= b_cap
 

@@ -81,6 +81,7 @@ class TuneResult:
     target: Target
     seconds: float
     skipped: list[str] = field(default_factory=list)  # site keys not tunable alone
+    out_of_time: list[str] = field(default_factory=list)  # sites the budget did not reach
 
     def __str__(self) -> str:
         lines = [f"{'kernel':<64} {'share':>6} {'default':>10} {'tuned':>10} {'speedup':>7} "
@@ -89,6 +90,9 @@ class TuneResult:
             lines.append(f"{r.key[:64]:<64} {r.share:6.1%} {r.default_s * 1e3:8.3f}ms "
                          f"{r.best_s * 1e3:8.3f}ms {r.speedup:6.2f}x {r.candidates:5d} "
                          f"{r.time_to_best_s:7.1f}s")
+        if self.out_of_time:
+            lines.append(f"{len(self.out_of_time)} more kernels not reached in the budget "
+                         "(their defaults stand)")
         lines.append(f"{len(self.kernels)} kernels tuned in {self.seconds:.1f} s for "
                      f"{self.target.describe()}" + (f"; log {self.log}" if self.log else ""))
         return "\n".join(lines)
@@ -289,8 +293,12 @@ def tune(mod: IRModule | Expr, params: Mapping[str, Any] | None = None, *,
                                       max(0.0, end - time.perf_counter())))
             return report
 
+        out_of_time: list[str] = []
         for site, share in sites:
             now = time.perf_counter()
+            if now >= end and results:  # the budget is spent: the rest keep their defaults
+                out_of_time.append(site.key)
+                continue
             allot = max(0.0, end - now) * share / share_left
             share_left -= share
             r = KernelResult(site.key, site.kind, share)
@@ -301,10 +309,10 @@ def tune(mod: IRModule | Expr, params: Mapping[str, Any] | None = None, *,
             if r.default_s > 0:
                 saved[0] += r.share * (1 - r.best_s / r.default_s)
         if progress is not None:
-            progress(TuneProgress(len(results), len(sites), "", 1 / max(1e-9, 1 - saved[0]),
+            progress(TuneProgress(len(sites), len(sites), "", 1 / max(1e-9, 1 - saved[0]),
                                   max(0.0, end - time.perf_counter())))
         return TuneResult(results, str(log) if log is not None else None, machine,
-                          time.perf_counter() - started, skipped)
+                          time.perf_counter() - started, skipped, out_of_time)
     finally:
         if writer is not None:
             writer.close()
