@@ -12,6 +12,15 @@ from tests.train.helpers import batches, mlp_loss, mlp_params, relative_error, t
 
 torch = pytest.importorskip("torch")
 
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """torch's small kernels on one thread: the machine's cores are shared with kiln's."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 STEPS = 25
 
 CASES = [
