@@ -377,7 +377,7 @@ def _plan_space(plan: ConvPlan, x_shape: Sequence[int], w_shape: Sequence[int], 
     key = s.key or conv_key(x_shape, w_shape, strides, padding, dilation, groups, out_shape,
                             prepacked)
     return Space(key, g.tile_space(s, groups, m, n, k, "float32", target, fixed),
-                 g.tile_check(s, "float32", target))
+                 g.tile_check(s, "float32", target), g.tile_canonical(m, n))
 
 
 def conv_space(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],

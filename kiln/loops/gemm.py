@@ -288,13 +288,25 @@ def tile_check(base: GemmSchedule, dtype: str, target: Target) -> Callable[[Any]
 def gemm_space(base: GemmSchedule, batch: int, m: int, n: int, k: int, dtype: str,
                b_prepacked: bool, a_prepacked: bool, target: Target) -> Space:
     """The search space of a packed product (`GemmSchedule.default`'s site): see
-    `tile_space`. A prepacked operand fixes its tile width and the K blocking (its panels
-    were laid out for them, kiln/op/nn/packed.py)."""
-    fixed = ("kc",) * (a_prepacked or b_prepacked) + ("nr",) * b_prepacked \
-        + ("mr",) * a_prepacked
+    `tile_space`. A prepacked operand fixes the K blocking (alter-layout pads K to
+    `k_blocking`'s blocks, kiln/transform/alter_layout.py). A dense weight's panels are as
+    wide as this schedule's ``nr`` — alter-layout asks `GemmSchedule.default` too, under the
+    same overrides — so ``nr`` stays free; A prepacked (not made here) keeps ``mr``."""
+    fixed = ("kc",) * (a_prepacked or b_prepacked) + ("mr",) * a_prepacked
     key = base.key or gemm_key(batch, m, n, k, dtype, b_prepacked, a_prepacked)
     return Space(key, tile_space(base, batch, m, n, k, dtype, target, fixed),
-                 tile_check(base, dtype, target))
+                 tile_check(base, dtype, target), tile_canonical(m, n))
+
+
+def tile_canonical(m: int, n: int) -> Callable[[Any], tuple]:
+    """What a point of `tile_space` builds, for telling equal kernels apart from different
+    ones: blocks of more tiles than M or N has are all of it."""
+    def canonical(knobs: Any) -> tuple:
+        out = dict(knobs)
+        out["mb"] = min(out["mb"], -(-m // out["mr"]))
+        out["nb"] = min(out["nb"], -(-n // out["nr"]))
+        return tuple(sorted((name, str(v)) for name, v in out.items()))
+    return canonical
 
 
 def space_of(batch: int, m: int, n: int, k: int, dtype: str = "float32",

@@ -70,6 +70,9 @@ class Space:
     key: str
     knobs: tuple[tuple[str, tuple[Any, ...]], ...]
     check: Callable[[Mapping[str, Any]], bool] | None = field(default=None, compare=False)
+    # the kernel a point builds, as a hashable value: points equal under it need one
+    # measurement (None: the points themselves)
+    canonical: Callable[[Mapping[str, Any]], Any] | None = field(default=None, compare=False)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -93,6 +96,12 @@ class Space:
             if not any(v == x and type(v) is type(x) for x in values):
                 return False
         return self.check is None or dict(knobs) == self.default or bool(self.check(knobs))
+
+    def same_kernel_as(self, knobs: Mapping[str, Any]) -> Any:
+        """A hashable value equal for points that build the same kernel."""
+        if self.canonical is not None:
+            return self.canonical(knobs)
+        return tuple(sorted((name, str(v)) for name, v in knobs.items()))
 
     def neighbours(self, knobs: Mapping[str, Any]) -> Iterator[Knobs]:
         """The legal points that differ from ``knobs`` in one knob (coordinate moves)."""

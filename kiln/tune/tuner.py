@@ -164,12 +164,12 @@ class _Search:
         self.site, self.result, self.target = site, result, target
         self.deadline, self.writer, self.on_step, self.rng = deadline, writer, on_step, rng
         self.started = started
-        self.tried: dict[tuple, float | None] = {}
+        self.tried: dict[Any, float | None] = {}
         self.best: Candidate | None = None
         self.default: Candidate | None = None
 
-    def _mark(self, knobs: Knobs) -> tuple:
-        return tuple(sorted((k, str(v)) for k, v in knobs.items()))
+    def _mark(self, knobs: Knobs) -> Any:
+        return self.site.space.same_kernel_as(knobs)  # one measurement per distinct kernel
 
     def _entry(self, knobs: Knobs, t: float, default_s: float, final: bool) -> Entry:
         return Entry(self.target.fingerprint, self.site.key, knobs, t, default_s, final,
