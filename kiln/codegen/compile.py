@@ -52,7 +52,8 @@ log = logging.getLogger(__name__)
 def llvm_ir(kernel: Kernel, opt_level: int = 3, target: Target | str | None = None) -> str:
     """The LLVM IR text emitted for ``kernel`` (before optimization), for reading."""
     t = machine(_target(target), opt_level)
-    return str(emit_kernel(verify(kernel), kernel_symbol(kernel), t.triple, t.data_layout))
+    return str(emit_kernel(verify(kernel), kernel_symbol(kernel), t.triple, t.data_layout,
+                           t.target.features))
 
 
 def optimized_ir(kernel: Kernel, opt_level: int = 3, target: Target | str | None = None) -> str:
@@ -266,7 +267,7 @@ def compile_kernels(
 
 def _kernel_text(k: Kernel, symbol: str, tm: Machine) -> str:
     verify(k)
-    return str(emit_kernel(k, symbol, tm.triple, tm.data_layout))
+    return str(emit_kernel(k, symbol, tm.triple, tm.data_layout, tm.target.features))
 
 
 def defined_symbols(text: str) -> tuple[str, ...] | None:

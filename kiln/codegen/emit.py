@@ -131,13 +131,14 @@ def status_messages(kernel: Kernel) -> list[str]:
 class _KernelEmitter:
     """Emits one kernel's module: the entry point, its body, outlined parallel loops."""
 
-    def __init__(self, kernel: Kernel, symbol: str, triple: str, data_layout: str) -> None:
+    def __init__(self, kernel: Kernel, symbol: str, triple: str, data_layout: str,
+                 features: frozenset[str] = frozenset()) -> None:
         self.kernel = kernel
         self.symbol = symbol
         self.module = ir.Module(name=symbol)
         self.module.triple = triple
         self.module.data_layout = data_layout
-        self.mc = ModuleContext(self.module)
+        self.mc = ModuleContext(self.module, features)
         self.check_status = {id(c): k + 1 for k, c in enumerate(checks(kernel))}
         n_checks = len(self.check_status)
         self.heap_status = {id(b): n_checks + k + 1
@@ -363,7 +364,8 @@ class _KernelEmitter:
         work.extend(reversed(items))
 
 
-def emit_kernel(kernel: Kernel, symbol: str, triple: str = "", data_layout: str = ""
-                ) -> ir.Module:
-    """The LLVM module defining ``i32 @<symbol>(ptr args)`` for ``kernel``."""
-    return _KernelEmitter(kernel, symbol, triple, data_layout).emit()
+def emit_kernel(kernel: Kernel, symbol: str, triple: str = "", data_layout: str = "",
+                features: frozenset[str] = frozenset()) -> ir.Module:
+    """The LLVM module defining ``i32 @<symbol>(ptr args)`` for ``kernel``; ``features``
+    (the Target's) choose instructions only some CPUs have (kiln/codegen/dot_product.py)."""
+    return _KernelEmitter(kernel, symbol, triple, data_layout, features).emit()

@@ -15,6 +15,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from kiln.codegen import arith
+from kiln.codegen.dot_product import emit_dot
 from kiln.codegen.llvmtypes import (
     I64,
     ModuleContext,
@@ -35,6 +36,7 @@ from kiln.loops.ir import (
     Buffer,
     Cast,
     Const,
+    DotProduct,
     Expr,
     Load,
     Select,
@@ -129,6 +131,9 @@ class ExprEmitter:
                 return self._broadcast(e, memo)
             case FMA():
                 return self._fma(e, memo)
+            case DotProduct():
+                return emit_dot(self.mc, self.b, memo[id(e.a)], memo[id(e.b)], memo[id(e.c)],
+                                e.a_dtype, e.b_dtype)
         raise InternalError(f"codegen: unknown expression {type(e).__name__}")
 
     def _const(self, e: Const, memo: Memo) -> ir.Value:

@@ -86,7 +86,8 @@ def _compile(text: str, pm: PicMachine, what: str) -> bytes:
 
 
 def _kernel_text(k: Kernel, symbol: str, pm: PicMachine) -> str:
-    return str(emit_kernel(verify(k), symbol, pm.target.triple, pm.data_layout))
+    return str(emit_kernel(verify(k), symbol, pm.target.triple, pm.data_layout,
+                           pm.target.features))
 
 
 @dataclass

@@ -110,8 +110,10 @@ def splat(b: ir.IRBuilder, v: ir.Value, lanes: int) -> ir.Value:
 class ModuleContext:
     """Declarations shared by the functions of one LLVM module (intrinsics, libc, libm)."""
 
-    def __init__(self, module: ir.Module) -> None:
+    def __init__(self, module: ir.Module, features: frozenset[str] = frozenset()) -> None:
         self.module = module
+        # the Target's features, for instructions only some CPUs have (codegen/dot_product.py)
+        self.features = features
         self._decls: dict[str, ir.Function] = {}
 
     def declare(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:

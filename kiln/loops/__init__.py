@@ -10,6 +10,7 @@ from kiln.loops.ir import (
     Cast,
     Check,
     Const,
+    DotProduct,
     Expr,
     For,
     IfThenElse,
@@ -26,7 +27,8 @@ from kiln.loops.ir import (
 from kiln.loops.verify import verify
 
 __all__ = [
-    "FMA", "Allocate", "Binary", "Broadcast", "Buffer", "Cast", "Check", "Const", "Expr", "For",
+    "FMA", "Allocate", "Binary", "Broadcast", "Buffer", "Cast", "Check", "Const", "DotProduct",
+    "Expr", "For",
     "IfThenElse", "Kernel", "LetStmt", "Load", "Select", "Seq", "Stmt", "Store", "Unary", "Var",
     "evaluate", "verify",
 ]

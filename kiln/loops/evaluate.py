@@ -32,6 +32,7 @@ from kiln.loops.ir import (
     Cast,
     Check,
     Const,
+    DotProduct,
     Expr,
     For,
     IfThenElse,
@@ -124,6 +125,16 @@ def _fma64(x: float, y: float, z: float) -> float:
     return float(Fraction(x) * Fraction(y) + Fraction(z))  # exact, then rounded once
 
 
+def _dot4(a: np.ndarray, b: np.ndarray, c: np.ndarray, a_dtype: str,
+          b_dtype: str) -> np.ndarray:
+    """`DotProduct`: each int32 lane of ``a`` and ``b`` read as 4 bytes of their dtypes,
+    their products summed per lane into ``c`` exactly, wrapping modulo 2³² like int32."""
+    qa = a.astype(np.int32).view(a_dtype).astype(np.int64).reshape(-1, 4)
+    qb = b.astype(np.int32).view(b_dtype).astype(np.int64).reshape(-1, 4)
+    total = c.astype(np.int64) + (qa * qb).sum(axis=1)
+    return total.astype(np.int32)  # wraps: int64 -> int32 keeps the low 32 bits
+
+
 class _Machine:
     def __init__(self) -> None:
         self.env: dict[int, np.ndarray] = {}  # id(var) -> value (1-D array of its lanes)
@@ -174,6 +185,8 @@ class _Machine:
                 return np.repeat(m[id(v)], n)
             case FMA(a=a, b=b, c=c):
                 return _fma(m[id(a)], m[id(b)], m[id(c)], e.dtype)
+            case DotProduct(a=a, b=b, c=c):
+                return _dot4(m[id(a)], m[id(b)], m[id(c)], e.a_dtype, e.b_dtype)
         raise InternalError(f"loop evaluator: unknown expression {type(e).__name__}")
 
     def stmt(self, s: Stmt) -> None:

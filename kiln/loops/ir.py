@@ -5,7 +5,8 @@ deliberately small and explicit, so that the verifier can prove every access in 
 code generation is a direct translation to LLVM:
 
 - expressions are scalars or short vectors (``lanes > 1``, e.g. 8 × float32 for AVX2):
-  `Const`, `Var`, `Load`, `Binary`, `Unary`, `Cast`, `Bitcast`, `Select`, `Broadcast`, `FMA`;
+  `Const`, `Var`, `Load`, `Binary`, `Unary`, `Cast`, `Bitcast`, `Select`, `Broadcast`, `FMA`,
+  `DotProduct` (the int8 dot product of 4-byte groups: VNNI's ``vpdpbusd``);
 - statements: `For` (serial, parallel, vectorized or unrolled), `Store`, `LetStmt`,
   `Allocate` (a local buffer: a register tile or scratch space), `Seq`, `IfThenElse`;
 - `Buffer`s have static shapes, are row-major and contiguous; a `Load`/`Store` with
@@ -315,6 +316,40 @@ class FMA(Expr):
         return self.a.lanes
 
 
+DOT_DTYPES = ("uint8", "int8")  # what the 4 packed values of a DotProduct operand can be
+
+
+@dataclass(frozen=True, eq=False)
+class DotProduct(Expr):
+    """``c + Σ_q a[4l+q]·b[4l+q]`` per lane ``l``: int8 dot products in groups of 4.
+
+    ``a``, ``b`` and ``c`` are int32 vectors of equal lanes; each 32-bit lane of ``a`` and
+    ``b`` holds 4 packed 8-bit values (lowest byte first) of ``a_dtype``/``b_dtype``
+    (``uint8`` or ``int8``). Products are exact and the sum wraps modulo 2³² like int32
+    addition. On AVX-512-VNNI / AVX-VNNI, uint8 × int8 is one ``vpdpbusd`` (the code
+    generator picks it from the Target's features); elsewhere an exact widening sequence.
+    """
+
+    a: Expr
+    b: Expr
+    c: Expr
+    a_dtype: str = "uint8"
+    b_dtype: str = "int8"
+
+    def __post_init__(self) -> None:
+        if self.a_dtype not in DOT_DTYPES or self.b_dtype not in DOT_DTYPES:
+            raise InternalError(f"loop IR: a dot product of {self.a_dtype} x {self.b_dtype}; "
+                                f"its operands hold {' or '.join(DOT_DTYPES)}")
+
+    @property
+    def dtype(self) -> str:
+        return "int32"
+
+    @property
+    def lanes(self) -> int:
+        return self.c.lanes
+
+
 def as_expr(value: object, dtype: str = INDEX) -> Expr:
     """An expression from an expression or a Python number (an index by default)."""
     if isinstance(value, Expr):
@@ -393,7 +428,7 @@ def operands(e: Expr) -> tuple[Expr, ...]:
             return (c, a, b)
         case Broadcast(value=v):
             return (v,)
-        case FMA(a=a, b=b, c=c):
+        case FMA(a=a, b=b, c=c) | DotProduct(a=a, b=b, c=c):
             return (a, b, c)
     return ()
 

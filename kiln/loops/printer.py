@@ -11,6 +11,7 @@ from kiln.loops.ir import (
     Cast,
     Check,
     Const,
+    DotProduct,
     Expr,
     For,
     IfThenElse,
@@ -61,6 +62,8 @@ def expr_text(e: Expr) -> str:
             return f"x{n}({expr_text(v)})"
         case FMA(a=a, b=b, c=c):
             return f"fma({expr_text(a)}, {expr_text(b)}, {expr_text(c)})"
+        case DotProduct(a=a, b=b, c=c, a_dtype=ta, b_dtype=tb):
+            return f"dot4<{ta}, {tb}>({expr_text(a)}, {expr_text(b)}, {expr_text(c)})"
     return f"<{type(e).__name__}>"
 
 

@@ -27,6 +27,7 @@ from kiln.loops.ir import (
     Cast,
     Check,
     Const,
+    DotProduct,
     Expr,
     For,
     IfThenElse,
@@ -129,6 +130,12 @@ class _Verifier:
                 case FMA(a=a, b=b, c=c):
                     if not (a.dtype == b.dtype == c.dtype and a.lanes == b.lanes == c.lanes):
                         raise self.fail(f"operands of fma differ: {expr_text(e)}")
+                    stack.extend((a, b, c))
+                case DotProduct(a=a, b=b, c=c):
+                    if not (a.dtype == b.dtype == c.dtype == "int32"
+                            and a.lanes == b.lanes == c.lanes):
+                        raise self.fail(f"operands of a dot product are not int32 vectors of "
+                                        f"equal lanes: {expr_text(e)}")
                     stack.extend((a, b, c))
                 case _:
                     raise self.fail(f"unknown expression {type(e).__name__}")

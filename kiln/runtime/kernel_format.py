@@ -25,6 +25,7 @@ from kiln.errors import Error, InternalError
 from kiln.ir.ty import DTYPES
 from kiln.loops.ir import (
     BINARY_OPS,
+    DOT_DTYPES,
     FMA,
     LOOP_KINDS,
     UNARY_OPS,
@@ -36,6 +37,7 @@ from kiln.loops.ir import (
     Cast,
     Check,
     Const,
+    DotProduct,
     For,
     IfThenElse,
     Kernel,
@@ -78,7 +80,7 @@ def _kids(n: Any) -> list[Any]:
             return [n.cond, n.a, n.b]
         case Broadcast():
             return [n.value]
-        case FMA():
+        case FMA() | DotProduct():
             return [n.a, n.b, n.c]
         case For():
             return [n.var, n.start, n.extent, n.body]
@@ -192,6 +194,8 @@ def write_kernel(k: Kernel) -> dict[str, Any]:
                 entry = ["Bitcast", n.dtype, *ref]
             case Select() | FMA():
                 entry = [type(n).__name__, *ref]
+            case DotProduct():
+                entry = ["DotProduct", *ref, n.a_dtype, n.b_dtype]
             case Broadcast():
                 entry = ["Broadcast", ref[0], n.lanes]
             case For():
@@ -224,7 +228,7 @@ def write_kernel(k: Kernel) -> dict[str, Any]:
 # --- reading -------------------------------------------------------------------------------
 
 
-_EXPR = (Const, Var, Load, Binary, Unary, Cast, Bitcast, Select, Broadcast, FMA)
+_EXPR = (Const, Var, Load, Binary, Unary, Cast, Bitcast, Select, Broadcast, FMA, DotProduct)
 _STMT = (For, Store, LetStmt, Allocate, Seq, IfThenElse, Check)
 
 
@@ -320,6 +324,10 @@ def _read_node(kind: str, f: list[Any], node: Any, buf: Any, var: Any) -> Any:
             return Select(*(node(i) for i in f))
         case "FMA":
             return FMA(*(node(i) for i in f))
+        case "DotProduct":
+            a, b, c, ta, tb = f
+            _need(ta in DOT_DTYPES and tb in DOT_DTYPES, f"dot product of {ta!r} x {tb!r}")
+            return DotProduct(node(a), node(b), node(c), ta, tb)
         case "Broadcast":
             v, lanes = f
             _need(type(lanes) is int and 1 <= lanes <= MAX_LANES, "lanes")

@@ -243,7 +243,8 @@ def _conv2d_lower_nchw(x: Tensor, w: Tensor, attrs: Conv2DAttrs, out_shape: tupl
                        dtype: str, fast: bool) -> Tensor:
     # A plain reduction over (input channels of the group, kernel rows, kernel columns); the
     # zero padding is a select around a clamped read.
-    from kiln.loops import conv_kernels, gemm  # float32: implicit GEMM / depthwise
+    # float32: implicit GEMM / depthwise; 8-bit inputs with int32 out: the int8 GEMM
+    from kiln.loops import conv_kernels, gemm, int8_kernels
 
     og, cg, kh, kw = w.shape[0] // attrs.groups, w.shape[1], w.shape[2], w.shape[3]
     (sh, sw), (dh, dw) = pair(attrs.strides, "strides"), pair(attrs.dilation, "dilation")
@@ -252,6 +253,9 @@ def _conv2d_lower_nchw(x: Tensor, w: Tensor, attrs: Conv2DAttrs, out_shape: tupl
             and min(x.shape + w.shape) > 0):
         return conv_kernels.conv2d(x, w, (sh, sw), (top, left), (dh, dw),
                                    attrs.groups, out_shape, dtype)
+    if fast and attrs.groups == 1 and int8_kernels.usable(x.dtype, w.dtype, dtype, x.shape,
+                                                          w.shape):
+        return int8_kernels.conv2d(x, w, (sh, sw), (top, left), (dh, dw), out_shape)
     oh, ow = out_shape[2:]
     spans = [None, None, oplib.window_span(oh, sh, kh, dh, top),
              oplib.window_span(ow, sw, kw, dw, left)]

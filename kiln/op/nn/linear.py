@@ -97,12 +97,15 @@ def _dense_grad(c: Call, g: Expr) -> list[Expr | None]:
 
 
 def _dense_lower(inputs: list, attrs: DenseAttrs, out_type: Type) -> Tensor:
+    from kiln.loops import int8_kernels as int8  # 8-bit inputs, int32 out
     from kiln.loops import linear_kernels as fast  # float32: packed GEMM / dot products
 
     out = oplib.out_tensor_type(out_type)
     x, w = inputs
     if x.dtype == out.dtype and fast.usable(x.dtype, x.shape, w.shape):
         return fast.dense(x, w, out.static_shape, out.dtype)
+    if int8.usable(x.dtype, w.dtype, out.dtype, x.shape, w.shape):
+        return int8.dense(x, w, out.static_shape)
     k = x.shape[-1]
 
     def body(o: tuple, r: tuple) -> LExpr:
@@ -214,6 +217,7 @@ def _with_batch(arg: Expr, out: TensorType) -> TensorType:
 
 
 def _batch_matmul_lower(inputs: list, attrs: BatchMatmulAttrs, out_type: Type) -> Tensor:
+    from kiln.loops import int8_kernels as int8  # 8-bit inputs, int32 out
     from kiln.loops import linear_kernels as fast  # float32: packed GEMM
 
     out = oplib.out_tensor_type(out_type)
@@ -221,6 +225,8 @@ def _batch_matmul_lower(inputs: list, attrs: BatchMatmulAttrs, out_type: Type) -
     ta, tb = bool(attrs.transpose_a), bool(attrs.transpose_b)
     if x.dtype == out.dtype and fast.usable(x.dtype, x.shape, y.shape):
         return fast.batch_matmul(x, y, out.static_shape, out.dtype, ta, tb)
+    if int8.usable(x.dtype, y.dtype, out.dtype, x.shape, y.shape):
+        return int8.batch_matmul(x, y, out.static_shape, ta, tb)
     k = x.shape[1] if ta else x.shape[2]
     acc = _accumulator(out.dtype)
     batch = out.static_shape[0]

@@ -1,0 +1,377 @@
+"""An int8 matrix product in loop IR: 8-bit inputs, exact int32 sums, from the Target.
+
+``C[b, i, j] = sum_p A[b, i, p] * B[b, p, j]`` for A and B of ``uint8`` or ``int8`` and C
+of ``int32`` (what nn.dense, nn.batch_matmul and nn.conv2d compute with ``out_dtype="int32"``,
+and what the qnn operators lower to). The loop nest is the float GEMM's (kiln/loops/gemm.py)
+without K blocking, on operands packed so that 4 consecutive K values sit in one 32-bit lane:
+
+    for b                       batch (or conv images)
+      for jc: nc columns        a panel of B packed into Bp[nc/nr][K/4][nr]   (int32 lanes)
+        for ic: mc rows         a block of A packed into Ap[mc/mr][K/4][mr]   (int32 scalars)
+          for jr, ir:           an mr×nr tile of int32 accumulators in vector registers:
+            for p4 in K/4:      nr/L vector loads of Bp, mr broadcasts of Ap,
+                                mr·nr/L `DotProduct`s (4 multiply-adds per lane each)
+            epilogue            the tile through the lowering's ``write`` (fused consumers)
+
+(L: int32 lanes of the Target's vectors.) The padding of K to a multiple of 4 and of the
+tiles is zeros, which add nothing. How each `DotProduct` becomes machine code is the code
+generator's choice from the Target's features (kiln/codegen/dot_product.py): one
+``vpdpbusd`` per 4·L multiply-adds on AVX-512-VNNI (zmm) and AVX-VNNI (ymm), an exact
+``vpmaddwd`` sequence on AVX2, a widening sequence elsewhere (aarch64 cross targets).
+
+``vpdpbusd`` multiplies unsigned by signed bytes. uint8 × int8 and int8 × uint8 use it
+directly (the unsigned operand first); int8 × int8 shifts A by +128 into uint8 as it is
+packed and subtracts ``128 · Σ_p B[p, j]`` (B's column sums, taken while packing B) in the
+epilogue: ``Σ (a + 128)·b − 128·Σ b = Σ a·b``, exact modulo 2³² as int32 sums are.
+uint8 × uint8 takes the widening forms on every Target (there is no unsigned × unsigned
+``vpdpbusd``). The register tile fits the Target's registers: 14×32 on AVX-512-VNNI
+(28 zmm accumulators, B in 2, A broadcast from memory), 6×16 on AVX-VNNI, 8×L elsewhere
+(the widening forms need registers for their int16 temporaries).
+
+Results do not depend on the thread count: every element is summed by one thread in the
+same order whatever the split (over N, or M when it is longer, like the float path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from kiln.loops.ir import (
+    INDEX,
+    Allocate,
+    Binary,
+    Broadcast,
+    Buffer,
+    Cast,
+    Const,
+    DotProduct,
+    Expr,
+    For,
+    IfThenElse,
+    LetStmt,
+    Load,
+    Select,
+    Seq,
+    Stmt,
+    Store,
+    Var,
+)
+from kiln.loops.schedule import lowering_target, worth_parallel
+from kiln.target import Target
+
+INPUT_DTYPES = ("uint8", "int8")
+MR_MAX = 16
+
+ReadFn = Callable[[Expr, Expr, Expr], Expr]  # (batch, row or k, k or col) -> scalar
+WriteFn = Callable[[Expr, Expr, Expr, Expr], Stmt]  # (batch, row, col, int32 value) -> stmt
+
+
+def supported(a_dtype: str, b_dtype: str, out_dtype: str) -> bool:
+    """Whether this kernel computes a product of ``a_dtype`` × ``b_dtype`` into
+    ``out_dtype``: 8-bit integers summed in int32."""
+    return a_dtype in INPUT_DTYPES and b_dtype in INPUT_DTYPES and out_dtype == "int32"
+
+
+def vnni_lanes(features: frozenset[str]) -> tuple[int, ...]:
+    """The int32 lane counts at which ``features`` have ``vpdpbusd`` (uint8 × int8)."""
+    out: list[int] = []
+    if "avx512vnni" in features and "avx512f" in features:
+        out.append(16)
+    if "avxvnni" in features or {"avx512vnni", "avx512vl"} <= features:
+        out += [8, 4]
+    return tuple(out)
+
+
+def dot_form(features: frozenset[str], lanes: int, a_dtype: str, b_dtype: str) -> str:
+    """Which form a dot product of ``lanes`` int32 lanes takes: "vnni", "pmaddwd" or
+    "widen" (see the module docstring)."""
+    if (a_dtype, b_dtype) == ("uint8", "int8") and lanes in vnni_lanes(features):
+        return "vnni"
+    if madd_width(features, lanes):
+        return "pmaddwd"
+    return "widen"
+
+
+def madd_width(features: frozenset[str], lanes: int) -> int:
+    """int16 lanes per ``vpmaddwd`` for a dot product of ``lanes`` int32 lanes: 32 (zmm,
+    AVX-512BW) or 16 (ymm, AVX2); 0 where none fits."""
+    if "avx512bw" in features and (4 * lanes) % 32 == 0:
+        return 32
+    if "avx2" in features and (4 * lanes) % 16 == 0:
+        return 16
+    return 0
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class Int8Schedule:
+    """How the product runs: the register tile ``mr``×``nr`` (``nr`` = L·vectors), the
+    blocks ``mc``/``nc``, the parallel loop ("batch", "n", "m" or None), the int32 lanes L,
+    the `DotProduct` form the Target gives ("vnni", "pmaddwd" or "widen"), and whether A
+    is shifted by +128 (int8 × int8 on VNNI)."""
+
+    mr: int
+    nr: int
+    mc: int
+    nc: int
+    parallel: str | None
+    lanes: int
+    form: str
+    shift: bool
+
+    @staticmethod
+    def default(batch: int, m: int, n: int, k: int, a_dtype: str, b_dtype: str,
+                threads: int | None = None, target: Target | None = None) -> Int8Schedule:
+        """The schedule for ``target`` (default: the lowering's) from the shapes."""
+        t = lowering_target(target)
+        lanes = t.lanes("int32")
+        pair = _ordered(a_dtype, b_dtype)
+        form = dot_form(t.features, lanes, *pair)
+        shift = False
+        if form != "vnni" and pair == ("int8", "int8"):
+            shifted = dot_form(t.features, lanes, "uint8", "int8")
+            if shifted == "vnni":
+                form, shift = shifted, True
+        if form == "vnni":
+            v = 2  # accumulators, 2 vectors of B, A broadcast from memory: as the float tile
+            mr = min((t.registers - v - 1) // v, MR_MAX)
+        else:
+            v = 1  # the widening forms need registers for their int16 temporaries
+            mr = min(t.registers // 2, 8)
+        nr = v * lanes
+        if n <= lanes:
+            nr = lanes
+        k4 = _ceil(max(k, 1), 4)
+        # a block of A in a quarter of L2; a panel of B in half of a core's share of L3
+        mc_max = max(mr, (t.l2 // 4) // (k4 * 4))
+        nc_max = max(nr, min(4096, (t.l3 // (2 * max(t.cores, 1))) // (k4 * 4)))
+        mt, nt = _ceil(m, mr), _ceil(n, nr)
+        tmb = max(1, min(mt, mc_max // mr))
+        tnb = max(1, min(nt, nc_max // nr))
+        threads = t.cores if threads is None else threads
+        parallel = None
+        if worth_parallel(batch * m * n * k // 4, threads):  # 4 multiply-adds per lane op
+            if batch >= threads:
+                parallel = "batch"
+            elif m > n and mt >= threads:
+                tmb = max(1, min(_ceil(mt, threads), 2 * mc_max // mr))
+                parallel = "m"
+            elif nt >= threads:
+                tnb = min(tnb, _ceil(nt, threads))
+                parallel = "n"
+            elif mt >= threads:
+                tmb = min(tmb, _ceil(mt, threads))
+                parallel = "m"
+        return Int8Schedule(mr, nr, tmb * mr, tnb * nr, parallel, lanes, form, shift)
+
+    def attrs(self) -> dict:
+        """The knobs, for ``kernel.attrs["schedules"]`` (printing, statistics)."""
+        return {"kernel": "int8_gemm", **asdict(self)}
+
+
+def _ordered(a_dtype: str, b_dtype: str) -> tuple[str, str]:
+    """The dot product's operand dtypes with the unsigned one first (the order of
+    ``vpdpbusd``: multiplication commutes, so the kernel may swap them)."""
+    return (b_dtype, a_dtype) if (a_dtype, b_dtype) == ("int8", "uint8") else (a_dtype, b_dtype)
+
+
+def _min(a: Expr, b: int) -> Expr:
+    if isinstance(a, Const) and isinstance(a.value, int):
+        return Const(min(a.value, b), INDEX)
+    return Binary("min", a, Const(b, INDEX))
+
+
+def _loop(name: str, count: int, body: Callable[[Expr], Stmt], kind: str = "serial") -> Stmt:
+    if count == 1 and kind != "parallel":
+        return body(Const(0, INDEX))
+    v = Var(name)
+    return For(v, Const(0, INDEX), Const(count, INDEX), body(v), kind)
+
+
+def _blocks(block: Expr, per_block: int, total: int, name: str,
+            body: Callable[[Expr, Expr], Stmt]) -> Stmt:
+    """``body(t, tile)`` for the tiles of one block (``tile`` clamped to ``total - 1`` so
+    the verifier can bound it; the clamp never changes its value)."""
+    first = block * per_block
+    if total % per_block == 0:
+        return _loop(name, per_block, lambda t: body(t, first + t))
+    count: Expr = Binary("min", Const(per_block, INDEX), Const(total, INDEX) - first)
+    if isinstance(first, Const):
+        count = Const(min(per_block, total - int(first.value)), INDEX)
+    t = Var(name)
+    return For(t, Const(0, INDEX), count, body(t, _min(first + t, total - 1)))
+
+
+def _byte(v: Expr, shift: bool) -> Expr:
+    """An 8-bit value as its byte in [0, 255] (int64), shifted by +128 when ``shift``."""
+    x: Expr = Cast(INDEX, v)
+    if shift:
+        x = Binary("add", x, Const(128, INDEX))
+    return Binary("and", x, Const(255, INDEX))
+
+
+def _pack4(values: list[Expr]) -> Expr:
+    """Four bytes (int64 in [0, 255]) as one int32, the first in the lowest byte."""
+    total: Expr = values[0]
+    for q in (1, 2, 3):
+        total = Binary("add", total, Binary("mul", values[q], Const(256 ** q, INDEX)))
+    return Cast("int32", total)  # the low 32 bits
+
+
+def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteFn,
+              a_dtype: str, b_dtype: str, schedule: Int8Schedule | None = None,
+              target: Target | None = None) -> Stmt:
+    """The statement computing ``C = A·B`` in int32 (see the module docstring).
+
+    ``a(bt, i, p)`` and ``b(bt, p, j)`` read A and B (only inside their shapes);
+    ``write(bt, i, j, value)`` is the statement storing C's element (an int32).
+    """
+    t = lowering_target(target)
+    s = schedule or Int8Schedule.default(batch, m, n, k, a_dtype, b_dtype, target=t)
+    mr, nr, lanes = s.mr, s.nr, s.lanes
+    k4 = _ceil(max(k, 1), 4)
+    mt, nt = _ceil(m, mr), _ceil(n, nr)
+    tmb, tnb = s.mc // mr, s.nc // nr
+    nbm, nbn = _ceil(mt, tmb), _ceil(nt, tnb)
+    swap = _ordered(a_dtype, b_dtype) != (a_dtype, b_dtype)
+    a_dt = "uint8" if s.shift else a_dtype
+    bp = Buffer("Bp", (tnb, k4, nr), "int32", "local")
+    ap = Buffer("Ap", (tmb, k4, mr), "int32", "local")
+    csum = Buffer("Bsum", (tnb, nr), "int32", "local") if s.shift else None
+    zero8 = {"uint8": Const(0, "uint8"), "int8": Const(0, "int8")}
+
+    def k_at(p4: Expr, q: int) -> tuple[Expr, Expr | None]:
+        """K index 4·p4 + q, clamped, and the condition that it is inside K (None: always)."""
+        kk = p4 * 4 + q
+        if k4 * 4 == k:
+            return kk, None
+        return _min(kk, k - 1), Binary("lt", kk, Const(k, INDEX))
+
+    def guarded(value: Expr, conds: list[Expr | None], dtype: str) -> Expr:
+        cond: Expr | None = None
+        for c in conds:
+            if c is not None:
+                cond = c if cond is None else Binary("and", cond, c)
+        return value if cond is None else Select(cond, value, zero8[dtype])
+
+    def pack_b(bt: Expr, jc: Expr) -> Stmt:
+        def tile_body(tl: Expr, tile: Expr) -> Stmt:
+            p4, j = Var("p4"), Var("j")
+            col = tile * nr + j
+            conds: list[Expr | None] = []
+            if nt * nr != n:
+                conds.append(Binary("lt", col, Const(n, INDEX)))
+                col = _min(col, n - 1)
+            vals = []
+            for q in range(4):
+                kk, inside = k_at(p4, q)
+                vals.append(guarded(b(bt, kk, col), conds + [inside], b_dtype))
+            stores: list[Stmt] = [Store(bp, (tl, p4, j),
+                                        _pack4([_byte(v, False) for v in vals]))]
+            if csum is not None:
+                total: Expr = Cast("int32", vals[0])
+                for v in vals[1:]:
+                    total = Binary("add", total, Cast("int32", v))
+                stores.append(Store(csum, (tl, j), Binary("add", Load(csum, (tl, j)), total)))
+            inner = For(j, Const(0), Const(nr), Seq(tuple(stores)), "unrolled")
+            body: Stmt = For(p4, Const(0), Const(k4), inner)
+            if csum is not None:
+                j0 = Var("j")
+                clear = For(j0, Const(0), Const(nr), Store(csum, (tl, j0), Const(0, "int32")))
+                body = Seq((clear, body))
+            return body
+
+        return _blocks(jc, tnb, nt, "tb", tile_body)
+
+    def pack_a(bt: Expr, ic: Expr) -> Stmt:
+        def tile_body(tl: Expr, tile: Expr) -> Stmt:
+            p4, i = Var("p4"), Var("i")
+            row = tile * mr + i
+            conds: list[Expr | None] = []
+            if mt * mr != m:
+                conds.append(Binary("lt", row, Const(m, INDEX)))
+                row = _min(row, m - 1)
+            vals = []
+            for q in range(4):
+                kk, inside = k_at(p4, q)
+                vals.append(_byte(guarded(a(bt, row, kk), conds + [inside], a_dtype), s.shift))
+            return For(p4, Const(0), Const(k4), For(i, Const(0), Const(mr),
+                                                    Store(ap, (tl, p4, i), _pack4(vals))))
+
+        return _blocks(ic, tmb, mt, "ta", tile_body)
+
+    def micro(bt: Expr, tn: Expr, tile_n: Expr, tm: Expr, tile_m: Expr) -> Stmt:
+        acc = Buffer("acc", (mr, nr), "int32", "local")
+        vecs = [(i, v * lanes) for i in range(mr) for v in range(nr // lanes)]
+        init = Seq(tuple(Store(acc, (Const(i), Const(c)), Broadcast(Const(0, "int32"), lanes))
+                         for i, c in vecs))
+        p4 = Var("p4")
+        bvs = [Var(f"b{v}", "int32", lanes) for v in range(nr // lanes)]
+        steps: list[Stmt] = []
+        for i, c in vecs:
+            av = Broadcast(Load(ap, (tm, p4, Const(i))), lanes)
+            bv = bvs[c // lanes]
+            at = (Const(i), Const(c))
+            dot = (DotProduct(bv, av, Load(acc, at, lanes), b_dtype, a_dt) if swap
+                   else DotProduct(av, bv, Load(acc, at, lanes), a_dt, b_dtype))
+            steps.append(Store(acc, at, dot))
+        step: Stmt = Seq(tuple(steps))
+        for v in reversed(range(nr // lanes)):
+            step = LetStmt(bvs[v], Load(bp, (tn, p4, Const(v * lanes)), lanes), step)
+        kloop = For(p4, Const(0), Const(k4), step)
+        return Allocate(acc, Seq((init, kloop, epilogue(bt, acc, tn, tile_m, tile_n))))
+
+    def epilogue(bt: Expr, acc: Buffer, tn: Expr, tile_m: Expr, tile_n: Expr) -> Stmt:
+        ctile = Buffer("ctile", (mr, nr), "int32", "local")
+        spill = Seq(tuple(Store(ctile, (Const(i), Const(v * lanes)),
+                                Load(acc, (Const(i), Const(v * lanes)), lanes))
+                          for i in range(mr) for v in range(nr // lanes)))
+        rows: Expr = Const(mr, INDEX)
+        if m % mr:
+            rows = Binary("min", Const(mr, INDEX), Const(m, INDEX) - tile_m * mr)
+        nfull = n // nr
+
+        def rows_loop(width: int, col0: Expr, kind: str) -> Stmt:
+            i, j = Var("i"), Var("j")
+            row = tile_m * mr + i
+            row = _min(row, m - 1) if m % mr else row
+            value: Expr = Load(ctile, (i, j))
+            if csum is not None:  # int8 × int8 by the shift: A was A + 128
+                value = Binary("sub", value, Binary("mul", Load(csum, (tn, j)),
+                                                    Const(128, "int32")))
+            body = write(bt, row, col0 + j, value)
+            return For(i, Const(0), rows, For(j, Const(0), Const(width), body, kind))
+
+        parts: list[Stmt] = []
+        if nfull:
+            tile_f = tile_n if nfull == nt else _min(tile_n, nfull - 1)
+            parts.append(rows_loop(nr, tile_f * nr, "vectorized"))
+        if n % nr:
+            parts.append(rows_loop(n % nr, Const(nfull * nr, INDEX), "serial"))
+        body = parts[0] if len(parts) == 1 else IfThenElse(
+            Binary("lt", tile_n, Const(nfull, INDEX)), parts[0], parts[1])
+        return Allocate(ctile, Seq((spill, body)))
+
+    def m_block(bt: Expr, jc: Expr, ic: Expr) -> Stmt:
+        tiles = _blocks(jc, tnb, nt, "jr", lambda tn, tile_n: _blocks(
+            ic, tmb, mt, "ir", lambda tm, tile_m: micro(bt, tn, tile_n, tm, tile_m)))
+        return Allocate(ap, Seq((pack_a(bt, ic), tiles)))
+
+    def n_block(bt: Expr, jc: Expr, ic: Expr | None) -> Stmt:
+        rows = m_block(bt, jc, ic) if ic is not None else _loop(
+            "ic", nbm, lambda i: m_block(bt, jc, i))
+        stmt: Stmt = Allocate(bp, Seq((pack_b(bt, jc), rows)))
+        return Allocate(csum, stmt) if csum is not None else stmt
+
+    def batch_body(bt: Expr) -> Stmt:
+        if s.parallel == "m":  # each M block packs its own copy of the B panels
+            return _loop("ic", nbm, lambda ic: _loop(
+                "jc", nbn, lambda jc: n_block(bt, jc, ic)), "parallel")
+        return _loop("jc", nbn, lambda jc: n_block(bt, jc, None),
+                     "parallel" if s.parallel == "n" else "serial")
+
+    return _loop("bt", batch, batch_body, "parallel" if s.parallel == "batch" else "serial")

@@ -1,0 +1,126 @@
+"""int8 kernels of nn.dense, nn.batch_matmul and nn.conv2d: 8-bit inputs, int32 results.
+
+The integer paths of the operators' ``lower=`` rules (kiln/op/nn/linear.py, conv.py): with
+uint8 or int8 inputs and ``out_dtype="int32"`` (what the qnn operators lower to), each is the
+int8 product of kiln/loops/int8_gemm.py, whose dot products the code generator makes from
+the Target (VNNI, AVX2, plain). Each returns an extern `Tensor` whose int32 elements go out
+through the lowering's ``write`` (the fused epilogue). A 2-D convolution is an implicit GEMM:
+C[oc, pixel] = Σ W[oc, (c, ky, kx)] · X[(c, ky, kx), pixel], the input read through its
+zero padding (pixels of a batch element are N, the images the GEMM's batch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kiln.loops import int8_gemm as q
+from kiln.loops import oplib
+from kiln.loops.compute import Tensor, WriteFn, extern
+from kiln.loops.ir import INDEX, Const, Expr, Stmt
+from kiln.loops.schedule import lowering_target
+from kiln.target import Target
+
+
+def usable(a_dtype: str, b_dtype: str, out_dtype: str, *shapes: Sequence[int]) -> bool:
+    """Whether the int8 kernels apply: 8-bit inputs, int32 out, no empty dimension."""
+    return q.supported(a_dtype, b_dtype, out_dtype) and all(d > 0 for s in shapes for d in s)
+
+
+def _prod(xs: Sequence[int]) -> int:
+    out = 1
+    for x in xs:
+        out *= x
+    return out
+
+
+def _split(i: Expr, dims: Sequence[int]) -> tuple[Expr, ...]:
+    """A flat row-major index over ``dims`` as one index per axis."""
+    if len(dims) == 1:
+        return (i,)
+    out: list[Expr] = []
+    stride = _prod(dims)
+    for n, d in enumerate(dims):
+        stride //= d
+        v = i // stride
+        out.append(v if n == 0 else v % d)
+    return tuple(out)
+
+
+def dense(x: Tensor, w: Tensor, out_shape: Sequence[int],
+          target: Target | None = None) -> Tensor:
+    """``x @ w.T`` in int32 for x of shape (..., K) and w of shape (N, K)."""
+    tgt = lowering_target(target)
+    lead = tuple(x.shape[:-1])
+    m, k, n = _prod(lead), x.shape[-1], w.shape[0]
+    s = q.Int8Schedule.default(1, m, n, k, x.dtype, w.dtype, target=tgt)
+
+    def emit(write: WriteFn) -> Stmt:
+        return q.int8_gemm(
+            1, m, n, k,
+            lambda b, i, p: x(*_split(i, lead), p),
+            lambda b, p, j: w(j, p),
+            lambda b, i, j, v: write((*_split(i, lead), j), v),
+            x.dtype, w.dtype, s, tgt)
+
+    t = extern(tuple(out_shape), "int32", emit)
+    t.schedule = s.attrs()
+    return t
+
+
+def batch_matmul(x: Tensor, y: Tensor, out_shape: Sequence[int], transpose_a: bool,
+                 transpose_b: bool, target: Target | None = None) -> Tensor:
+    """Batched ``x @ y`` in int32, with Relay's transpose flags and a broadcast batch of 1."""
+    tgt = lowering_target(target)
+    batch, m, n = out_shape
+    k = x.shape[1] if transpose_a else x.shape[2]
+    bx = (lambda b: b) if x.shape[0] == batch else (lambda b: Const(0, INDEX))
+    by = (lambda b: b) if y.shape[0] == batch else (lambda b: Const(0, INDEX))
+    s = q.Int8Schedule.default(batch, m, n, k, x.dtype, y.dtype, target=tgt)
+
+    def a(b: Expr, i: Expr, p: Expr) -> Expr:
+        return x(bx(b), p, i) if transpose_a else x(bx(b), i, p)
+
+    def bread(b: Expr, p: Expr, j: Expr) -> Expr:
+        return y(by(b), j, p) if transpose_b else y(by(b), p, j)
+
+    def emit(write: WriteFn) -> Stmt:
+        return q.int8_gemm(batch, m, n, k, a, bread, lambda b, i, j, v: write((b, i, j), v),
+                           x.dtype, y.dtype, s, tgt)
+
+    t = extern(tuple(out_shape), "int32", emit)
+    t.schedule = s.attrs()
+    return t
+
+
+def conv2d(x: Tensor, w: Tensor, strides: tuple[int, int], pad: tuple[int, int],
+           dilation: tuple[int, int], out_shape: Sequence[int],
+           target: Target | None = None) -> Tensor:
+    """An NCHW / OIHW convolution (groups = 1) in int32 as an implicit GEMM; ``pad`` is
+    (top, left)."""
+    tgt = lowering_target(target)
+    nb, oc, oh, ow = out_shape
+    c, kh, kw = w.shape[1], w.shape[2], w.shape[3]
+    (sh, sw), (top, left), (dh, dw) = strides, pad, dilation
+    k, n = c * kh * kw, oh * ow
+    spans = [None, None, oplib.window_span(oh, sh, kh, dh, top),
+             oplib.window_span(ow, sw, kw, dw, left)]
+    zero = Const(0, x.dtype)
+    s = q.Int8Schedule.default(nb, oc, n, k, w.dtype, x.dtype, target=tgt)
+
+    def a(b: Expr, o: Expr, p: Expr) -> Expr:
+        return w(o, *_split(p, (c, kh, kw)))
+
+    def bread(b: Expr, p: Expr, j: Expr) -> Expr:
+        ch, ry, rx = _split(p, (c, kh, kw))
+        y, xx = _split(j, (oh, ow))
+        at = [b, ch, y * sh + ry * dh - top, xx * sw + rx * dw - left]
+        return oplib.guarded_read(x, at, spans, zero)
+
+    def emit(write: WriteFn) -> Stmt:
+        return q.int8_gemm(nb, oc, n, k, a, bread,
+                           lambda b, o, j, v: write((b, o, *_split(j, (oh, ow))), v),
+                           w.dtype, x.dtype, s, tgt)
+
+    t = extern(tuple(out_shape), "int32", emit)
+    t.schedule = s.attrs()
+    return t
