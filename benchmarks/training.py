@@ -1,0 +1,182 @@
+"""One training step with kiln.train.Step against PyTorch eager autograd and torch.optim.
+
+Each model is written once in PyTorch and imported into kiln with from_torch (eval mode: batch
+norm from its running statistics, no dropout), so both train the same network from the same
+weights: forward, cross-entropy loss, gradients of every parameter, and the optimizer's update
+(SGD with momentum 0.9, or --optimizer adam). kiln's step is one compiled program that updates
+the weights in place; PyTorch's is ``zero_grad``, forward, ``backward``, ``opt.step()``. The two
+are timed alternately, one step each, and the medians reported, with the bytes a kiln step
+allocates after the first (tracemalloc).
+
+    .venv/bin/python benchmarks/training.py                 # MLP, small CNN, 2-layer encoder
+    .venv/bin/python benchmarks/training.py --full          # + ResNet-18 b8, 4-layer encoder
+    .venv/bin/python benchmarks/training.py --models mlp --repeat 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+import kiln
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+class MLP(nn.Module):
+    def __init__(self, sizes: tuple[int, ...] = (784, 512, 512, 10)) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = (nn.Linear(a, b) for a, b in zip(sizes, sizes[1:]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+
+class SmallCNN(nn.Module):
+    """conv-bn-relu, pool, a ResNet basic block, global pool, linear (CIFAR-sized input)."""
+
+    def __init__(self, c: int = 32, classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(c)
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c)
+        self.fc = nn.Linear(c, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = nn.functional.max_pool2d(torch.relu(self.bn(self.stem(x))), 2)
+        x = torch.relu(x + self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x))))))
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+class Encoder(nn.Module):
+    """``layers`` of nn.TransformerEncoderLayer over embedded tokens, mean-pooled, linear."""
+
+    def __init__(self, d: int, heads: int, layers: int, classes: int = 10) -> None:
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.fc = nn.Linear(d, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.encoder(x).mean(1))
+
+
+@dataclass
+class Case:
+    name: str
+    make: Callable[[], nn.Module]
+    shape: tuple[int, ...]
+    classes: int = 10
+
+
+def resnet18() -> nn.Module:
+    import torchvision  # optional: only for --full
+
+    return torchvision.models.resnet18(num_classes=1000)
+
+
+CASES = {
+    "mlp": Case("MLP 784-512-512-10, batch 64", MLP, (64, 784)),
+    "cnn": Case("small CNN (32 channels, one basic block), batch 16, 3x32x32",
+                SmallCNN, (16, 3, 32, 32)),
+    "encoder": Case("2-layer transformer encoder (d 64, 4 heads), batch 8, seq 32",
+                    lambda: Encoder(64, 4, 2), (8, 32, 64)),
+    "resnet18": Case("ResNet-18, batch 8, 3x224x224", resnet18, (8, 3, 224, 224), 1000),
+    "encoder4": Case("4-layer transformer encoder (d 256, 4 heads), batch 8, seq 128",
+                     lambda: Encoder(256, 4, 4), (8, 128, 256)),
+}
+DEFAULT = ["mlp", "cnn", "encoder"]
+FULL = ["resnet18", "encoder4"]
+
+
+def optimizers(name: str, model: nn.Module) -> tuple[kiln.train.Optimizer, Any]:
+    if name == "adam":
+        return kiln.train.Adam(lr=1e-3), torch.optim.Adam(model.parameters(), lr=1e-3)
+    return (kiln.train.SGD(lr=0.01, momentum=0.9),
+            torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
+
+
+def run(case: Case, optimizer: str, repeat: int) -> None:
+    torch.manual_seed(0)
+    model = case.make().eval()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(case.shape).astype("float32")
+    y = rng.integers(0, case.classes, case.shape[0]).astype("int64")
+    start = time.perf_counter()
+    mod, params = kiln.frontend.from_torch(model, (torch.from_numpy(x),))
+    names = [n.replace(".", "_") for n, _ in model.named_parameters()]
+    ours, theirs = optimizers(optimizer, model)
+    step = kiln.train.Step(kiln.train.with_loss(mod, "cross_entropy"), params, ours,
+                           trainable=names)
+    built = time.perf_counter() - start
+    tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+
+    def torch_step() -> None:
+        theirs.zero_grad()
+        nn.functional.cross_entropy(model(tx), ty).backward()
+        theirs.step()
+
+    step(x, y)
+    torch_step()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    tracemalloc.reset_peak()
+    step(x, y)
+    allocated = tracemalloc.get_traced_memory()[1] - base
+    tracemalloc.stop()
+    kiln_t, torch_t = [], []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        step(x, y)
+        t1 = time.perf_counter()
+        torch_step()
+        t2 = time.perf_counter()
+        kiln_t.append(t1 - t0)
+        torch_t.append(t2 - t1)
+    k, t = 1000 * statistics.median(kiln_t), 1000 * statistics.median(torch_t)
+    print(f"{case.name}")
+    print(f"  kiln.train.Step   {k:9.3f} ms   (import and build {built:.1f} s; "
+          f"{allocated} bytes traced per step, {step.results_allocated} result arrays)")
+    print(f"  torch eager       {t:9.3f} ms   torch/kiln {t / k:.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", choices=sorted(CASES), default=None)
+    parser.add_argument("--full", action="store_true",
+                        help="also ResNet-18 (batch 8) and a 4-layer encoder (seq 128)")
+    parser.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
+    parser.add_argument("--repeat", type=int, default=30)
+    args = parser.parse_args()
+    names = args.models or (DEFAULT + FULL if args.full else DEFAULT)
+    print(f"CPU: {cpu_name()}; {kiln.Target.host().describe()}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; optimizer "
+          f"{args.optimizer}; median of {args.repeat} steps each, interleaved")
+    for name in names:
+        run(CASES[name], args.optimizer, args.repeat)
+
+
+if __name__ == "__main__":
+    main()
