@@ -130,10 +130,11 @@ def extract_sites(mod: IRModule, params: Mapping[str, Any] | None, target: Targe
                   seed: int = 0) -> tuple[list[tuple[Site, float]], list[str]]:
     """The sites of ``mod`` with their shares of its kernel time (the costliest first), and
     the keys of sites that cannot be tuned alone."""
-    from kiln.loops.tunable import overrides_scope
+    from kiln.loops.tunable import ScheduleOverrides, overrides_scope
     from kiln.runtime.build import build
 
-    with overrides_scope(None):  # the defaults, whatever the caller's scope or environment
+    # the defaults, whatever the caller's scope or KILN_TUNING_LOG (an empty scope)
+    with overrides_scope(ScheduleOverrides({}, "defaults")):
         exe = build(mod, target=target, params=params)
     prof = exe.profile(*random_inputs(exe, seed))
     times: dict[str, float] = {}

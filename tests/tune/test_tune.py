@@ -68,6 +68,18 @@ def _default(key: str) -> dict:
     return site.space.default
 
 
+def test_defaults_are_the_baseline_whatever_the_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kiln.tune.tuner import extract_sites
+
+    mod, params = conv_net()
+    monkeypatch.setenv("KILN_TUNING_LOG", str(tmp_path / "missing.tunelog"))
+    sites, skipped = extract_sites(mod, params, HOST)  # the log is not even read
+    assert len(sites) == 3 and not skipped
+    assert [s for _, s in sites] == sorted((s for _, s in sites), reverse=True)
+    assert 0 < sum(s for _, s in sites) <= 1
+
+
 def test_keyboard_interrupt_keeps_the_log(tmp_path: Path) -> None:
     mod, params = conv_net()
     log = tmp_path / "cut.tunelog"
