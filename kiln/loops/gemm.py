@@ -30,7 +30,9 @@ A constant weight can be packed once at compile time instead (the alter-layout p
 kiln/op/nn/packed.py): the kernel then reads its panels in place (``a_panel``/``b_panel``).
 
 Only float32 takes this path; other dtypes keep the operators' plain reduction loops. The
-knobs (`GemmSchedule`) are recorded in ``kernel.attrs["schedules"]``.
+knobs (`GemmSchedule`) are recorded in ``kernel.attrs["schedules"]``, with the site's key;
+their legal values for a shape and Target are `gemm_space` (`space_of`), which `kiln.tune`
+searches and a tuning log's entries are checked against (kiln/loops/tunable.py).
 """
 
 from __future__ import annotations
