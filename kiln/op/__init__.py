@@ -15,6 +15,8 @@ from kiln.op.reduce import *  # noqa: F403
 from kiln.op.registry import REQUIRED, Attr, OpDef, OpPattern, all_ops, get, lookup, register
 from kiln.op.shape import *  # noqa: F403
 
+from kiln.op import qnn  # noqa: E402 - its canonical forms use the builders above
+
 # Builders named like Python builtins are defined with a trailing underscore in their family
 # file, so that the family's own code can still use the builtins.
 abs = elementwise.abs_
@@ -29,7 +31,7 @@ _BUILTIN_NAMES = ["abs", "all", "any", "max", "min", "round", "sum"]
 
 # fmt: off
 __all__ = [
-    "REQUIRED", "Attr", "OpDef", "OpPattern", "all_ops", "get", "lookup", "register", "nn",
+    "REQUIRED", "Attr", "OpDef", "OpPattern", "all_ops", "get", "lookup", "register", "nn", "qnn",
     *(n for n in elementwise.__all__ if not n.endswith("_")),
     *(n for n in reduce.__all__ if not n.endswith("_")),
     *shape.__all__,

@@ -7,6 +7,7 @@ from typing import Any
 
 from kiln.errors import Error
 from kiln.ir.module import IRModule
+from kiln.transform import qnn_canonicalize  # noqa: F401 - registers the pass
 from kiln.transform.bind_params import bind_params
 from kiln.transform.pass_manager import PassContext, Sequential, get_pass
 
@@ -19,6 +20,7 @@ STANDARD_PIPELINE = (
     "simplify-inference",
     "eliminate-common-subexpr",
     "fold-constant",
+    "qnn-canonicalize",  # qnn.* as core integer operators (the int8 kernels)
     "simplify-expr",
     "algebra-simplification",
     "fold-scale-axis",

@@ -335,10 +335,16 @@ def test_gradient_against_finite_differences(name: str, c: Case) -> None:
                 assert_close(np.sum(gi * d), expected_dd, c.rtol, c.atol * 10, what)
 
 
+# Straight-through estimators: finite differences of a rounding are 0 almost everywhere, so
+# these are checked against their definition instead (tests/op/test_qnn_quantize.py).
+STRAIGHT_THROUGH = {"qnn.quantize"}
+
+
 def test_every_differentiable_operator_has_a_gradient_and_a_check() -> None:
     missing_rule = [o.name for o in kiln.op.all_ops() if o.differentiable and o.gradient is None]
     assert not missing_rule, f"differentiable operators without a gradient rule: {missing_rule}"
-    unchecked = [o.name for o in kiln.op.all_ops() if o.differentiable and o.name not in CASES]
+    unchecked = [o.name for o in kiln.op.all_ops() if o.differentiable and o.name not in CASES
+                 and o.name not in STRAIGHT_THROUGH]
     assert not unchecked, f"differentiable operators the sweep does not check: {unchecked}"
     stale = [n for n in CASES if not kiln.op.get(n).differentiable]
     assert not stale, f"cases for operators marked non-differentiable: {stale}"
