@@ -10,7 +10,7 @@ allocates after the first (tracemalloc).
 
     .venv/bin/python benchmarks/training.py                 # MLP, small CNN, 2-layer encoder
     .venv/bin/python benchmarks/training.py --full          # + ResNet-18 b8, 4-layer encoder
-    .venv/bin/python benchmarks/training.py --models mlp --repeat 50
+    .venv/bin/python benchmarks/training.py --models mlp --repeat 50 --threads 1
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def optimizers(name: str, model: nn.Module) -> tuple[kiln.train.Optimizer, Any]:
             torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
 
 
-def run(case: Case, optimizer: str, repeat: int) -> None:
+def run(case: Case, optimizer: str, repeat: int, threads: int | None) -> None:
     torch.manual_seed(0)
     model = case.make().eval()
     rng = np.random.default_rng(0)
@@ -129,7 +129,7 @@ def run(case: Case, optimizer: str, repeat: int) -> None:
     names = [n.replace(".", "_") for n, _ in model.named_parameters()]
     ours, theirs = optimizers(optimizer, model)
     step = kiln.train.Step(kiln.train.with_loss(mod, "cross_entropy"), params, ours,
-                           trainable=names)
+                           trainable=names, threads=threads)
     built = time.perf_counter() - start
     tx, ty = torch.from_numpy(x), torch.from_numpy(y)
 
@@ -169,13 +169,19 @@ def main() -> None:
                         help="also ResNet-18 (batch 8) and a 4-layer encoder (seq 128)")
     parser.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
     parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads for both kiln and torch (default: each its own default)")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     names = args.models or (DEFAULT + FULL if args.full else DEFAULT)
     print(f"CPU: {cpu_name()}; {kiln.Target.host().describe()}")
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; optimizer "
+    kiln_threads = args.threads or "default"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, kiln {kiln_threads}; "
+          f"optimizer "
           f"{args.optimizer}; median of {args.repeat} steps each, interleaved")
     for name in names:
-        run(CASES[name], args.optimizer, args.repeat)
+        run(CASES[name], args.optimizer, args.repeat, args.threads)
 
 
 if __name__ == "__main__":

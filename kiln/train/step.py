@@ -152,6 +152,8 @@ class Step:
         for n in chosen:
             if n not in params:
                 raise Error(f"trainable names {n!r}, which is not among the params given")
+        if not chosen:
+            raise Error("nothing to train: no float32 weight among the params given")
         self.optimizer = optimizer
         self.clip_grad_norm = check_max_norm(clip_grad_norm)
         self.grad_hook = grad_hook
@@ -202,6 +204,7 @@ class Step:
             self._programs = [self._main]
             self._has_outputs = layout.has_outputs
             self._norm_at = 1 + n_w + n_s
+            self._outputs_at = self._norm_at + 1
             self._grads: list[np.ndarray] = []
         else:
             gf, layout = gradient_function(fn, self._trainable, mod=mod)
@@ -219,6 +222,7 @@ class Step:
             self._programs = [self._main, self._update]
             self._has_outputs = layout.has_outputs
             self._norm_at = -1
+            self._outputs_at = 1 + n_w
 
     # -- running ---------------------------------------------------------------------
 
@@ -276,10 +280,7 @@ class Step:
         by the next step); None when it returns only the loss."""
         if not self._has_outputs:
             return None
-        t = self._fn.body.checked_type
-        assert isinstance(t, TupleType)
-        rest = self._main.outputs[len(_leaves(self._main.exe.program.main.ret_type))
-                                  - len(_leaves(TupleType(t.fields[1:]))):]
+        rest = self._main.outputs[self._outputs_at:]
         return rest[0] if len(rest) == 1 else tuple(rest)
 
     @property

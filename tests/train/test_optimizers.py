@@ -23,6 +23,10 @@ def one_torch_thread():
 
 STEPS = 25
 
+# The plain forms are covered by the others in the default run (the clipping test runs SGD
+# with momentum, the split one Adam); -m slow runs them on their own.
+SLOW = {"sgd", "sgd-momentum", "adam"}
+
 CASES = [
     ("sgd", lambda: SGD(lr=0.1), lambda p: torch.optim.SGD(p, lr=0.1)),
     ("sgd-momentum", lambda: SGD(lr=0.05, momentum=0.9),
@@ -65,7 +69,8 @@ def run_both(opt, torch_opt, *, clip=None, split=False, steps=STEPS, schedule=No
     return worst
 
 
-@pytest.mark.parametrize("name, make, make_torch", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("name, make, make_torch", [
+    pytest.param(*c, id=c[0], marks=[pytest.mark.slow] if c[0] in SLOW else []) for c in CASES])
 def test_optimizer_matches_torch(name, make, make_torch) -> None:
     assert run_both(make(), make_torch) < 1e-5
 

@@ -151,10 +151,12 @@ def test_outputs_kept_beside_the_loss() -> None:
     x, w = var("x", shape=(4, 3)), var("w", shape=(2, 3))
     mod = kiln.train.with_loss(Function((x, w), nn.dense(x, w)), "mse", keep_output=True)
     wv = np.ones((2, 3), "float32")
-    step = kiln.train.Step(mod, {"w": wv}, SGD(lr=0.0))
     xv = np.arange(12, dtype="float32").reshape(4, 3)
-    step(xv, np.zeros((4, 2), "float32"))
-    np.testing.assert_allclose(step.outputs, xv @ wv.T, rtol=1e-6)
+    for split in (False, True):
+        step = kiln.train.Step(mod, {"w": wv}, SGD(lr=0.0), split=split)
+        loss = step(xv, np.zeros((4, 2), "float32"))
+        np.testing.assert_allclose(step.outputs, xv @ wv.T, rtol=1e-6)
+        assert loss == pytest.approx(float(np.mean((xv @ wv.T) ** 2)), rel=1e-6)
 
 
 def test_bad_batches_and_names_are_errors() -> None:
@@ -168,6 +170,8 @@ def test_bad_batches_and_names_are_errors() -> None:
         kiln.train.Step(mlp_loss(), {"nope": np.zeros(3, "float32")}, SGD())
     with pytest.raises(kiln.Error, match="not a trained weight"):
         step.load_state_dict({"params": {"w9": np.zeros(1)}})
+    with pytest.raises(kiln.Error, match="nothing to train"):
+        kiln.train.Step(mlp_loss(), {}, SGD())
     with pytest.raises(kiln.Error, match="float32 scalar"):
         from kiln.ir.expr import Function, var
 
