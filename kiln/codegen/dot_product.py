@@ -59,10 +59,27 @@ def _every(b: ir.IRBuilder, v: ir.Value, step: int, first: int) -> ir.Value:
                             _mask([first + step * i for i in range(n)]))
 
 
+def _int16_pairs(mc: ModuleContext, b: ir.IRBuilder, a: ir.Value, w: ir.Value, form: str
+                 ) -> ir.Value:
+    """``a[2l]·w[2l] + a[2l+1]·w[2l+1]`` per int32 lane, the operands int16 pairs."""
+    lanes = a.type.count
+    pairs = ir.VectorType(I16, 2 * lanes)
+    a16, w16 = b.bitcast(a, pairs), b.bitcast(w, pairs)
+    if form == "pmaddwd":
+        width = madd_width(mc.features, lanes)
+        name = "llvm.x86.avx512.pmaddw.d.512" if width == 32 else "llvm.x86.avx2.pmadd.wd"
+        fn = mc.declare(name, ir.VectorType(I32, width // 2), [ir.VectorType(I16, width)] * 2)
+        return _concat(b, [b.call(fn, [_part(b, a16, s, width), _part(b, w16, s, width)])
+                           for s in range(0, 2 * lanes, width)])
+    wide = ir.VectorType(I32, 2 * lanes)
+    products = b.mul(b.sext(a16, wide), b.sext(w16, wide))  # exact: |x·y| ≤ 2³⁰
+    return b.add(_every(b, products, 2, 0), _every(b, products, 2, 1))  # wraps at 2 · 2³⁰
+
+
 def emit_dot(mc: ModuleContext, b: ir.IRBuilder, a: ir.Value, w: ir.Value, c: ir.Value,
              a_dtype: str, b_dtype: str) -> ir.Value:
-    """``c + Σ_q a[4l+q]·w[4l+q]`` per lane (operands ``<L x i32>``), in the form
-    `dot_form` picks for the module's features."""
+    """``c + Σ_q a[g·l+q]·w[g·l+q]`` per lane (operands ``<L x i32>``, g = 4 bytes or 2
+    int16 each), in the form `dot_form` picks for the module's features."""
     if not isinstance(c.type, ir.VectorType):  # scalars: as 1-lane vectors
         one = ir.VectorType(I32, 1)
         at = ir.Constant(I32, 0)
@@ -75,6 +92,8 @@ def emit_dot(mc: ModuleContext, b: ir.IRBuilder, a: ir.Value, w: ir.Value, c: ir
     if form == "vnni":
         fn = mc.declare(f"llvm.x86.avx512.vpdpbusd.{32 * lanes}", vt, [vt, vt, vt])
         return b.call(fn, [c, a, w])
+    if a_dtype == "int16":  # pairs: vpmaddwd is the whole product (it wraps, never saturates)
+        return b.add(c, _int16_pairs(mc, b, a, w, form))
     if form == "pmaddwd":
         width = madd_width(mc.features, lanes)
         a16, w16 = _widen(b, a, a_dtype, I16), _widen(b, w, b_dtype, I16)

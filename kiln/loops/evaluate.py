@@ -45,6 +45,7 @@ from kiln.loops.ir import (
     Store,
     Unary,
     Var,
+    dot_group,
     operands,
 )
 
@@ -127,10 +128,14 @@ def _fma64(x: float, y: float, z: float) -> float:
 
 def _dot4(a: np.ndarray, b: np.ndarray, c: np.ndarray, a_dtype: str,
           b_dtype: str) -> np.ndarray:
-    """`DotProduct`: each int32 lane of ``a`` and ``b`` read as 4 bytes of their dtypes,
-    their products summed per lane into ``c`` exactly, wrapping modulo 2³² like int32."""
-    qa = a.astype(np.int32).view(a_dtype).astype(np.int64).reshape(-1, 4)
-    qb = b.astype(np.int32).view(b_dtype).astype(np.int64).reshape(-1, 4)
+    """`DotProduct`: each int32 lane of ``a`` and ``b`` read as the 4 bytes (2 int16) of
+    their dtypes, their products summed per lane into ``c`` exactly, wrapping modulo 2³²
+    like int32 (the lowest-addressed value first: this machine is little-endian, as every
+    Target kiln generates code for)."""
+    group = dot_group(a_dtype)
+    qa = a.astype("<i4").view(np.dtype(a_dtype).newbyteorder("<")).astype(np.int64)
+    qb = b.astype("<i4").view(np.dtype(b_dtype).newbyteorder("<")).astype(np.int64)
+    qa, qb = qa.reshape(-1, group), qb.reshape(-1, group)
     total = c.astype(np.int64) + (qa * qb).sum(axis=1)
     return total.astype(np.int32)  # wraps: int64 -> int32 keeps the low 32 bits
 

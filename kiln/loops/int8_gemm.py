@@ -96,9 +96,9 @@ def dot_form(features: frozenset[str], lanes: int, a_dtype: str, b_dtype: str) -
 def madd_width(features: frozenset[str], lanes: int) -> int:
     """int16 lanes per ``vpmaddwd`` for a dot product of ``lanes`` int32 lanes: 32 (zmm,
     AVX-512BW) or 16 (ymm, AVX2); 0 where none fits."""
-    if "avx512bw" in features and (4 * lanes) % 32 == 0:
+    if "avx512bw" in features and (2 * lanes) % 32 == 0:
         return 32
-    if "avx2" in features and (4 * lanes) % 16 == 0:
+    if "avx2" in features and (2 * lanes) % 16 == 0:
         return 16
     return 0
 
@@ -136,19 +136,18 @@ class Int8Schedule:
             shifted = dot_form(t.features, lanes, "uint8", "int8")
             if shifted == "vnni":
                 form, shift = shifted, True
-        if form == "vnni":
-            v = 2  # accumulators, 2 vectors of B, A broadcast from memory: as the float tile
-            mr = min((t.registers - v - 1) // v, MR_MAX)
-        else:
-            v = 1  # the widening forms need registers for their int16 temporaries
-            mr = min(t.registers // 2, 8)
+        if form != "vnni":  # int16 pairs, widened as they are packed (vpmaddwd on AVX2)
+            form = "pmaddwd" if madd_width(t.features, lanes) else "widen"
+        v = 2  # accumulators, 2 vectors of B, A broadcast from memory: as the float tile
+        mr = min((t.registers - v - 1) // v, MR_MAX)
         nr = v * lanes
         if n <= lanes:
             nr = lanes
-        k4 = _ceil(max(k, 1), 4)
+        group = 4 if form == "vnni" else 2
+        kg = _ceil(max(k, 1), group)
         # a block of A in a quarter of L2; a panel of B in half of a core's share of L3
-        mc_max = max(mr, (t.l2 // 4) // (k4 * 4))
-        nc_max = max(nr, min(4096, (t.l3 // (2 * max(t.cores, 1))) // (k4 * 4)))
+        mc_max = max(mr, (t.l2 // 4) // (kg * 4))
+        nc_max = max(nr, min(4096, (t.l3 // (2 * max(t.cores, 1))) // (kg * 4)))
         mt, nt = _ceil(m, mr), _ceil(n, nr)
         tmb = max(1, min(mt, mc_max // mr))
         tnb = max(1, min(nt, nc_max // nr))
@@ -214,12 +213,17 @@ def _byte(v: Expr, shift: bool) -> Expr:
     return Binary("and", x, Const(255, INDEX))
 
 
-def _pack4(values: list[Expr]) -> Expr:
-    """Four bytes (int64 in [0, 255]) as one int32, the first in the lowest byte."""
+def _pack(values: list[Expr], bits: int) -> Expr:
+    """Four bytes or two int16 (int64 in [0, 2^bits)) as one int32, the first lowest."""
     total: Expr = values[0]
-    for q in (1, 2, 3):
-        total = Binary("add", total, Binary("mul", values[q], Const(256 ** q, INDEX)))
+    for q in range(1, len(values)):
+        total = Binary("add", total, Binary("mul", values[q], Const(2 ** (bits * q), INDEX)))
     return Cast("int32", total)  # the low 32 bits
+
+
+def _int16(v: Expr) -> Expr:
+    """An 8-bit value as the bits of the int16 of the same value (int64 in [0, 65535])."""
+    return Binary("and", Cast(INDEX, v), Const(65535, INDEX))
 
 
 def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteFn,
@@ -233,21 +237,29 @@ def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: W
     t = lowering_target(target)
     s = schedule or Int8Schedule.default(batch, m, n, k, a_dtype, b_dtype, target=t)
     mr, nr, lanes = s.mr, s.nr, s.lanes
-    k4 = _ceil(max(k, 1), 4)
+    group = 4 if s.form == "vnni" else 2  # bytes, or int16 pairs, per int32 lane
+    bits = 32 // group
+    k4 = _ceil(max(k, 1), group)
     mt, nt = _ceil(m, mr), _ceil(n, nr)
     tmb, tnb = s.mc // mr, s.nc // nr
     nbm, nbn = _ceil(mt, tmb), _ceil(nt, tnb)
-    swap = _ordered(a_dtype, b_dtype) != (a_dtype, b_dtype)
+    swap = group == 4 and _ordered(a_dtype, b_dtype) != (a_dtype, b_dtype)
     a_dt = "uint8" if s.shift else a_dtype
+    b_dt = b_dtype
+    if group == 2:
+        a_dt = b_dt = "int16"
+
+    def lane_value(v: Expr, shift: bool = False) -> Expr:
+        return _byte(v, shift) if group == 4 else _int16(v)
     bp = Buffer("Bp", (tnb, k4, nr), "int32", "local")
     ap = Buffer("Ap", (tmb, k4, mr), "int32", "local")
     csum = Buffer("Bsum", (tnb, nr), "int32", "local") if s.shift else None
     zero8 = {"uint8": Const(0, "uint8"), "int8": Const(0, "int8")}
 
     def k_at(p4: Expr, q: int) -> tuple[Expr, Expr | None]:
-        """K index 4·p4 + q, clamped, and the condition that it is inside K (None: always)."""
-        kk = p4 * 4 + q
-        if k4 * 4 == k:
+        """K index group·p4 + q, clamped, and whether it is inside K (None: always)."""
+        kk = p4 * group + q
+        if k4 * group == k:
             return kk, None
         return _min(kk, k - 1), Binary("lt", kk, Const(k, INDEX))
 
@@ -267,11 +279,11 @@ def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: W
                 conds.append(Binary("lt", col, Const(n, INDEX)))
                 col = _min(col, n - 1)
             vals = []
-            for q in range(4):
+            for q in range(group):
                 kk, inside = k_at(p4, q)
                 vals.append(guarded(b(bt, kk, col), conds + [inside], b_dtype))
             stores: list[Stmt] = [Store(bp, (tl, p4, j),
-                                        _pack4([_byte(v, False) for v in vals]))]
+                                        _pack([lane_value(v) for v in vals], bits))]
             if csum is not None:
                 total: Expr = Cast("int32", vals[0])
                 for v in vals[1:]:
@@ -296,11 +308,12 @@ def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: W
                 conds.append(Binary("lt", row, Const(m, INDEX)))
                 row = _min(row, m - 1)
             vals = []
-            for q in range(4):
+            for q in range(group):
                 kk, inside = k_at(p4, q)
-                vals.append(_byte(guarded(a(bt, row, kk), conds + [inside], a_dtype), s.shift))
+                vals.append(lane_value(guarded(a(bt, row, kk), conds + [inside], a_dtype),
+                                       s.shift))
             return For(p4, Const(0), Const(k4), For(i, Const(0), Const(mr),
-                                                    Store(ap, (tl, p4, i), _pack4(vals))))
+                                                    Store(ap, (tl, p4, i), _pack(vals, bits))))
 
         return _blocks(ic, tmb, mt, "ta", tile_body)
 
@@ -316,8 +329,8 @@ def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: W
             av = Broadcast(Load(ap, (tm, p4, Const(i))), lanes)
             bv = bvs[c // lanes]
             at = (Const(i), Const(c))
-            dot = (DotProduct(bv, av, Load(acc, at, lanes), b_dtype, a_dt) if swap
-                   else DotProduct(av, bv, Load(acc, at, lanes), a_dt, b_dtype))
+            dot = (DotProduct(bv, av, Load(acc, at, lanes), b_dt, a_dt) if swap
+                   else DotProduct(av, bv, Load(acc, at, lanes), a_dt, b_dt))
             steps.append(Store(acc, at, dot))
         step: Stmt = Seq(tuple(steps))
         for v in reversed(range(nr // lanes)):

@@ -316,18 +316,25 @@ class FMA(Expr):
         return self.a.lanes
 
 
-DOT_DTYPES = ("uint8", "int8")  # what the 4 packed values of a DotProduct operand can be
+# What the packed values of a DotProduct operand can be: 4 bytes or 2 int16 per int32 lane.
+DOT_DTYPES = ("uint8", "int8", "int16")
+
+
+def dot_group(dtype: str) -> int:
+    """How many values of ``dtype`` a 32-bit lane of a `DotProduct` operand packs."""
+    return 2 if dtype == "int16" else 4
 
 
 @dataclass(frozen=True, eq=False)
 class DotProduct(Expr):
-    """``c + Σ_q a[4l+q]·b[4l+q]`` per lane ``l``: int8 dot products in groups of 4.
+    """``c + Σ_q a[g·l+q]·b[g·l+q]`` per lane ``l``: integer dot products in groups of g.
 
     ``a``, ``b`` and ``c`` are int32 vectors of equal lanes; each 32-bit lane of ``a`` and
-    ``b`` holds 4 packed 8-bit values (lowest byte first) of ``a_dtype``/``b_dtype``
-    (``uint8`` or ``int8``). Products are exact and the sum wraps modulo 2³² like int32
-    addition. On AVX-512-VNNI / AVX-VNNI, uint8 × int8 is one ``vpdpbusd`` (the code
-    generator picks it from the Target's features); elsewhere an exact widening sequence.
+    ``b`` packs g values (lowest first) of ``a_dtype``/``b_dtype``: 4 bytes (``uint8`` or
+    ``int8``, g = 4) or 2 ``int16`` (g = 2). Products are exact and the sum wraps modulo 2³²
+    like int32 addition. The code generator picks the instructions from the Target's
+    features: uint8 × int8 is one ``vpdpbusd`` on AVX-512-VNNI / AVX-VNNI, int16 pairs one
+    ``vpmaddwd`` and an add on AVX2; elsewhere an exact widening sequence.
     """
 
     a: Expr
@@ -340,6 +347,9 @@ class DotProduct(Expr):
         if self.a_dtype not in DOT_DTYPES or self.b_dtype not in DOT_DTYPES:
             raise InternalError(f"loop IR: a dot product of {self.a_dtype} x {self.b_dtype}; "
                                 f"its operands hold {' or '.join(DOT_DTYPES)}")
+        if dot_group(self.a_dtype) != dot_group(self.b_dtype):
+            raise InternalError(f"loop IR: a dot product of {self.a_dtype} x {self.b_dtype} "
+                                "packs different numbers of values per lane")
 
     @property
     def dtype(self) -> str:

@@ -48,6 +48,7 @@ from kiln.loops.ir import (
     Store,
     Unary,
     Var,
+    dot_group,
 )
 from kiln.loops.verify import verify
 
@@ -326,7 +327,8 @@ def _read_node(kind: str, f: list[Any], node: Any, buf: Any, var: Any) -> Any:
             return FMA(*(node(i) for i in f))
         case "DotProduct":
             a, b, c, ta, tb = f
-            _need(ta in DOT_DTYPES and tb in DOT_DTYPES, f"dot product of {ta!r} x {tb!r}")
+            _need(ta in DOT_DTYPES and tb in DOT_DTYPES and dot_group(ta) == dot_group(tb),
+                  f"dot product of {ta!r} x {tb!r}")
             return DotProduct(node(a), node(b), node(c), ta, tb)
         case "Broadcast":
             v, lanes = f

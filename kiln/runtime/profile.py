@@ -19,8 +19,10 @@ moving values), which the native executor does not have.
 decompose-math, so an ``exp`` counts the FMAs, multiplies and rounds of its polynomial):
 
 - per lane, an FMA counts 2; a float add, sub, mul, div, min, max or pow 1; a float neg,
-  abs, sqrt, rsqrt, floor, ceil, round or sign 1. Comparisons, selects, casts, bitcasts,
-  loads, stores and integer arithmetic (indices, int8 kernels) count 0;
+  abs, sqrt, rsqrt, floor, ceil, round or sign 1; a `DotProduct` (the int8 kernels' 4
+  multiply-adds) 8, so an int8 product's "GFLOP/s" are its integer operations per second.
+  Comparisons, selects, casts, bitcasts, loads, stores and other integer arithmetic
+  (indices, packing) count 0;
 - an expression is a DAG: a node shared within one statement counts once, as the code
   generator evaluates it once;
 - a loop multiplies its body by its trip count. Trip counts and branches that depend on
@@ -51,6 +53,7 @@ from kiln.loops.ir import (
     Cast,
     Check,
     Const,
+    DotProduct,
     Expr,
     For,
     IfThenElse,
@@ -81,6 +84,8 @@ _UNARY_FLOPS = frozenset(["neg", "abs", "sqrt", "rsqrt", "floor", "ceil", "round
 
 def _node_flops(e: Expr) -> int:
     match e:
+        case DotProduct():  # 4 integer multiply-adds per lane (int8 kernels: int8_gemm.py)
+            return 8 * e.lanes
         case FMA():
             cost = 2
         case Binary(op=op) if op in _BINARY_FLOPS:

@@ -74,16 +74,23 @@ def runnable(spec: str) -> Target:
 # --- DotProduct ---------------------------------------------------------------------------
 
 
+DOT_PAIRS = PAIRS + [("int16", "int16")]
+
+
+def unpack(word: int, dtype: str) -> list[int]:
+    """The values a 32-bit lane packs, lowest first, in Python integers."""
+    bits = 16 if dtype == "int16" else 8
+    values = [(word >> (bits * q)) & (2 ** bits - 1) for q in range(32 // bits)]
+    if dtype != "uint8":
+        values = [v - 2 ** bits if v >= 2 ** (bits - 1) else v for v in values]
+    return values
+
+
 def dot_reference(a: np.ndarray, b: np.ndarray, c: np.ndarray, ta: str, tb: str) -> np.ndarray:
-    """Independent of the evaluator: lane by lane, byte by byte, in Python integers."""
+    """Independent of the evaluator: lane by lane, value by value, in Python integers."""
     out = []
     for x, y, z in zip(a.tolist(), b.tolist(), c.tolist()):
-        bx = [(x >> (8 * q)) & 255 for q in range(4)]
-        by = [(y >> (8 * q)) & 255 for q in range(4)]
-        if ta == "int8":
-            bx = [v - 256 if v > 127 else v for v in bx]
-        if tb == "int8":
-            by = [v - 256 if v > 127 else v for v in by]
+        bx, by = unpack(x, ta), unpack(y, tb)
         total = z + sum(p * q for p, q in zip(bx, by))
         out.append((total + 2 ** 31) % 2 ** 32 - 2 ** 31)
     return np.array(out, dtype=np.int32)
@@ -103,11 +110,13 @@ def dot_inputs(lanes: int) -> list[np.ndarray]:
     edge = min(lanes, 2)
     words[0][:2] = [-1, 0x7F7F7F7F][:edge]  # 255/-1 in every byte; 127 in every byte
     words[1][:2] = [-2139062144, -1][:edge]  # 0x80808080: -128 (or 128) in every byte
+    if lanes > 2:  # 0x80008000 twice: int16 pairs of -32768, whose two products sum to 2³¹
+        words[0][2] = words[1][2] = -2147450880
     words[2][:2] = [2 ** 31 - 1, 2 ** 31 - 1][:edge]  # the sum wraps
     return words
 
 
-@pytest.mark.parametrize("ta,tb", PAIRS)
+@pytest.mark.parametrize("ta,tb", DOT_PAIRS)
 def test_dot_product_evaluator(ta: str, tb: str) -> None:
     kernel = dot_kernel(8, ta, tb, "dot_eval")
     a, b, c = dot_inputs(8)
@@ -118,7 +127,7 @@ def test_dot_product_evaluator(ta: str, tb: str) -> None:
 def test_dot_product_compiled(spec: str) -> None:
     t = runnable(spec)
     kernels = [dot_kernel(lanes, ta, tb, f"dot_{ta}_{tb}_{lanes}")
-               for ta, tb in PAIRS for lanes in (1, 4, 8, 16)]
+               for ta, tb in DOT_PAIRS for lanes in (1, 4, 8, 16)]
     lib = compile_kernels(kernels, t)
     for kernel in kernels:
         lanes = kernel.inputs[0].shape[0]
@@ -147,6 +156,10 @@ def test_dot_product_instructions(spec: str, lanes: int, form: str, register: st
         assert re.search(rf"vpmaddwd\s+.*%{register}", asm) and "vpdpbusd" not in asm
     # unsigned × unsigned has no vpdpbusd: the exact widening forms
     assert "vpdpbusd" not in assembly(dot_kernel(lanes, "uint8", "uint8", "dot_uu"), target=t)
+    # int16 pairs (the AVX2 GEMM's operands, widened as they are packed): one vpmaddwd
+    pairs = assembly(dot_kernel(lanes, "int16", "int16", "dot_ww"), target=t)
+    if form == "pmaddwd":
+        assert re.search(rf"vpmaddwd\s+.*%{register}", pairs), pairs
 
 
 def test_dot_product_saves_and_loads() -> None:
@@ -290,7 +303,7 @@ def test_conv2d_exact(spec: str, full: bool) -> None:
     t = runnable(spec)
     params, bodies, arrays, wants = [], [], [], []
     for da, dw in PAIRS:
-        for xs, ws, strides, padding, dilation in CONVS if full else CONVS[::3]:
+        for xs, ws, strides, padding, dilation in CONVS if full else CONVS[3:]:
             x = kiln.var(f"x{len(params)}", shape=xs, dtype=da)
             w = kiln.var(f"w{len(params)}", shape=ws, dtype=dw)
             params += [x, w]
@@ -325,7 +338,8 @@ def test_conv2d_small_on_narrow_targets() -> None:
 def test_vnni_lowering_exact_in_the_evaluator(spec: str) -> None:
     # int8 × int8 runs as (A + 128) × B − 128 · colsum(B): exact, wraps included
     t = Target.parse(spec)
-    for m, n, k in [(3, 5, 7), (17, 9, 6), (2, 33, 13)]:
+    shapes = [(17, 9, 6), (2, 33, 13)] if spec == AVX512_VNNI else [(3, 19, 7)]
+    for m, n, k in shapes:
         x = kiln.var("x", shape=(m, k), dtype="int8")
         w = kiln.var("w", shape=(n, k), dtype="int8")
         kernel = primitive_kernel([x, w], nn.dense(x, w, out_dtype="int32"), t)
@@ -334,7 +348,7 @@ def test_vnni_lowering_exact_in_the_evaluator(spec: str) -> None:
         a, b = rand((m, k), "int8"), rand((n, k), "int8")
         np.testing.assert_array_equal(evaluate(kernel, a, b)[0], exact(a, b.T))
     xs, ws = (1, 3, 6, 5), (4, 3, 3, 3)
-    for da, dw in PAIRS:
+    for da, dw in PAIRS if spec == AVX512_VNNI else PAIRS[1:2]:
         x = kiln.var("x", shape=xs, dtype=da)
         w = kiln.var("w", shape=ws, dtype=dw)
         kernel = primitive_kernel([x, w], nn.conv2d(x, w, padding=(1, 1), out_dtype="int32"),
@@ -370,7 +384,7 @@ def test_schedule_follows_the_target() -> None:
                                 target=Target.parse(AVX512_VNNI))
     assert (u8s8.form, u8s8.shift) == ("vnni", False)
     avx2 = Int8Schedule.default(1, 64, 64, 64, "int8", "int8", target=Target.parse(AVX2))
-    assert (avx2.lanes, avx2.form, avx2.shift) == (8, "pmaddwd", False)
+    assert (avx2.mr, avx2.nr, avx2.lanes, avx2.form, avx2.shift) == (6, 16, 8, "pmaddwd", False)
     arm = Int8Schedule.default(1, 64, 64, 64, "uint8", "int8",
                                target=Target.parse("aarch64-linux-gnu"))
     assert (arm.lanes, arm.form) == (4, "widen")
