@@ -253,6 +253,7 @@ class _Search:
                 r.best_s, r.default_s, r.tuned = best_s, default_s, True
             else:
                 r.knobs, r.best_s, r.default_s = self.site.space.default, default_s, default_s
+                r.time_to_best_s = 0.0  # the default stands
         if self.writer is not None:
             self.writer.add(self._entry(r.knobs, r.best_s, r.default_s, True))
 
