@@ -92,9 +92,12 @@ class Case:
 
 
 def resnet18() -> nn.Module:
-    import torchvision  # optional: only for --full
+    """ResNet-18 (kiln.testing's PyTorch twin of kiln.testing.models.resnet18: its output
+    goes through a softmax, which the loss then takes the log-softmax of)."""
+    from kiln.testing import models
+    from kiln.testing.torch_models import torch_resnet18
 
-    return torchvision.models.resnet18(num_classes=1000)
+    return torch_resnet18(models.resnet18(batch=8, image=224, classes=1000)[1])
 
 
 CASES = {

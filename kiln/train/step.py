@@ -108,6 +108,11 @@ class _Program:
                     stack.extend(reversed(v))
                 else:
                     flat.append(v)
+            # a result the VM hands back may be an input itself (or a view of one), which a
+            # copy into a donated input could overwrite before it is read: copy those first
+            inputs = [a for a in ins if a is not None]
+            flat = [f.copy() if any(np.may_share_memory(f, a) for a in inputs) else f
+                    for f in flat]
             for dst, src in zip(self.outputs, flat):
                 np.copyto(dst, src)
         for src, dst in self.copy_back:

@@ -177,3 +177,24 @@ def test_bad_batches_and_names_are_errors() -> None:
 
         v = var("v", shape=(3,))
         kiln.train.Step(Function((v,), v * v), {"v": np.ones(3, "float32")}, SGD())
+
+
+@pytest.mark.parametrize("executor", ["native", "vm"])
+def test_a_result_copying_a_donated_input_reads_it_first(executor) -> None:
+    # (new a, new b) = (old a + old b, old a), each written into its own input: the second
+    # result is a copy of a, whose memory the first takes (native: scratch memory; VM: the
+    # copy taken first). Written straight in, b would get the new a.
+    from kiln.train.step import _Program
+
+    exe = kiln.build(kiln.parse("""
+def @main(%a: Tensor[(4), float32], %b: Tensor[(4), float32]) {
+  (%a + %b, %a)
+}"""), executor=executor)
+    a, b = np.arange(4, dtype="float32"), np.full(4, 10, "float32")
+    program = _Program(exe, [a, b], {0: 0, 1: 1})
+    program()
+    np.testing.assert_array_equal(a, [10, 11, 12, 13])
+    np.testing.assert_array_equal(b, [0, 1, 2, 3])
+    program()
+    np.testing.assert_array_equal(a, [10, 12, 14, 16])
+    np.testing.assert_array_equal(b, [10, 11, 12, 13])
