@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from kiln.codegen.threads import run_threads
 from kiln.errors import Error
 from kiln.infer import infer_types
 from kiln.ir.expr import Function
@@ -98,7 +99,12 @@ class _Program:
     def __call__(self) -> None:
         ins: list[Any] = self.inputs
         if self.native is not None:
-            self.native.run_into(ins, self.outputs)
+            threads = self.exe.threads
+            if threads is None:
+                self.native.run_into(ins, self.outputs)
+            else:  # as Executable's own calls do
+                with run_threads(threads):
+                    self.native.run_into(ins, self.outputs)
         else:
             flat: list[np.ndarray] = []
             stack = [self.exe(*ins)]
