@@ -6,7 +6,7 @@ the loss) and the indices of its trainable parameters, `step_function` builds
     fn (%x..., %w..., %frozen..., %state..., %lr, %step) {
       let %r = <first-order gradient of f with respect to %w, keeping f's value>;
       ... clipping by global norm, then the optimizer's update of each %w ...
-      (loss, (new %w...), (new %state...), grad_norm, outputs)
+      (loss, (new %w...), (new %state...), grad_norm, outputs)   /* norm: NaN without clipping */
     }
 
 an ordinary dataflow program, so kiln.build fuses and compiles all of it at once (the update
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from kiln.ad.grad import grad
 from kiln.errors import Error
 from kiln.infer import infer_types
-from kiln.ir.expr import Expr, Function, Let, Tuple, TupleGetItem, Var
+from kiln.ir.expr import Expr, Function, Let, Tuple, TupleGetItem, Var, const
 from kiln.ir.module import IRModule
 from kiln.ir.ty import TensorType, TupleType, tensor_type
 from kiln.op import reshape
@@ -64,10 +64,10 @@ def _loss_type_check(fn: Function) -> bool:
 
 
 def _differentiate(fn: Function, mod: IRModule | None,
-                   trainable: Sequence[int]) -> tuple[Function, Expr, list[Expr], Expr | None]:
-    """The first-order gradient function of ``fn``; ``let %r = <its body>; %r`` (the body
-    for the caller to replace); the gradients and the other outputs (None when ``fn``
-    returns only the loss) as projections of ``%r``."""
+                   trainable: Sequence[int]) -> tuple[Function, Var, list[Expr], Expr | None]:
+    """The first-order gradient function of ``fn``; a variable ``%r`` for its body's value;
+    the gradients and the other outputs (None when ``fn`` returns only the loss) as
+    projections of ``%r``."""
     is_tuple = _loss_type_check(fn)
     g = grad(fn, mod=mod, mode="first_order", wrt=tuple(trainable), of=0 if is_tuple else None,
              keeping=None)
@@ -80,7 +80,7 @@ def _differentiate(fn: Function, mod: IRModule | None,
         fields = fn.body.checked_type.fields  # type: ignore[attr-defined]
         rest = tuple(TupleGetItem(value, i) for i in range(1, len(fields)))
         outputs = rest[0] if len(rest) == 1 else Tuple(rest)
-    return g, Let(r, g.body, r), grads, outputs  # the Let is re-bodied by the caller
+    return g, r, grads, outputs
 
 
 def _state_vars(fn: Function, trainable: Sequence[int], opt: Optimizer) -> list[list[Var]]:
@@ -108,15 +108,11 @@ def step_function(fn: Function, trainable: Sequence[int], opt: Optimizer, *,
     docstring), and where its parameters and results are."""
     fn = _typed(fn, mod)
     _check_trainable(fn, trainable)
-    g, bound, grads, outputs = _differentiate(fn, mod, trainable)
-    assert isinstance(bound, Let)
-    r = bound.var
+    g, r, grads, outputs = _differentiate(fn, mod, trainable)
     loss = _loss_of(r, outputs is not None)
     state = _state_vars(fn, trainable, opt)
     lr, step = _scalar("lr"), _scalar("step")
-    norm = global_norm(grads)
-    if clip_grad_norm is not None:
-        grads = clip_by_global_norm(grads, norm, clip_grad_norm)
+    grads, norm = _clipped(grads, clip_grad_norm)
     new_params: list[Expr] = []
     new_state: list[Expr] = []
     for i, gi, si in zip(trainable, grads, state):
@@ -127,7 +123,7 @@ def step_function(fn: Function, trainable: Sequence[int], opt: Optimizer, *,
     if outputs is not None:
         results.append(outputs)
     flat_state = [v for vs in state for v in vs]
-    body = Let(r, bound.value, Tuple(tuple(results)))
+    body = Let(r, g.body, Tuple(tuple(results)))
     out = Function((*g.params, *flat_state, lr, step), body)
     layout = StepLayout(len(fn.params), tuple(trainable), len(flat_state), outputs is not None)
     return _typed(out, mod), layout
@@ -139,13 +135,11 @@ def gradient_function(fn: Function, trainable: Sequence[int], *,
     function's parameters."""
     fn = _typed(fn, mod)
     _check_trainable(fn, trainable)
-    g, bound, grads, outputs = _differentiate(fn, mod, trainable)
-    assert isinstance(bound, Let)
-    r = bound.var
+    g, r, grads, outputs = _differentiate(fn, mod, trainable)
     results: list[Expr] = [_loss_of(r, outputs is not None), Tuple(tuple(grads))]
     if outputs is not None:
         results.append(outputs)
-    out = Function(g.params, Let(r, bound.value, Tuple(tuple(results))))
+    out = Function(g.params, Let(r, g.body, Tuple(tuple(results))))
     layout = StepLayout(len(fn.params), tuple(trainable), 0, outputs is not None)
     return _typed(out, mod), layout
 
@@ -161,10 +155,7 @@ def update_function(params: Sequence[Var], opt: Optimizer, *,
     state = [[Var(f"{p.name_hint}_{slot}", p.checked_type, checked_type_=p.checked_type)
               for slot in opt.slots] for p in params]
     lr, step = _scalar("lr"), _scalar("step")
-    grads: list[Expr] = list(gs)
-    norm = global_norm(grads)
-    if clip_grad_norm is not None:
-        grads = clip_by_global_norm(grads, norm, clip_grad_norm)
+    grads, norm = _clipped(list(gs), clip_grad_norm)
     new_params: list[Expr] = []
     new_state: list[Expr] = []
     for w, gi, si in zip(ws, grads, state):
@@ -174,6 +165,16 @@ def update_function(params: Sequence[Var], opt: Optimizer, *,
     flat_state = [v for vs in state for v in vs]
     body = Tuple((Tuple(tuple(new_params)), Tuple(tuple(new_state)), norm))
     return _typed(Function((*ws, *gs, *flat_state, lr, step), body), None)
+
+
+def _clipped(grads: list[Expr], max_norm: float | None) -> tuple[list[Expr], Expr]:
+    """The gradients clipped to ``max_norm`` and their global norm before; without clipping
+    the gradients as they are and NaN (the norm costs a pass over every gradient: only a
+    step that clips computes it)."""
+    if max_norm is None:
+        return grads, const(float("nan"))
+    norm = global_norm(grads)
+    return clip_by_global_norm(grads, norm, max_norm), norm
 
 
 def _loss_of(r: Var, is_tuple: bool) -> Expr:

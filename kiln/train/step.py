@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from kiln.codegen.threads import run_threads
 from kiln.errors import Error
 from kiln.infer import infer_types
 from kiln.ir.expr import Function
@@ -103,6 +102,8 @@ class _Program:
             if threads is None:
                 self.native.run_into(ins, self.outputs)
             else:  # as Executable's own calls do
+                from kiln.codegen.threads import run_threads
+
                 with run_threads(threads):
                     self.native.run_into(ins, self.outputs)
         else:
@@ -188,7 +189,8 @@ class Step:
         self._lr = np.zeros((), np.float32)
         self._step_no = np.zeros((), np.float32)
         self.steps_taken = 0
-        self.grad_norm = float("nan")  # the global norm of the last step's gradients
+        # the global norm of the last step's gradients before clipping (NaN without clipping)
+        self.grad_norm = float("nan")
         kept = [i for i in range(len(names)) if i in self._trainable or i in self._batch]
         self._in_types = {i: types[i] for i in kept}
 
