@@ -422,3 +422,21 @@ def test_result_independent_of_threads() -> None:
             with threads(count):
                 lib[kernel.name](a, b, out)
             np.testing.assert_array_equal(out, want, err_msg=f"{kernel.name}: {count} threads")
+
+
+# --- saved executables ---------------------------------------------------------------------
+
+
+def test_saved_int8_executable_rebuilt_from_its_loop_ir(tmp_path) -> None:  # noqa: ANN001
+    # a file sealed by a stranger's key: its machine code is made again from the saved loop
+    # IR, DotProducts included, and computes the same
+    t = Target.host()
+    x = kiln.var("x", shape=(6, 23), dtype="int8")
+    w = kiln.var("w", shape=(9, 23), dtype="int8")
+    exe = build([x, w], nn.dense(x, w, out_dtype="int32"), t)
+    path = tmp_path / "int8.kiln"
+    exe.save(path, key=bytes(range(32)))
+    again = kiln.load(path)
+    assert again.code_source == "rebuilt"
+    a, b = rand((6, 23), "int8"), rand((9, 23), "int8")
+    np.testing.assert_array_equal(again(a, b), exact(a, b.T))
