@@ -289,8 +289,10 @@ def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: W
                 for v in vals[1:]:
                     total = Binary("add", total, Cast("int32", v))
                 stores.append(Store(csum, (tl, j), Binary("add", Load(csum, (tl, j)), total)))
-            inner = For(j, Const(0), Const(nr), Seq(tuple(stores)), "unrolled")
-            body: Stmt = For(p4, Const(0), Const(k4), inner)
+            # column outer: what the read computes from the column alone (a conv's pixel
+            # coordinates) stays out of the K loop, and a dense weight's row is read in order
+            body: Stmt = For(j, Const(0), Const(nr), For(p4, Const(0), Const(k4),
+                                                         Seq(tuple(stores))))
             if csum is not None:
                 j0 = Var("j")
                 clear = For(j0, Const(0), Const(nr), Store(csum, (tl, j0), Const(0, "int32")))
@@ -312,8 +314,8 @@ def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: W
                 kk, inside = k_at(p4, q)
                 vals.append(lane_value(guarded(a(bt, row, kk), conds + [inside], a_dtype),
                                        s.shift))
-            return For(p4, Const(0), Const(k4), For(i, Const(0), Const(mr),
-                                                    Store(ap, (tl, p4, i), _pack(vals, bits))))
+            return For(i, Const(0), Const(mr), For(p4, Const(0), Const(k4),
+                                                   Store(ap, (tl, p4, i), _pack(vals, bits))))
 
         return _blocks(ic, tmb, mt, "ta", tile_body)
 
