@@ -6,6 +6,7 @@
   operands (kiln/op/dyn.py).
 - `triangle`: the mask of a triangle (triu/tril, a causal mask) from the sizes of its rows and
   columns: column minus row compared with the diagonal.
+- `scan`: cumulative sums and products along an axis of run-time size (a triangle again).
 - `gather_elements`: ``take_along_axis`` (ONNX GatherElements, torch.gather): the data cut
   to the index's sizes on the other axes, then one ``take`` with batch dimensions.
 """
@@ -97,3 +98,23 @@ def _move_last(x: Expr, axis: int, rank: int) -> Expr:
     if axis == rank - 1:
         return x
     return op.transpose(x, axes=[k for k in range(rank) if k != axis] + [axis])
+
+
+def scan(x: Expr, axis: int, rank: int, product: bool, exclusive: bool = False,
+         reverse: bool = False) -> Expr:
+    """The cumulative sum (product) along an axis whose size is known at run time: every
+    position at once, the elements that enter it picked by a `triangle` of the axis's size
+    (column j enters row i where j ≤ i; j < i exclusive; j ≥ i, j > i reversed), then summed
+    (multiplied) — L² work for a length L, as the static scans of both frontends."""
+    if axis != rank - 1:
+        x = op.transpose(x, axes=[k for k in range(rank) if k != axis] + [axis])
+    size = op.take(op.shape_of(x, dtype="int64"), Constant(np.array(rank - 1, "int64")))
+    k = (1 if exclusive else 0) if reverse else (-1 if exclusive else 0)
+    enters = triangle(size, size, k, upper=reverse)  # [i, j]
+    spread = op.expand_dims(x, axis=-2)  # (..., 1, n): element j for every position i
+    fill = op.ones_like(spread) if product else op.zeros_like(spread)
+    y = (op.prod if product else op.sum)(op.where(enters, spread, fill), axis=[-1])
+    if axis == rank - 1:
+        return y
+    order = [k for k in range(rank) if k != axis] + [axis]
+    return op.transpose(y, axes=[order.index(k) for k in range(rank)])

@@ -110,6 +110,20 @@ def test_batched_matmul_gather_elements_and_flatten():
     against_ort(m, feeds)
 
 
+def test_cumsum_along_a_dynamic_axis():
+    # RoBERTa's position ids: the mask counted along the sequence; and the other modes
+    nodes = [helper.make_node("CumSum", ["m", "one"], ["c"]),
+             helper.make_node("CumSum", ["x", "one"], ["y1"], exclusive=1),
+             helper.make_node("CumSum", ["x", "zero"], ["y2"], reverse=1),
+             helper.make_node("CumSum", ["x", "one"], ["y3"], exclusive=1, reverse=1)]
+    m = model(nodes, [vi("x", ["a", "t", 3]), vi("m", ["b", "s"], I64)],
+              [vi("c", ["b", "s"], I64), *(vi(f"y{k}", ["a", "t", 3]) for k in (1, 2, 3))],
+              [helper.make_tensor("zero", I64, [], [0]), helper.make_tensor("one", I64, [], [1])])
+    feeds = [{"x": rand(a, t, 3, seed=t), "m": np.random.default_rng(t).integers(0, 2, (a, t))}
+             for a, t in ((1, 1), (2, 5), (3, 9))]
+    against_ort(m, feeds)
+
+
 def test_nonzero_of_data_known_only_when_it_runs():
     nodes = [helper.make_node("Greater", ["x", "half"], ["big"]),
              helper.make_node("NonZero", ["big"], ["y"])]

@@ -101,3 +101,50 @@ def test_text_model_larger(name: str, masked: bool, tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", VISION_CASES)
 def test_vision_and_audio_model_larger(name: str, tmp_path: Path) -> None:
     _vision(name, width=64, batch=2, size=64, path=tmp_path / f"{name}.onnx")
+
+
+# --- dynamic axes: one executable for several shapes ------------------------------------------
+
+# name -> (inputs for (batch, seq) or (batch,), input names, the dynamic axes of each input,
+# the shapes run); vision and audio models take a dynamic batch
+DYNAMIC = {
+    "t5_encoder": (lambda b, s: [_ids(b, s), _mask(b, s)], ["input_ids", "attention_mask"],
+                   {0: "batch", 1: "seq"}, [(2, 8), (1, 5), (3, 13)]),
+    "roberta": (lambda b, s: [_ids(b, s), _mask(b, s)], ["input_ids", "attention_mask"],
+                {0: "batch", 1: "seq"}, [(2, 8), (1, 5), (3, 13)]),  # CumSum of the mask
+    "distilbert": (lambda b, s: [_ids(b, s), _mask(b, s)], ["input_ids", "attention_mask"],
+                   {0: "batch", 1: "seq"}, [(2, 8), (1, 5), (3, 13)]),
+    "vit": (lambda b: [VISION["vit"][1](b, 16)], ["x"], {0: "batch"}, [(2,), (1,), (3,)]),
+    "whisper_encoder": (lambda b: [VISION["whisper_encoder"][1](b, 16)], ["x"], {0: "batch"},
+                        [(2,), (1,), (3,)]),
+}
+
+
+def _model(name: str) -> nn.Module:
+    torch.manual_seed(sum(map(ord, name)))
+    return (TEXT[name](32) if name in TEXT else VISION[name][0](32)).eval()
+
+
+@pytest.mark.parametrize("name", ["vit", *(pytest.param(n, marks=pytest.mark.slow) for n in
+                                           ("t5_encoder", "whisper_encoder", "roberta",
+                                            "distilbert"))])
+def test_dynamic_axes(name: str, tmp_path: Path) -> None:
+    """Exported with dynamic axes, built once, run at several shapes against PyTorch."""
+    model = _model(name)
+    make, names, axes, shapes = DYNAMIC[name]
+    path = str(tmp_path / f"{name}.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, tuple(make(*shapes[0])), path, dynamo=False,
+                          opset_version=17, input_names=names, output_names=["out"],
+                          dynamic_axes={n: axes for n in [*names, "out"]})
+    mod, params = from_onnx(path)
+    exe = kiln.build(mod, params=params)
+    assert exe.executor.name == "vm"  # shapes known when it runs: one executable
+    for shape in shapes:
+        inputs = make(*shape)
+        with torch.no_grad():
+            want = model(*inputs).numpy()
+        got = np.asarray(exe(*[x.numpy() for x in inputs]))
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))

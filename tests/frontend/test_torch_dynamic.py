@@ -103,3 +103,72 @@ def test_shapes_counted_from_the_data():
             np.testing.assert_allclose(g, w.numpy(), rtol=1e-6)
         counts.add(got[0].shape[0])
     assert len(counts) > 1  # the sizes really came from the data
+
+
+class Positions(torch.nn.Module):
+    """RoBERTa's position ids: the padding mask counted along the sequence (an int cumsum),
+    and a float cumprod along the batch."""
+
+    def forward(self, ids, x):
+        mask = ids.ne(1).int()
+        return (torch.cumsum(mask, dim=1) * mask).long() + 1, torch.cumprod(x, dim=0)
+
+
+def test_cumsum_and_cumprod_along_symbolic_axes():
+    batch, seq = Dim("batch", min=1, max=16), Dim("seq", min=2, max=32)
+
+    def inputs(b, s):
+        g = torch.Generator().manual_seed(b * 100 + s)
+        return torch.randint(0, 3, (b, s), generator=g), torch.rand(b, s, generator=g) + 0.5
+
+    module = Positions()
+    mod, params = from_torch(module, inputs(2, 8),
+                             dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}))
+    exe = kiln.build(mod, params=params)
+    for b, s in ((1, 5), (2, 8), (3, 13)):
+        args = inputs(b, s)
+        for got, want in zip(exe(*(a.numpy() for a in args)), module(*args), strict=True):
+            assert got.dtype == want.numpy().dtype
+            np.testing.assert_allclose(got, want.numpy(), rtol=1e-6)
+
+
+# Hugging Face models of tests/frontend/test_torch_hf_models.py with a dynamic batch (and for
+# text, sequence): name -> (inputs for a shape, dynamic axes of each input, shapes run)
+_SEQ = ({0: Dim("batch", min=1, max=16), 1: Dim("seq", min=2, max=32)},)
+HF_DYNAMIC = {
+    "t5_encoder": ("text", _SEQ * 2, [(2, 8), (1, 5), (3, 13)]),
+    "roberta": ("text", _SEQ * 2, [(2, 8), (1, 5), (3, 13)]),
+    "distilbert": ("text", _SEQ * 2, [(2, 8), (1, 5), (3, 13)]),
+    "vit": ("vision", ({0: Dim("batch", min=1, max=16)},), [(2,), (1,), (3,)]),
+    "whisper_encoder": ("vision", ({0: Dim("batch", min=1, max=16)},), [(2,), (1,), (3,)]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(HF_DYNAMIC))
+def test_more_hugging_face_models_with_dynamic_shapes(name):
+    pytest.importorskip("transformers")
+    from .test_torch_hf_models import TEXT, VISION, _ids, _mask
+
+    kind, axes, shapes = HF_DYNAMIC[name]
+    torch.manual_seed(sum(map(ord, name)))
+    if kind == "text":
+        module = TEXT[name](32).eval()
+
+        def make(*shape):
+            return [_ids(*shape), _mask(*shape)]
+    else:
+        module = VISION[name][0](32).eval()
+
+        def make(*shape):
+            return [VISION[name][1](shape[0], 16)]
+
+    mod, params = from_torch(module, tuple(make(*shapes[0])), dynamic_shapes=axes)
+    exe = kiln.build(mod, params=params)
+    for shape in shapes:
+        args = make(*shape)
+        with torch.no_grad():
+            want = module(*args).numpy()
+        got = exe(*(a.numpy() for a in args))
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))

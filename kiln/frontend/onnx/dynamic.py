@@ -140,3 +140,11 @@ def slice_(ctx: NodeContext) -> Expr:
             stride.append(1)
     return dyn.strided_slice(ctx.x(0), op.concatenate(begin, axis=0),
                op.concatenate(end, axis=0), Constant(np.array(stride, "int64")))
+
+
+def cumulative(ctx: NodeContext, axis: int, product: bool) -> Expr:
+    """``CumSum``/``CumProd`` of a tensor whose shape is known at run time (RoBERTa's
+    position ids count the mask along the sequence): `runtime_shapes.scan`."""
+    return runtime_shapes.scan(ctx.x(0), axis, ctx.ndim(0), product,
+                               exclusive=bool(ctx.attr("exclusive", 0)),
+                               reverse=bool(ctx.attr("reverse", 0)))

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from kiln import op
+from kiln.frontend.onnx import dynamic
 from kiln.frontend.onnx.context import NodeContext, cast, const_like
 from kiln.frontend.onnx.ops_tensor import norm_axis
 from kiln.frontend.onnx.table import converter
@@ -160,6 +161,9 @@ def _scan_mask(n: int, exclusive: bool, reverse: bool) -> np.ndarray:
 
 
 def _cumulative(ctx: NodeContext, product: bool) -> Expr:
+    if not ctx.t(0).is_static:  # shapes known at run time
+        axis = norm_axis(ctx, ctx.int_scalar(1, "axis"), ctx.ndim(0))
+        return dynamic.cumulative(ctx, axis, product)
     shape = ctx.shape(0)
     axis = norm_axis(ctx, ctx.int_scalar(1, "axis"), len(shape))
     n = shape[axis]

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from kiln.errors import Error
-from kiln.frontend.runtime_shapes import gather_elements
+from kiln.frontend.runtime_shapes import gather_elements, scan
 from kiln.frontend.torch.registry import AtenCall, axis, converter
 from kiln.ir import Expr, const
 from kiln.ir.dtype import dtype_of
@@ -68,6 +68,12 @@ def gather(n: AtenCall, x: Expr, dim: int, index: Expr, sparse_grad: bool = Fals
 @converter("aten.cumsum.default", "aten.cumprod.default")
 def cumsum(n: AtenCall, x: Expr, dim: int, dtype: str | None = None) -> Expr:
     out = n.out.dtype
+    if not n.type(x).is_static:  # sizes known when it runs (RoBERTa's positions of a mask)
+        rank = n.rank(x)
+        if rank == 0:
+            return n.tensor(x, out)
+        return scan(n.tensor(x, out), axis(dim, rank, n), rank,
+                    product=n.target == "aten.cumprod.default")
     shape = n.static_shape(x, n.target.split(".")[1])
     rank = len(shape)
     d = axis(dim, rank, n)
