@@ -7,7 +7,7 @@ from typing import Any
 
 from kiln.errors import Error
 from kiln.ir.module import IRModule
-from kiln.transform import qnn_canonicalize  # noqa: F401 - registers the pass
+from kiln.transform import qdq_to_qnn, qnn_canonicalize  # noqa: F401 - registers the passes
 from kiln.transform.bind_params import bind_params
 from kiln.transform.pass_manager import PassContext, Sequential, get_pass
 
@@ -17,6 +17,7 @@ STANDARD_PIPELINE = (
     "inline-partitions",  # functions meant for external compilers (BYOC) run through kiln
     "infer-type",
     "to-graph-normal-form",  # pure lets become dataflow, so fusion sees across them
+    "qdq-to-qnn",  # ONNX QDQ: dequantize -> conv/dense -> quantize as integer arithmetic
     "simplify-inference",
     "eliminate-common-subexpr",
     "fold-constant",
