@@ -3,7 +3,8 @@
 One process, one machine, medians of ``--repeat`` calls, interleaved round by round:
 
 - kiln int8 dense ``M×K @ (N×K)ᵀ`` of int8 × int8 → int32 (``nn.dense(out_dtype="int32")``,
-  what ``qnn.dense`` lowers to),
+  what ``qnn.dense`` lowers to), the weight an argument (packed every call) and a constant
+  (``params=``: packed once at compile time by alter-layout, nn.dense_int8_packed),
 - kiln int8 uint8 × int8 → int32 (nn.dense takes one input dtype, so the same product as a
   1×1 ``nn.conv2d`` of uint8 data and int8 weight: C[oc, pixel] over K channels),
 - kiln float32 dense and numpy (OpenBLAS) float32 ``@`` of the same shape.
@@ -65,8 +66,10 @@ def main() -> None:
     target = kiln.Target.parse(args.target) if args.target else kiln.Target.host()
     rng = np.random.default_rng(0)
 
-    def build(params: list[kiln.Var], body: kiln.Expr) -> kiln.Executable:
-        exe = kiln.build(kiln.IRModule.from_expr(kiln.Function(params, body)), target=target)
+    def build(params: list[kiln.Var], body: kiln.Expr, bound: dict | None = None
+              ) -> kiln.Executable:
+        exe = kiln.build(kiln.IRModule.from_expr(kiln.Function(params, body)), target=target,
+                         params=bound)
         if args.threads is not None:
             exe.set_threads(args.threads)
         return exe
@@ -90,6 +93,8 @@ def main() -> None:
     # the results are checked once, exactly, before anything is timed
     want = a8.astype(np.int64) @ b8.T.astype(np.int64)
     assert np.array_equal(s8(a8, b8), want.astype(np.int32)), "int8 x int8 result differs"
+    s8c = build([xs, ws], nn.dense(xs, ws, out_dtype="int32"), {"w": b8})
+    assert np.array_equal(s8c(a8), want.astype(np.int32)), "prepacked result differs"
     want_u = b8.astype(np.int64) @ au[0, :, :, 0].astype(np.int64)
     assert np.array_equal(u8(au, b8.reshape(n, n, 1, 1))[0, :, :, 0],
                           want_u.astype(np.int32)), "uint8 x int8 result differs"
@@ -97,6 +102,7 @@ def main() -> None:
 
     med = timings({
         "kiln int8 x int8 dense": lambda: s8(a8, b8),
+        "kiln int8 x int8, constant weight": lambda: s8c(a8),
         "kiln uint8 x int8 (1x1 conv)": lambda: u8(au, wu_arr),
         "kiln float32 dense": lambda: f32(af, bf),
         "numpy float32 @": lambda: af @ bft,

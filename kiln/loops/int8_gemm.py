@@ -64,6 +64,8 @@ INPUT_DTYPES = ("uint8", "int8")
 MR_MAX = 16
 
 ReadFn = Callable[[Expr, Expr, Expr], Expr]  # (batch, row or k, k or col) -> scalar
+PanelFn = Callable[[Expr, Expr, Expr], Expr]  # (tile, lane group, column) -> int32 vector
+SumsFn = Callable[[Expr, Expr], Expr]  # (tile, column) -> int32: a column's sum
 WriteFn = Callable[[Expr, Expr, Expr, Expr], Stmt]  # (batch, row, col, int32 value) -> stmt
 
 
@@ -228,11 +230,16 @@ def _int16(v: Expr) -> Expr:
 
 def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteFn,
               a_dtype: str, b_dtype: str, schedule: Int8Schedule | None = None,
-              target: Target | None = None) -> Stmt:
+              target: Target | None = None, b_panel: PanelFn | None = None,
+              b_sums: SumsFn | None = None) -> Stmt:
     """The statement computing ``C = A·B`` in int32 (see the module docstring).
 
     ``a(bt, i, p)`` and ``b(bt, p, j)`` read A and B (only inside their shapes);
-    ``write(bt, i, j, value)`` is the statement storing C's element (an int32).
+    ``write(bt, i, j, value)`` is the statement storing C's element (an int32). A B packed
+    ahead of time (a constant weight, kiln/op/nn/int8_packed.py) is given instead as
+    ``b_panel(tile, p, c)`` (``lanes`` int32 of its panels at lane group p, column c of the
+    tile) and ``b_sums(tile, c)`` (the column's sum, needed when A is shifted), read in
+    place, never packed.
     """
     t = lowering_target(target)
     s = schedule or Int8Schedule.default(batch, m, n, k, a_dtype, b_dtype, target=t)
@@ -253,7 +260,7 @@ def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: W
         return _byte(v, shift) if group == 4 else _int16(v)
     bp = Buffer("Bp", (tnb, k4, nr), "int32", "local")
     ap = Buffer("Ap", (tmb, k4, mr), "int32", "local")
-    csum = Buffer("Bsum", (tnb, nr), "int32", "local") if s.shift else None
+    csum = Buffer("Bsum", (tnb, nr), "int32", "local") if s.shift and b_panel is None else None
     zero8 = {"uint8": Const(0, "uint8"), "int8": Const(0, "int8")}
 
     def k_at(p4: Expr, q: int) -> tuple[Expr, Expr | None]:
@@ -336,7 +343,9 @@ def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: W
             steps.append(Store(acc, at, dot))
         step: Stmt = Seq(tuple(steps))
         for v in reversed(range(nr // lanes)):
-            step = LetStmt(bvs[v], Load(bp, (tn, p4, Const(v * lanes)), lanes), step)
+            bvec = (Load(bp, (tn, p4, Const(v * lanes)), lanes) if b_panel is None
+                    else b_panel(tile_n, p4, Const(v * lanes, INDEX)))
+            step = LetStmt(bvs[v], bvec, step)
         kloop = For(p4, Const(0), Const(k4), step)
         return Allocate(acc, Seq((init, kloop, epilogue(bt, acc, tn, tile_m, tile_n))))
 
@@ -350,23 +359,27 @@ def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: W
             rows = Binary("min", Const(mr, INDEX), Const(m, INDEX) - tile_m * mr)
         nfull = n // nr
 
-        def rows_loop(width: int, col0: Expr, kind: str) -> Stmt:
+        def rows_loop(width: int, tile: Expr, kind: str) -> Stmt:
             i, j = Var("i"), Var("j")
             row = tile_m * mr + i
             row = _min(row, m - 1) if m % mr else row
             value: Expr = Load(ctile, (i, j))
-            if csum is not None:  # int8 × int8 by the shift: A was A + 128
-                value = Binary("sub", value, Binary("mul", Load(csum, (tn, j)),
-                                                    Const(128, "int32")))
-            body = write(bt, row, col0 + j, value)
+            sums: Expr | None = None
+            if csum is not None:
+                sums = Load(csum, (tn, j))
+            elif s.shift and b_sums is not None:
+                sums = b_sums(tile, j)
+            if sums is not None:  # int8 × int8 by the shift: A was A + 128
+                value = Binary("sub", value, Binary("mul", sums, Const(128, "int32")))
+            body = write(bt, row, tile * nr + j, value)
             return For(i, Const(0), rows, For(j, Const(0), Const(width), body, kind))
 
         parts: list[Stmt] = []
         if nfull:
             tile_f = tile_n if nfull == nt else _min(tile_n, nfull - 1)
-            parts.append(rows_loop(nr, tile_f * nr, "vectorized"))
+            parts.append(rows_loop(nr, tile_f, "vectorized"))
         if n % nr:
-            parts.append(rows_loop(n % nr, Const(nfull * nr, INDEX), "serial"))
+            parts.append(rows_loop(n % nr, Const(nfull, INDEX), "serial"))
         body = parts[0] if len(parts) == 1 else IfThenElse(
             Binary("lt", tile_n, Const(nfull, INDEX)), parts[0], parts[1])
         return Allocate(ctile, Seq((spill, body)))
@@ -379,6 +392,8 @@ def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: W
     def n_block(bt: Expr, jc: Expr, ic: Expr | None) -> Stmt:
         rows = m_block(bt, jc, ic) if ic is not None else _loop(
             "ic", nbm, lambda i: m_block(bt, jc, i))
+        if b_panel is not None:
+            return rows
         stmt: Stmt = Allocate(bp, Seq((pack_b(bt, jc), rows)))
         return Allocate(csum, stmt) if csum is not None else stmt
 

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from kiln.loops import int8_gemm as q
 from kiln.loops import oplib
 from kiln.loops.compute import Tensor, WriteFn, extern
-from kiln.loops.ir import INDEX, Const, Expr, Stmt
+from kiln.loops.ir import INDEX, Const, Expr, Load, Stmt
+from kiln.loops.ir import Buffer as LBuffer
 from kiln.loops.schedule import lowering_target
 from kiln.target import Target
 
@@ -64,6 +65,34 @@ def dense(x: Tensor, w: Tensor, out_shape: Sequence[int],
 
     t = extern(tuple(out_shape), "int32", emit)
     t.schedule = s.attrs()
+    return t
+
+
+def dense_prepacked(x: Tensor, wp: LBuffer, units: int, out_shape: Sequence[int],
+                    weight_dtype: str, group: int, target: Target | None = None
+                    ) -> Tensor | None:
+    """``x @ W.T`` in int32 with W's panels prepacked in ``wp`` (kiln/op/nn/int8_packed.py);
+    None when the panels are not in the layout this GEMM would choose for ``target``."""
+    tgt = lowering_target(target)
+    lead = tuple(x.shape[:-1])
+    m, k = _prod(lead), x.shape[-1]
+    s = q.Int8Schedule.default(1, m, units, k, x.dtype, weight_dtype, target=tgt)
+    kg = -(-k // group)
+    if (4 if s.form == "vnni" else 2) != group or wp.shape != (-(-units // s.nr), kg + 1, s.nr):
+        return None
+
+    def emit(write: WriteFn) -> Stmt:
+        return q.int8_gemm(
+            1, m, units, k,
+            lambda b, i, p: x(*_split(i, lead), p),
+            lambda b, p, j: Const(0, weight_dtype),  # B is never packed: read from wp
+            lambda b, i, j, v: write((*_split(i, lead), j), v),
+            x.dtype, weight_dtype, s, tgt,
+            b_panel=lambda tile, p, c: Load(wp, (tile, p, c), s.lanes),
+            b_sums=lambda tile, c: Load(wp, (tile, Const(kg, INDEX), c)))
+
+    t = extern(tuple(out_shape), "int32", emit)
+    t.schedule = {**s.attrs(), "b_prepacked": True}
     return t
 
 

@@ -7,6 +7,10 @@ implicit GEMM's A operand, so the compiled kernel no longer copies the weight on
 (TVM's alter-op-layout did the same for its packed dense and conv2d schedules). Weights
 become constants when ``params`` are bound (``kiln.build(mod, params=...)``).
 
+An 8-bit ``nn.dense`` with ``out_dtype="int32"`` and a constant weight becomes
+``nn.dense_int8_packed(x, Wp)``: W in the int32 panels of the int8 GEMM for this Target
+(4 bytes or 2 int16 per lane, with its column sums; kiln/op/nn/int8_packed.py).
+
 Left alone: a weight that is not a constant, depthwise convolutions, other dtypes, an
 ``out_dtype`` other than the data's, and a dense with at most `DOT_MAX_ROWS` rows, whose
 dot-product kernel reads the weight rows in place (kiln/loops/linear_kernels.py). The layout
@@ -50,6 +54,32 @@ def _packed(node: Expr) -> Expr | None:
                         units=units)
 
 
+def _int8_packed(node: Expr) -> Expr | None:
+    """``nn.dense_int8_packed`` for an 8-bit dense call that qualifies (module docstring)."""
+    from kiln.loops.int8_gemm import Int8Schedule
+    from kiln.op.nn.int8_packed import dense_int8_packed, pack_int8_weight
+
+    if not (isinstance(node, Call) and isinstance(node.op, Op) and node.op.name == "nn.dense"):
+        return None
+    x, w = node.args
+    xt = x.checked_type_
+    if not isinstance(w, Constant) or not isinstance(xt, TensorType) or not xt.is_static:
+        return None
+    if w.dtype not in ("int8", "uint8") or xt.dtype not in ("int8", "uint8") \
+            or node.attrs.out_dtype != "int32":
+        return None
+    units, k = w.data.shape
+    rows = 1
+    for d in xt.static_shape[:-1]:
+        rows *= d
+    if min(rows, units, k) == 0:
+        return None
+    s = Int8Schedule.default(1, rows, units, k, xt.dtype, w.dtype)
+    group = 4 if s.form == "vnni" else 2
+    return dense_int8_packed(x, const(pack_int8_weight(w.data, s.nr, group)), units=units,
+                             k=k, weight_dtype=w.dtype, group=group)
+
+
 def _conv_packed(node: Expr) -> Expr | None:
     """``nn.conv2d_packed`` for a conv2d call that qualifies (see the module docstring)."""
     from kiln.loops import conv_kernels, gemm
@@ -90,7 +120,8 @@ def alter(func: Function) -> Function:
     done: dict[int, Expr] = {}
     for node in post_order(func):
         rebuilt = with_children(node, [done[id(c)] for c in children(node)])
-        replaced = _packed(node) or _conv_packed(node)  # decided on the typed original
+        # decided on the typed original
+        replaced = _packed(node) or _int8_packed(node) or _conv_packed(node)
         if replaced is not None:
             # both are calls: the dense or conv2d rebuilt, and the packed call made for it
             assert isinstance(rebuilt, Call) and isinstance(replaced, Call)

@@ -335,6 +335,12 @@ add("nn.dense_packed", lambda a, b: nn.dense_packed(a, b, units=3), arg(2, 5), a
 add("nn.dense_packed", lambda a, b: nn.dense_packed(a, b, units=5), arg(2, 2, 3), arg(2, 4, 4))
 add("nn.dense_packed", lambda a, b: nn.dense_packed(a, b, units=2), arg(2, 3, dtype="float16"),
     arg(1, 3, 2, dtype="float16"), rtol=2e-3, atol=2e-3)
+_W8 = np.arange(-45, 45, 6).reshape(3, 5) % 256 - 128  # an int8 weight, values across the range
+for _group in (2, 4):  # the int16-pair and byte layouts: one runs the int8 GEMM, one the panels
+    add("nn.dense_int8_packed", lambda a, b, g=_group: nn.dense_int8_packed(
+        a, b, units=3, k=5, weight_dtype="int8", group=g), ints(2, 5, dtype="int8"),
+        arg(1, -(-5 // _group) + 1, 8, dtype="int32", values=op.nn.int8_packed.pack_int8_weight(
+            _W8.astype(np.int8), 8, _group)))
 add("nn.conv2d_packed", lambda a, b: nn.conv2d_packed(a, b, padding=1, channels=3,
     kernel_size=(3, 3)), arg(1, 2, 4, 4), arg(1, 1, 18, 6))  # the GEMM's layout
 add("nn.conv2d_packed", lambda a, b: nn.conv2d_packed(a, b, strides=2, groups=2, channels=4,

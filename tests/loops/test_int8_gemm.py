@@ -23,8 +23,10 @@ from kiln.loops.evaluate import evaluate
 from kiln.loops.int8_gemm import Int8Schedule, dot_form, int8_gemm
 from kiln.loops.ir import Buffer, Const, DotProduct, Kernel, Load, Store
 from kiln.loops.lower import lower_primitive
+from kiln.loops.schedule import target_scope
 from kiln.loops.verify import verify
 from kiln.op import nn
+from kiln.op.nn.int8_packed import pack_int8_weight
 from kiln.runtime.compiler import native_available
 from kiln.runtime.kernel_format import read_kernel, write_kernel
 from kiln.target import Target
@@ -440,3 +442,49 @@ def test_saved_int8_executable_rebuilt_from_its_loop_ir(tmp_path) -> None:  # no
     assert again.code_source == "rebuilt"
     a, b = rand((6, 23), "int8"), rand((9, 23), "int8")
     np.testing.assert_array_equal(again(a, b), exact(a, b.T))
+
+
+# --- a constant weight packed at compile time (alter-layout: nn.dense_int8_packed) ----------
+
+
+def packed_module(m: int, n: int, k: int, dtype: str) -> tuple[kiln.IRModule, np.ndarray]:
+    x = kiln.var("x", shape=(m, k), dtype=dtype)
+    w = kiln.var("w", shape=(n, k), dtype=dtype)
+    bias = kiln.var("bias", shape=(n,), dtype="int32")
+    body = kiln.op.add(nn.dense(x, w, out_dtype="int32"), bias)
+    return kiln.IRModule.from_expr(kiln.Function([x, w, bias], body)), rand((n, k), dtype)
+
+
+@pytest.mark.parametrize("spec", RUNNABLE)
+def test_constant_weight_packed_at_compile_time(spec: str) -> None:
+    t = runnable(spec)
+    for dtype, (m, n, k) in [("int8", (7, 19, 37)), ("uint8", (1, 33, 9)), ("int8", (3, 5, 1))]:
+        mod, wv = packed_module(m, n, k, dtype)
+        bv = RNG.integers(-1000, 1000, n).astype(np.int32)
+        exe = kiln.build(mod, params={"w": wv}, target=t)
+        ops = [op for decl in exe.program.kernels.values() for op in decl.kernel.attrs["ops"]]
+        assert "nn.dense_int8_packed" in ops and "nn.dense" not in ops
+        a = rand((m, k), dtype)
+        np.testing.assert_array_equal(exe(a, bv), exact(a, wv.T) + bv)
+
+
+@pytest.mark.parametrize("spec", [AVX512_VNNI, AVX_VNNI])
+def test_constant_weight_packed_for_vnni_in_the_evaluator(spec: str) -> None:
+    # alter-layout packs bytes for the VNNI form, and the kernel reads them and the column
+    # sums that the shifted int8 × int8 subtracts
+    t = Target.parse(spec)
+    m, n, k = 5, 21, 11
+    mod, wv = packed_module(m, n, k, "int8")
+    with target_scope(t):
+        text = kiln.astext(kiln.optimize(mod, params={"w": wv}))
+    s = Int8Schedule.default(1, m, n, k, "int8", "int8", target=t)
+    panels = f"Tensor[({-(-n // s.nr)}, {-(-k // 4) + 1}, {s.nr}), int32]"  # bytes: K/4 groups
+    assert "nn.dense_int8_packed" in text and panels in text, text[:800]
+    x = kiln.var("x", shape=(m, k), dtype="int8")
+    wp = pack_int8_weight(wv, s.nr, 4)
+    p = kiln.var("wp", shape=wp.shape, dtype="int32")
+    kernel = primitive_kernel([x, p], nn.dense_int8_packed(x, p, units=n, k=k, group=4), t)
+    (name, knobs), = kernel.attrs["schedules"]
+    assert name == "nn.dense_int8_packed" and knobs["b_prepacked"] and knobs["shift"]
+    a = rand((m, k), "int8")
+    np.testing.assert_array_equal(evaluate(kernel, a, wp)[0], exact(a, wv.T))

@@ -36,6 +36,7 @@ REQUIRED_ATTRS = {
     "layout_transform": {"src_layout": "NCHW", "dst_layout": "NCHW4c"},
     "fixed_point_multiply": {"multiplier": 1, "shift": 0},
     "nn.contrib_conv2d_NCHWc": {"data_layout": "NCHW8c", "kernel_layout": "OIHW8i8o"},
+    "nn.dense_int8_packed": {"units": 1, "k": 1},
 }
 
 
