@@ -247,3 +247,15 @@ def test_chunk_and_split_along_a_symbolic_axis():
         for g, w in zip(got, want, strict=True):
             assert g.shape == w.shape
             np.testing.assert_array_equal(g, w)
+
+
+def test_ranks_along_a_static_axis_of_a_tensor_with_a_symbolic_batch():
+    class Rows(torch.nn.Module):
+        def forward(self, x):
+            k = torch.kthvalue(x, 2, dim=1)
+            return k.values, torch.median(x, dim=1).values, torch.nanmedian(x, dim=-1).values
+
+    feeds = [(ties_and_nans(s)[: 5 - s],) for s in range(3)]  # batch 5, 4, 3
+    for got, want in run(Rows(), feeds[0], feeds, dynamic_shapes=({0: Dim("batch")},)):
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g, w)

@@ -111,7 +111,7 @@ def ranked(n: AtenCall, x: Expr, dim: int, what: str, k: int | None = None,
     (the axis kept, size 1): place ``k`` (0-based), or with ``k=None`` the lower median —
     ``nan="propagate"`` the row's first NaN where it holds one (torch.median), ``nan="skip"``
     the median of the row's numbers (torch.nanmedian). Also the axis, made non-negative."""
-    shape = n.static_shape(x, what)
+    shape: tuple[object, ...] = tuple(n.shape(x))
     rank, dtype = len(shape), n.dtype(x)
     if dtype == "bool":
         raise n.error(f"{what} of bool tensors is not supported")
@@ -120,6 +120,8 @@ def ranked(n: AtenCall, x: Expr, dim: int, what: str, k: int | None = None,
         shape, rank = (1,), 1
     d = axis(dim, rank, n)
     length = shape[d]
+    if not isinstance(length, int):  # the other axes may be symbolic
+        raise n.error(f"{what} needs a static size along dimension {d}, not {length}")
     if length == 0:
         raise n.error(f"{what} of an empty dimension")
     moved = _move_last(x, d, rank)
@@ -157,7 +159,9 @@ def _kept(pair: tuple[Expr, Expr, int], keepdim: bool, scalar: bool) -> list[Exp
 def kthvalue(n: AtenCall, x: Expr, k: int, dim: int = -1, keepdim: bool = False) -> list[Expr]:
     """The k-th smallest (1-based) along ``dim`` and its index (NaN counts as the largest)."""
     rank = n.rank(x)
-    size = n.static_shape(x, "kthvalue")[axis(dim, rank, n)] if rank else 1
+    size = n.shape(x)[axis(dim, rank, n)] if rank else 1
+    if not isinstance(size, int):
+        raise n.error(f"kthvalue needs a static size along dimension {dim}, not {size}")
     if not 1 <= k <= size:
         raise n.error(f"kthvalue's k={k} is outside [1, {size}] (the size of dimension {dim})")
     return _kept(ranked(n, x, dim, "kthvalue", k=k - 1), bool(keepdim), rank == 0)
