@@ -6,10 +6,13 @@
 - QuantizeLinear / DequantizeLinear: exact (x / scale rounded halves to even, as ONNX says).
 - Models quantized by ``onnxruntime.quantization.quantize_static`` (QDQ and QOperator) from a
   small CNN and an MLP with random weights and random calibration data: compared with ORT's
-  own int8 run. The integer sums are exact; what may differ is a rounding at a half where
-  ORT's fused kernels and kiln order a float operation differently, so the test measures the
-  largest difference in output quantization steps and allows 1 step on a small fraction of
-  the outputs.
+  own int8 run, in output quantization steps. Measured (20 random inputs per model, 1520
+  outputs): identical, 0 steps, in every case. The test allows 1 step on at most 2% of the
+  outputs, for a rounding at a half that ORT's fused kernels may order differently.
+  The models are quantized with ``reduce_range=True`` (7-bit weights): with full 8-bit
+  weights, ORT's uint8 x int8 x86 kernels saturate pairs of products in int16 (vpmaddubsw)
+  and differ from the ONNX definition by up to 22 steps (measured here), while kiln's sums
+  are exact — test_matmul_integer_exact shows this on one node against the definition.
 """
 
 from __future__ import annotations
@@ -233,17 +236,18 @@ def _compare_with_ort(model, shape, op_name):
     got = np.asarray(kiln.build(mod, params=params)(x))
     steps = np.abs(got - expected) / _output_step(model)
     assert steps.max() <= 1.0 + 1e-3, f"kiln differs from ORT by {steps.max():.2f} steps"
-    assert np.mean(steps > 0.5) <= 0.1, f"{np.mean(steps > 0.5):.0%} of outputs differ"
+    assert np.mean(steps > 0.5) <= 0.02, f"{np.mean(steps > 0.5):.0%} of outputs differ"
     return steps
 
 
-@pytest.mark.parametrize("fmt", ["QDQ"])
+@pytest.mark.parametrize("fmt", ["QDQ", "QOperator"])
 def test_quantize_static_mlp_agrees_with_ort(fmt, tmp_path) -> None:
     model = _quantized(_mlp(), (4, 37), fmt, tmp_path)
     _compare_with_ort(model, (4, 37), "dense")
 
 
-@pytest.mark.parametrize(("fmt", "per_channel"), [("QDQ", False), ("QDQ", True)])
+@pytest.mark.parametrize(("fmt", "per_channel"), [("QDQ", False), ("QDQ", True),
+                                                  ("QOperator", False)])
 def test_quantize_static_cnn_agrees_with_ort(fmt, per_channel, tmp_path) -> None:
     model = _quantized(_cnn(), (1, 3, 12, 12), fmt, tmp_path, per_channel)
     _compare_with_ort(model, (1, 3, 12, 12), "conv2d")

@@ -283,3 +283,73 @@ def qlinear_conv(ctx: NodeContext) -> Expr:
     info = np.iinfo(out_dtype)
     y = op.clip(round_half_even(y, "float64"), a_min=float(info.min), a_max=float(info.max))
     return cast(y, out_dtype)
+
+
+# --- ONNX Runtime's contrib operators of the QOperator format (domain com.microsoft) -------
+
+MS = "com.microsoft"
+
+
+def _scalar(ctx: NodeContext, i: int) -> Expr:
+    return op.reshape(ctx.x(i), newshape=[]) if ctx.shape(i) == (1,) else ctx.x(i)
+
+
+def _centered_int32(ctx: NodeContext, i: int, zero: int) -> Expr:
+    """Input ``i`` minus its (scalar) zero point, in int32."""
+    x = cast(ctx.x(i), "int32")
+    return op.subtract(x, _zero_point(ctx, zero)) if ctx.has(zero) else x
+
+
+def _saturate(ctx: NodeContext, y: Expr, zero: int, out_dtype: str) -> Expr:
+    """round_half_even(y) + zero point (input ``zero``), saturated: ORT's last step."""
+    y = round_half_even(y, "float32")
+    if ctx.has(zero):
+        y = op.add(y, cast(_scalar(ctx, zero), "float32"))
+    info = np.iinfo(out_dtype)
+    return cast(op.clip(y, a_min=float(info.min), a_max=float(info.max)), out_dtype)
+
+
+@converter("QLinearAdd", since=1, domain=MS)
+def qlinear_add(ctx: NodeContext) -> Expr:
+    # C = (A_scale (A - A_zp) + B_scale (B - B_zp)) / C_scale + C_zp, in float32 as ORT:
+    # each side times its ratio of scales.
+    c_scale = _scalar(ctx, 6)
+    a = op.multiply(cast(_centered_int32(ctx, 0, 2), "float32"),
+                    op.divide(_scalar(ctx, 1), c_scale))
+    b = op.multiply(cast(_centered_int32(ctx, 3, 5), "float32"),
+                    op.divide(_scalar(ctx, 4), c_scale))
+    return _saturate(ctx, op.add(a, b), 7, ctx.dtype(0))
+
+
+@converter("QLinearGlobalAveragePool", since=1, domain=MS)
+def qlinear_global_average_pool(ctx: NodeContext) -> Expr:
+    shape = ctx.shape(0)
+    if len(shape) < 3:
+        raise ctx.error(f"QLinearGlobalAveragePool takes a tensor of rank 3 or more, not "
+                        f"{len(shape)}")
+    last = bool(ctx.attr("channels_last", 0))
+    axes = list(range(1, len(shape) - 1)) if last else list(range(2, len(shape)))
+    size = int(np.prod([shape[a] for a in axes]))
+    # The int32 sum of each window less size * zero point, times x_scale / (y_scale * size).
+    total = op.sum(_centered_int32(ctx, 0, 2), axis=axes, keepdims=True)
+    factor = op.divide(_scalar(ctx, 1),
+                       op.multiply(_scalar(ctx, 3), Constant(np.asarray(size, np.float32))))
+    return _saturate(ctx, op.multiply(cast(total, "float32"), factor), 4, ctx.dtype(0))
+
+
+@converter("QGemm", since=1, domain=MS)
+def qgemm(ctx: NodeContext) -> Expr:
+    # Inputs: A, a_scale, a_zero_point, B, b_scale, b_zero_point, C (int32), y_scale, y_zp.
+    if ctx.attr("transA", 0):
+        raise ctx.error("kiln converts QGemm without transA")
+    b = ctx.x(3) if ctx.attr("transB", 0) else op.transpose(ctx.x(3))
+    one = Constant(np.ones((), np.float32))
+    acc: Expr = op.qnn.dense(ctx.x(0), b, _zero_point(ctx, 2), _zero_point(ctx, 5), one, one)
+    if ctx.has(6):
+        acc = op.add(acc, cast(ctx.x(6), "int32"))
+    alpha = Constant(np.asarray(ctx.attr("alpha", 1.0), np.float32))
+    scale = op.multiply(op.multiply(alpha, _scalar(ctx, 1)), _qnn_param(ctx, 4, "float32"))
+    if not ctx.has(7):  # a float32 result
+        return op.multiply(cast(acc, "float32"), scale)
+    factor = op.divide(scale, _scalar(ctx, 7))
+    return _saturate(ctx, op.multiply(cast(acc, "float32"), factor), 8, ctx.dtype(0))
