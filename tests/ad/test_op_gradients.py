@@ -155,6 +155,10 @@ CASES: dict[str, list[Case]] = {
     "nn.log_softmax": [case(u(2, 5)), case(u(3, 4, 2), attrs={"axis": 0})],
     "nn.conv2d": [
         conv_case((2, 3, 6, 5), (4, 3, 3, 3)),
+        # stride 1, one group: the adjoints are convolutions themselves (uneven padding and
+        # kernel, a 1x1 kernel)
+        conv_case((2, 3, 6, 5), (4, 3, 3, 2), padding=(2, 0, 1, 1)),
+        conv_case((1, 3, 4, 4), (2, 3, 1, 1)),
         conv_case((1, 2, 7, 7), (3, 2, 3, 3), strides=2, padding=(1, 0, 2, 1)),
         conv_case((2, 4, 6, 6), (4, 2, 3, 2), groups=2, dilation=(2, 1), padding=1),
         conv_case((1, 3, 5, 6), (3, 1, 3, 3), groups=3, strides=(2, 1), padding=1),
