@@ -6,7 +6,8 @@ int8 product of kiln/loops/int8_gemm.py, whose dot products the code generator m
 the Target (VNNI, AVX2, plain). Each returns an extern `Tensor` whose int32 elements go out
 through the lowering's ``write`` (the fused epilogue). A 2-D convolution is an implicit GEMM:
 C[oc, pixel] = Σ W[oc, (c, ky, kx)] · X[(c, ky, kx), pixel], the input read through its
-zero padding (pixels of a batch element are N, the images the GEMM's batch).
+zero padding (pixels of a batch element are N; the images times the channel groups are the
+GEMM's batch, each group a product of its own channels).
 """
 
 from __future__ import annotations
@@ -122,33 +123,44 @@ def batch_matmul(x: Tensor, y: Tensor, out_shape: Sequence[int], transpose_a: bo
 
 
 def conv2d(x: Tensor, w: Tensor, strides: tuple[int, int], pad: tuple[int, int],
-           dilation: tuple[int, int], out_shape: Sequence[int],
+           dilation: tuple[int, int], out_shape: Sequence[int], groups: int = 1,
            target: Target | None = None) -> Tensor:
-    """An NCHW / OIHW convolution (groups = 1) in int32 as an implicit GEMM; ``pad`` is
-    (top, left)."""
+    """An NCHW / OIHW convolution in int32 as an implicit GEMM per image and channel group;
+    ``pad`` is (top, left)."""
     tgt = lowering_target(target)
     nb, oc, oh, ow = out_shape
-    c, kh, kw = w.shape[1], w.shape[2], w.shape[3]
+    c, kh, kw = w.shape[1], w.shape[2], w.shape[3]  # c: input channels of a group
+    og = oc // groups
     (sh, sw), (top, left), (dh, dw) = strides, pad, dilation
     k, n = c * kh * kw, oh * ow
     spans = [None, None, oplib.window_span(oh, sh, kh, dh, top),
              oplib.window_span(ow, sw, kw, dw, left)]
     zero = Const(0, x.dtype)
-    s = q.Int8Schedule.default(nb, oc, n, k, w.dtype, x.dtype, target=tgt)
+    s = q.Int8Schedule.default(nb * groups, og, n, k, w.dtype, x.dtype, target=tgt)
+
+    def image_group(b: Expr) -> tuple[Expr, Expr]:
+        if groups == 1:
+            return b, Const(0, INDEX)
+        img, g = _split(b, (nb, groups))
+        return img, g
 
     def a(b: Expr, o: Expr, p: Expr) -> Expr:
-        return w(o, *_split(p, (c, kh, kw)))
+        g = image_group(b)[1]
+        return w(g * og + o, *_split(p, (c, kh, kw)))
 
     def bread(b: Expr, p: Expr, j: Expr) -> Expr:
+        img, g = image_group(b)
         ch, ry, rx = _split(p, (c, kh, kw))
         y, xx = _split(j, (oh, ow))
-        at = [b, ch, y * sh + ry * dh - top, xx * sw + rx * dw - left]
+        at = [img, g * c + ch, y * sh + ry * dh - top, xx * sw + rx * dw - left]
         return oplib.guarded_read(x, at, spans, zero)
 
     def emit(write: WriteFn) -> Stmt:
-        return q.int8_gemm(nb, oc, n, k, a, bread,
-                           lambda b, o, j, v: write((b, o, *_split(j, (oh, ow))), v),
-                           w.dtype, x.dtype, s, tgt)
+        def put(b: Expr, o: Expr, j: Expr, v: Expr) -> Stmt:
+            img, g = image_group(b)
+            return write((img, g * og + o, *_split(j, (oh, ow))), v)
+
+        return q.int8_gemm(nb * groups, og, n, k, a, bread, put, w.dtype, x.dtype, s, tgt)
 
     t = extern(tuple(out_shape), "int32", emit)
     t.schedule = s.attrs()

@@ -273,8 +273,14 @@ def test_batch_matmul_exact(spec: str) -> None:
 
 
 def conv_reference(x: np.ndarray, w: np.ndarray, stride: tuple[int, int],
-                   pad: tuple[int, int, int, int], dilation: tuple[int, int]) -> np.ndarray:
+                   pad: tuple[int, int, int, int], dilation: tuple[int, int],
+                   groups: int = 1) -> np.ndarray:
     """NCHW / OIHW convolution in int64 by explicit windows, wrapped to int32."""
+    if groups > 1:
+        og, cg = w.shape[0] // groups, w.shape[1]
+        return np.concatenate([conv_reference(x[:, g * cg:(g + 1) * cg], w[g * og:(g + 1) * og],
+                                              stride, pad, dilation)
+                               for g in range(groups)], axis=1)
     top, left, bottom, right = pad
     xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (top, bottom), (left, right)))
     o, _, kh, kw = w.shape
@@ -317,6 +323,25 @@ def test_conv2d_exact(spec: str, full: bool) -> None:
     got = build_many(params, bodies, t)(*arrays)
     for g, want in zip(got, wants):
         np.testing.assert_array_equal(g, want)
+
+
+@pytest.mark.parametrize("spec", TARGET_PARAMS)
+def test_grouped_conv2d_exact(spec: str) -> None:
+    # groups as the GEMM's batch (images × groups); depthwise stays on the plain loops
+    t = runnable(spec)
+    for da, dw, xs, ws, groups in [("uint8", "int8", (2, 6, 7, 8), (9, 2, 3, 3), 3),
+                                   ("int8", "int8", (1, 4, 6, 6), (4, 2, 1, 3), 2),
+                                   ("uint8", "int8", (1, 3, 5, 5), (6, 1, 3, 3), 3)]:
+        x = kiln.var("x", shape=xs, dtype=da)
+        w = kiln.var("w", shape=ws, dtype=dw)
+        body = nn.conv2d(x, w, padding=(1, 1), groups=groups, out_dtype="int32")
+        kernel = primitive_kernel([x, w], body, t)
+        (_, knobs), = kernel.attrs.get("schedules", ((None, {}),))
+        assert (knobs.get("kernel") == "int8_gemm") == (ws[1] > 1)
+        exe = build([x, w], body, t)
+        a, b = rand(xs, da), rand(ws, dw)
+        np.testing.assert_array_equal(exe(a, b), conv_reference(a, b, (1, 1), (1, 1, 1, 1),
+                                                                (1, 1), groups))
 
 
 def test_conv2d_small_on_narrow_targets() -> None:
