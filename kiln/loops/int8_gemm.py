@@ -113,8 +113,9 @@ def _ceil(a: int, b: int) -> int:
 class Int8Schedule:
     """How the product runs: the register tile ``mr``×``nr`` (``nr`` = L·vectors), the
     blocks ``mc``/``nc``, the parallel loop ("batch", "n", "m" or None), the int32 lanes L,
-    the `DotProduct` form the Target gives ("vnni", "pmaddwd" or "widen"), and whether A
-    is shifted by +128 (int8 × int8 on VNNI)."""
+    the `DotProduct` form the Target gives ("vnni", "pmaddwd" or "widen"), whether A
+    is shifted by +128 (int8 × int8 on VNNI), and, parallel over M, how many M blocks one
+    iteration of the parallel loop takes (``m_blocks``: they share one packing of B)."""
 
     mr: int
     nr: int
@@ -124,6 +125,7 @@ class Int8Schedule:
     lanes: int
     form: str
     shift: bool
+    m_blocks: int = 1
 
     @staticmethod
     def default(batch: int, m: int, n: int, k: int, a_dtype: str, b_dtype: str,
@@ -155,6 +157,7 @@ class Int8Schedule:
         tnb = max(1, min(nt, nc_max // nr))
         threads = t.cores if threads is None else threads
         parallel = None
+        m_blocks = 1
         if worth_parallel(batch * m * n * k // 4, threads):  # 4 multiply-adds per lane op
             if batch >= threads:
                 parallel = "batch"
@@ -167,7 +170,11 @@ class Int8Schedule:
             elif mt >= threads:
                 tmb = min(tmb, _ceil(mt, threads))
                 parallel = "m"
-        return Int8Schedule(mr, nr, tmb * mr, tnb * nr, parallel, lanes, form, shift)
+        if parallel == "m":
+            # B is packed once per iteration of the parallel loop: about two per thread
+            m_blocks = max(1, _ceil(_ceil(mt, tmb), 2 * threads))
+        return Int8Schedule(mr, nr, tmb * mr, tnb * nr, parallel, lanes, form, shift,
+                            m_blocks)
 
     def attrs(self) -> dict:
         """The knobs, for ``kernel.attrs["schedules"]`` (printing, statistics)."""
@@ -389,18 +396,19 @@ def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: W
             ic, tmb, mt, "ir", lambda tm, tile_m: micro(bt, tn, tile_n, tm, tile_m)))
         return Allocate(ap, Seq((pack_a(bt, ic), tiles)))
 
-    def n_block(bt: Expr, jc: Expr, ic: Expr | None) -> Stmt:
-        rows = m_block(bt, jc, ic) if ic is not None else _loop(
-            "ic", nbm, lambda i: m_block(bt, jc, i))
+    def n_block(bt: Expr, jc: Expr, chunk: Expr | None) -> Stmt:
+        """A panel of B and the M blocks of ``chunk`` (``s.m_blocks`` of them; all: None)."""
+        rows = _blocks(chunk, s.m_blocks, nbm, "icb", lambda t, ic: m_block(bt, jc, ic)) \
+            if chunk is not None else _loop("ic", nbm, lambda i: m_block(bt, jc, i))
         if b_panel is not None:
             return rows
         stmt: Stmt = Allocate(bp, Seq((pack_b(bt, jc), rows)))
         return Allocate(csum, stmt) if csum is not None else stmt
 
     def batch_body(bt: Expr) -> Stmt:
-        if s.parallel == "m":  # each M block packs its own copy of the B panels
-            return _loop("ic", nbm, lambda ic: _loop(
-                "jc", nbn, lambda jc: n_block(bt, jc, ic)), "parallel")
+        if s.parallel == "m":  # each chunk of M blocks packs its own copy of the B panels
+            return _loop("ic", _ceil(nbm, s.m_blocks), lambda c: _loop(
+                "jc", nbn, lambda jc: n_block(bt, jc, c)), "parallel")
         return _loop("jc", nbn, lambda jc: n_block(bt, jc, None),
                      "parallel" if s.parallel == "n" else "serial")
 

@@ -437,9 +437,10 @@ def test_result_independent_of_threads() -> None:
     mr, nr = base.mr, base.nr
     cases = [(1, 5 * mr + 3, 7 * nr + 1, 37, "n"), (1, 9 * mr + 1, 2 * nr + 5, 22, "m"),
              (3, 2 * mr + 1, nr + 3, 9, "batch")]
+    # over M, two blocks per iteration share one packing of B (5 blocks: the last one alone)
     kernels = [gemm_kernel(batch, m, n, k, dataclasses.replace(
-        base, mc=2 * mr, nc=2 * nr, parallel=parallel), f"par_{parallel}")
-        for batch, m, n, k, parallel in cases]
+        base, mc=2 * mr, nc=2 * nr, parallel=parallel, m_blocks=2 if parallel == "m" else 1),
+        f"par_{parallel}") for batch, m, n, k, parallel in cases]
     lib = compile_kernels(kernels, t)
     for (batch, m, n, k, _), kernel in zip(cases, kernels):
         a, b = rand((batch, m, k), "int8"), rand((batch, n, k), "int8")
