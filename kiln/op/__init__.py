@@ -5,7 +5,7 @@ build calls; ``kiln.op.get("nn.conv2d")`` gives an operator's full definition. I
 package registers every operator family.
 """
 
-from kiln.op import create, dyn, elementwise, nn, reduce, shape
+from kiln.op import create, dyn, elementwise, nn, qnn, reduce, shape
 from kiln.op.create import *  # noqa: F403
 from kiln.op.dyn import *  # noqa: F403
 from kiln.op.elementwise import *  # noqa: F403
@@ -14,8 +14,6 @@ from kiln.op.layout import copy, layout_transform
 from kiln.op.reduce import *  # noqa: F403
 from kiln.op.registry import REQUIRED, Attr, OpDef, OpPattern, all_ops, get, lookup, register
 from kiln.op.shape import *  # noqa: F403
-
-from kiln.op import qnn  # noqa: E402 - its canonical forms use the builders above
 
 # Builders named like Python builtins are defined with a trailing underscore in their family
 # file, so that the family's own code can still use the builtins.

@@ -317,3 +317,18 @@ def test_relay_text_round_trip() -> None:
     got = np.asarray(kiln.interpret(mod, x))
     # -1.0 / 0.5 + 1 = -1 clips to 0 (uint8), which dequantizes to -0.5
     np.testing.assert_array_equal(got, np.array([[0.0, -0.5, 3.0], [100.0, 1.0, -0.5]]))
+
+
+def test_canonical_form_is_integer_dense_at_every_opt_level() -> None:
+    x = Var("x", TensorType((3, 21), "uint8"))
+    w = _ints((4, 21), "int8")
+    y = op.qnn.dense(x, const(w), const(7, "int32"), const(0, "int32"),
+                     const(np.float32(1.0)), const(np.float32(1.0)))
+    f = Function([x], y)
+    text = kiln.astext(kiln.optimize(kiln.IRModule.from_expr(f), opt_level=0))
+    assert "qnn." not in text
+    assert any("dense" in line and line.rsplit("ty=", 1)[-1].endswith("int32] */;")
+               for line in text.splitlines())
+    xs = _ints((3, 21), "uint8")
+    got = np.asarray(kiln.build(f, opt_level=0)(xs))
+    np.testing.assert_array_equal(got, _dense_ref(xs, w, 7, 0))
