@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from kiln.loops import int8_gemm as q
 from kiln.loops import oplib
 from kiln.loops.compute import Tensor, WriteFn, extern
-from kiln.loops.ir import INDEX, Const, Expr, Load, Stmt
+from kiln.loops.ir import INDEX, Allocate, Const, Expr, For, Load, Seq, Stmt, Store, Var
 from kiln.loops.ir import Buffer as LBuffer
 from kiln.loops.schedule import lowering_target
 from kiln.target import Target
@@ -133,8 +133,8 @@ def conv2d(x: Tensor, w: Tensor, strides: tuple[int, int], pad: tuple[int, int],
     og = oc // groups
     (sh, sw), (top, left), (dh, dw) = strides, pad, dilation
     k, n = c * kh * kw, oh * ow
-    spans = [None, None, oplib.window_span(oh, sh, kh, dh, top),
-             oplib.window_span(ow, sw, kw, dw, left)]
+    rows, cols = oplib.window_span(oh, sh, kh, dh, top), oplib.window_span(ow, sw, kw, dw, left)
+    spans = [None, None, rows, cols]
     zero = Const(0, x.dtype)
     s = q.Int8Schedule.default(nb * groups, og, n, k, w.dtype, x.dtype, target=tgt)
 
@@ -148,19 +148,40 @@ def conv2d(x: Tensor, w: Tensor, strides: tuple[int, int], pad: tuple[int, int],
         g = image_group(b)[1]
         return w(g * og + o, *_split(p, (c, kh, kw)))
 
+    # Where the windows reach past the image, it is first copied once into a zero-padded
+    # local buffer covering exactly the rows and columns they read, so that packing the
+    # im2col columns reads without a bounds test per element.
+    hp, wp = rows[1] + top + 1, cols[1] + left + 1
+    padded = top > 0 or left > 0 or rows[1] > x.shape[2] - 1 or cols[1] > x.shape[3] - 1
+    xp = LBuffer("xpad", (x.shape[0], x.shape[1], hp, wp), x.dtype, "local") if padded else None
+
     def bread(b: Expr, p: Expr, j: Expr) -> Expr:
         img, g = image_group(b)
         ch, ry, rx = _split(p, (c, kh, kw))
         y, xx = _split(j, (oh, ow))
+        if xp is not None:
+            return Load(xp, (img, g * c + ch, y * sh + ry * dh, xx * sw + rx * dw))
         at = [img, g * c + ch, y * sh + ry * dh - top, xx * sw + rx * dw - left]
         return oplib.guarded_read(x, at, spans, zero)
+
+    def pad_copy(xp: LBuffer) -> Stmt:
+        ii, cc, yy, xx = (Var(v) for v in ("n", "c", "y", "x"))
+        value = oplib.guarded_read(x, [ii, cc, yy - top, xx - left],
+                                   [None, None, (-top, hp - 1 - top), (-left, wp - 1 - left)],
+                                   zero)
+        body: Stmt = For(xx, Const(0), Const(wp), Store(xp, (ii, cc, yy, xx), value),
+                         "vectorized")
+        for v, extent in ((yy, hp), (cc, x.shape[1]), (ii, x.shape[0])):
+            body = For(v, Const(0), Const(extent), body)
+        return body
 
     def emit(write: WriteFn) -> Stmt:
         def put(b: Expr, o: Expr, j: Expr, v: Expr) -> Stmt:
             img, g = image_group(b)
             return write((img, g * og + o, *_split(j, (oh, ow))), v)
 
-        return q.int8_gemm(nb * groups, og, n, k, a, bread, put, w.dtype, x.dtype, s, tgt)
+        gemm = q.int8_gemm(nb * groups, og, n, k, a, bread, put, w.dtype, x.dtype, s, tgt)
+        return gemm if xp is None else Allocate(xp, Seq((pad_copy(xp), gemm)))
 
     t = extern(tuple(out_shape), "int32", emit)
     t.schedule = s.attrs()
