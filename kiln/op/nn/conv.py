@@ -400,49 +400,62 @@ def _conv2d_grad(c: Call, g: Expr) -> list[Expr | None]:
         g = call("cast", g, dtype=source)
     _, _, oh, ow = gh.static_shape(c, "nn.conv2d")
     _, _, kh, kw = gh.static_shape(weight, "nn.conv2d")
-    if _as_forward_convolutions(attrs, (kh, kw)):
-        return _forward_adjoints(g, data, weight, attrs, (kh, kw))
-    return [
-        _data_adjoint(g, weight, data, (oh, ow), (kh, kw), attrs, "nn.conv2d"),
-        _weight_adjoint(g, data, weight, attrs, "nn.conv2d"),
-    ]
-
-
-def _as_forward_convolutions(attrs: WindowAttrs, kernel: tuple[int, int]) -> bool:
-    """Whether both adjoints are plain convolutions: stride 1, no dilation, one group, and
-    no padding wider than the kernel less one (the data adjoint's own padding)."""
+    plain = pair(attrs.dilation, "dilation") == (1, 1) and attrs.groups == 1
     top, left, bottom, right = padding4(attrs.padding, "padding")
-    return (pair(attrs.strides, "strides") == (1, 1)
-            and pair(attrs.dilation, "dilation") == (1, 1) and attrs.groups == 1
-            and max(top, bottom) <= kernel[0] - 1 and max(left, right) <= kernel[1] - 1)
+    if (plain and pair(attrs.strides, "strides") == (1, 1)
+            and max(top, bottom) <= kh - 1 and max(left, right) <= kw - 1):
+        data_adjoint = _data_adjoint_as_conv2d(g, data, weight, attrs, (kh, kw))
+    else:
+        data_adjoint = _data_adjoint(g, weight, data, (oh, ow), (kh, kw), attrs, "nn.conv2d")
+    if plain:
+        weight_adjoint = _weight_adjoint_as_conv2d(g, data, weight, attrs, (kh, kw))
+    else:
+        weight_adjoint = _weight_adjoint(g, data, weight, attrs, "nn.conv2d")
+    return [data_adjoint, weight_adjoint]
 
 
-def _forward_adjoints(g: Expr, data: Expr, weight: Expr, attrs: WindowAttrs,
-                      kernel: tuple[int, int]) -> list[Expr | None]:
-    """conv2d's adjoints as nn.conv2d itself, whose kernels are scheduled for speed (those of
-    nn.conv2d_transpose and nn.conv2d_backward_weight are several times slower, 5 to 20 here):
+# Where they can, conv2d's adjoints are nn.conv2d itself, whose kernels are scheduled for
+# speed: those of nn.conv2d_transpose and nn.conv2d_backward_weight are several times slower
+# (5 to 20 times at a small CNN's and ResNet's shapes).
 
-    - data: the adjoint convolved with the weight flipped in space and its channels swapped
-      (IOHW read as OIHW), padded by the kernel less one less the forward padding;
-    - weight: the data convolved with the adjoint as the kernel, batch and channels swapped
-      in both (so the batch is what the sum runs over), the result's channels swapped back.
-    """
+
+def _data_adjoint_as_conv2d(g: Expr, data: Expr, weight: Expr, attrs: WindowAttrs,
+                            kernel: tuple[int, int]) -> Expr:
+    """At stride 1 (no dilation, one group, padding below the kernel): the adjoint convolved
+    with the weight flipped in space and its channels swapped (IOHW read as OIHW), padded by
+    the kernel less one less the forward padding."""
     kh, kw = kernel
     top, left, bottom, right = padding4(attrs.padding, "padding")
-    _, c, _, _ = gh.static_shape(data, "nn.conv2d")
-    o = gh.static_shape(weight, "nn.conv2d")[0]
+    c = gh.static_shape(data, "nn.conv2d")[1]
     flipped = weight
     for axis, n in ((2, kh), (3, kw)):
         if n > 1:
             flipped = call("take", flipped, const(np.arange(n - 1, -1, -1, dtype="int32")),
                            axis=axis)
-    data_adjoint = call("nn.conv2d", g, call("transpose", flipped, axes=[1, 0, 2, 3]),
-                        padding=(kh - 1 - top, kw - 1 - left, kh - 1 - bottom, kw - 1 - right),
-                        channels=c, kernel_size=kernel)
+    return call("nn.conv2d", g, call("transpose", flipped, axes=[1, 0, 2, 3]),
+                padding=(kh - 1 - top, kw - 1 - left, kh - 1 - bottom, kw - 1 - right),
+                channels=c, kernel_size=kernel)
+
+
+def _weight_adjoint_as_conv2d(g: Expr, data: Expr, weight: Expr, attrs: WindowAttrs,
+                              kernel: tuple[int, int]) -> Expr:
+    """With no dilation and one group: the data convolved with the adjoint as the kernel,
+    batch and channels swapped in both (the batch is what the sum runs over), the kernel
+    dilated by the forward stride, the result's channels swapped back. Rows and columns past
+    the kernel's size (windows the forward convolution never reached) are cut off."""
+    kh, kw = kernel
+    c = gh.static_shape(data, "nn.conv2d")[1]
+    o = gh.static_shape(weight, "nn.conv2d")[0]
+    _, _, h, w = gh.static_shape(data, "nn.conv2d")
+    _, _, oh, ow = gh.static_shape(g, "nn.conv2d")
+    top, left, bottom, right = padding4(attrs.padding, "padding")
+    sh, sw = pair(attrs.strides, "strides")
     swapped = call("nn.conv2d", call("transpose", data, axes=[1, 0, 2, 3]),
                    call("transpose", g, axes=[1, 0, 2, 3]),
-                   padding=(top, left, bottom, right), channels=o)
-    return [data_adjoint, call("transpose", swapped, axes=[1, 0, 2, 3])]
+                   padding=(top, left, bottom, right), dilation=(sh, sw), channels=o)
+    if (h + top + bottom - sh * (oh - 1), w + left + right - sw * (ow - 1)) != (kh, kw):
+        swapped = call("strided_slice", swapped, begin=[0, 0, 0, 0], end=[c, o, kh, kw])
+    return call("transpose", swapped, axes=[1, 0, 2, 3])
 
 
 def _conv2d_transpose_relation(
