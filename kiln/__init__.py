@@ -18,6 +18,7 @@ from kiln.frontend import Tensor, script
 from kiln.infer import infer_types
 from kiln.ir import *  # noqa: F403
 from kiln.ir import __all__ as _ir_all
+from kiln.quant import quantize  # the function (kiln/quant/) is kiln.quantize
 from kiln.runtime import Executable, build, load
 from kiln.target import Target
 from kiln.text import astext, parse, parse_expr, parse_type
@@ -47,6 +48,7 @@ __all__ = [
     "parse",
     "parse_expr",
     "parse_type",
+    "quantize",
     "script",
     "train",
     "transform",
