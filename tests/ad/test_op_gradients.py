@@ -159,10 +159,13 @@ CASES: dict[str, list[Case]] = {
         # kernel, a 1x1 kernel)
         conv_case((2, 3, 6, 5), (4, 3, 3, 2), padding=(2, 0, 1, 1)),
         conv_case((1, 3, 4, 4), (2, 3, 1, 1)),
-        # strided, one group: the weight's adjoint is a convolution dilated by the stride
-        # (ResNet's 1x1 downsampling; a 7x7 stride-2 stem that fits exactly)
+        # strided, one group: the weight's adjoint is a convolution dilated by the stride, the
+        # data's one of the adjoint spread out by it (ResNet's 1x1 downsampling; a 7x7
+        # stride-2 stem; an odd size whose spread adjoint runs past the data; mixed strides)
         conv_case((2, 3, 6, 6), (4, 3, 1, 1), strides=2),
         conv_case((1, 2, 9, 9), (2, 2, 7, 7), strides=2, padding=3),
+        conv_case((1, 2, 5, 5), (3, 2, 1, 1), strides=2),
+        conv_case((1, 2, 7, 6), (2, 2, 3, 2), strides=(3, 1), padding=(2, 1, 0, 0)),
         conv_case((1, 2, 7, 7), (3, 2, 3, 3), strides=2, padding=(1, 0, 2, 1)),
         conv_case((2, 4, 6, 6), (4, 2, 3, 2), groups=2, dilation=(2, 1), padding=1),
         conv_case((1, 3, 5, 6), (3, 1, 3, 3), groups=3, strides=(2, 1), padding=1),

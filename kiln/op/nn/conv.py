@@ -402,13 +402,12 @@ def _conv2d_grad(c: Call, g: Expr) -> list[Expr | None]:
     _, _, kh, kw = gh.static_shape(weight, "nn.conv2d")
     plain = pair(attrs.dilation, "dilation") == (1, 1) and attrs.groups == 1
     top, left, bottom, right = padding4(attrs.padding, "padding")
-    if (plain and pair(attrs.strides, "strides") == (1, 1)
-            and max(top, bottom) <= kh - 1 and max(left, right) <= kw - 1):
-        data_adjoint = _data_adjoint_as_conv2d(g, data, weight, attrs, (kh, kw))
+    if plain and max(top, bottom) <= kh - 1 and max(left, right) <= kw - 1:
+        data_adjoint = _data_adjoint_as_conv2d(g, data, weight, attrs, (kh, kw), (oh, ow))
     else:
         data_adjoint = _data_adjoint(g, weight, data, (oh, ow), (kh, kw), attrs, "nn.conv2d")
     if plain:
-        weight_adjoint = _weight_adjoint_as_conv2d(g, data, weight, attrs, (kh, kw))
+        weight_adjoint = _weight_adjoint_as_conv2d(g, data, weight, attrs, (kh, kw), (oh, ow))
     else:
         weight_adjoint = _weight_adjoint(g, data, weight, attrs, "nn.conv2d")
     return [data_adjoint, weight_adjoint]
@@ -420,25 +419,41 @@ def _conv2d_grad(c: Call, g: Expr) -> list[Expr | None]:
 
 
 def _data_adjoint_as_conv2d(g: Expr, data: Expr, weight: Expr, attrs: WindowAttrs,
-                            kernel: tuple[int, int]) -> Expr:
-    """At stride 1 (no dilation, one group, padding below the kernel): the adjoint convolved
-    with the weight flipped in space and its channels swapped (IOHW read as OIHW), padded by
-    the kernel less one less the forward padding."""
+                            kernel: tuple[int, int], out_hw: tuple[int, int]) -> Expr:
+    """With no dilation, one group and padding below the kernel: the adjoint, spread out by
+    the stride (zeros between its elements), convolved with the weight flipped in space and
+    its channels swapped (IOHW read as OIHW), padded by the kernel less one less the forward
+    padding before and what brings it back to data's size after."""
     kh, kw = kernel
     top, left, bottom, right = padding4(attrs.padding, "padding")
-    c = gh.static_shape(data, "nn.conv2d")[1]
+    sh, sw = pair(attrs.strides, "strides")
+    n, c, h, w = gh.static_shape(data, "nn.conv2d")
+    o = gh.static_shape(weight, "nn.conv2d")[0]
+    oh, ow = out_hw  # (the adjoint ``g`` has no checked type: the forward call's sizes)
+    spread = g
+    if (sh, sw) != (1, 1):  # (oh, ow) -> (oh * sh, ow * sw), each element followed by zeros
+        spread = call("reshape", g, newshape=[n, o, oh, 1, ow, 1])
+        spread = call("nn.pad", spread, gh.scalar(0, gh.dtype(data)),
+                      pad_width=[(0, 0), (0, 0), (0, 0), (0, sh - 1), (0, 0), (0, sw - 1)])
+        spread = call("reshape", spread, newshape=[n, o, oh * sh, ow * sw])
+    # after the spread adjoint: data's size less what the convolution gives without it
+    after_h = h - (oh * sh + (kh - 1 - top) - kh + 1)
+    after_w = w - (ow * sw + (kw - 1 - left) - kw + 1)
+    if after_h < 0 or after_w < 0:  # trailing zeros of the spread past data's edge
+        spread = call("strided_slice", spread, begin=[0, 0, 0, 0],
+                      end=[n, o, oh * sh + min(after_h, 0), ow * sw + min(after_w, 0)])
     flipped = weight
-    for axis, n in ((2, kh), (3, kw)):
-        if n > 1:
-            flipped = call("take", flipped, const(np.arange(n - 1, -1, -1, dtype="int32")),
+    for axis, k in ((2, kh), (3, kw)):
+        if k > 1:
+            flipped = call("take", flipped, const(np.arange(k - 1, -1, -1, dtype="int32")),
                            axis=axis)
-    return call("nn.conv2d", g, call("transpose", flipped, axes=[1, 0, 2, 3]),
-                padding=(kh - 1 - top, kw - 1 - left, kh - 1 - bottom, kw - 1 - right),
+    return call("nn.conv2d", spread, call("transpose", flipped, axes=[1, 0, 2, 3]),
+                padding=(kh - 1 - top, kw - 1 - left, max(after_h, 0), max(after_w, 0)),
                 channels=c, kernel_size=kernel)
 
 
 def _weight_adjoint_as_conv2d(g: Expr, data: Expr, weight: Expr, attrs: WindowAttrs,
-                              kernel: tuple[int, int]) -> Expr:
+                              kernel: tuple[int, int], out_hw: tuple[int, int]) -> Expr:
     """With no dilation and one group: the data convolved with the adjoint as the kernel,
     batch and channels swapped in both (the batch is what the sum runs over), the kernel
     dilated by the forward stride, the result's channels swapped back. Rows and columns past
@@ -447,7 +462,7 @@ def _weight_adjoint_as_conv2d(g: Expr, data: Expr, weight: Expr, attrs: WindowAt
     c = gh.static_shape(data, "nn.conv2d")[1]
     o = gh.static_shape(weight, "nn.conv2d")[0]
     _, _, h, w = gh.static_shape(data, "nn.conv2d")
-    _, _, oh, ow = gh.static_shape(g, "nn.conv2d")
+    oh, ow = out_hw
     top, left, bottom, right = padding4(attrs.padding, "padding")
     sh, sw = pair(attrs.strides, "strides")
     swapped = call("nn.conv2d", call("transpose", data, axes=[1, 0, 2, 3]),
