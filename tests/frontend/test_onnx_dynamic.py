@@ -124,6 +124,35 @@ def test_cumsum_along_a_dynamic_axis():
     against_ort(m, feeds)
 
 
+def test_static_dimensions_stay_known_under_a_dynamic_axis():
+    # Swin's window padding: r = reshape(x, [Shape(x)[0], 2, 6]); a Pad whose pads come
+    # from Shape(r)[2] must be known at import. BART's ids[:, :5]: constant bounds on a
+    # dynamic axis, clamped at run time.
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+             helper.make_node("Unsqueeze", ["n", "axes"], ["nv"]),
+             helper.make_node("Concat", ["nv", "two_six"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["r"]),
+             helper.make_node("Shape", ["r"], ["rs"]),
+             helper.make_node("Gather", ["rs", "two"], ["w"], axis=0),
+             helper.make_node("Sub", ["eight", "w"], ["extra"]),
+             helper.make_node("Unsqueeze", ["extra", "axes"], ["ev"]),
+             helper.make_node("Concat", ["zeros5", "ev"], ["pads"], axis=0),
+             helper.make_node("Pad", ["r", "pads"], ["y"]),
+             helper.make_node("Slice", ["t", "zero1", "five", "one1"], ["head"])]
+    inits = [helper.make_tensor("zero", I64, [], [0]), helper.make_tensor("two", I64, [], [2]),
+             helper.make_tensor("axes", I64, [1], [0]),
+             helper.make_tensor("two_six", I64, [2], [2, 6]),
+             helper.make_tensor("eight", I64, [], [8]),
+             helper.make_tensor("zeros5", I64, [5], [0] * 5),
+             helper.make_tensor("zero1", I64, [1], [0]), helper.make_tensor("five", I64, [1], [5]),
+             helper.make_tensor("one1", I64, [1], [1])]
+    m = model(nodes, [vi("x", ["b", 3, 4]), vi("t", [2, "s"])],
+              [vi("y", ["b", 2, 8]), vi("head", [2, "h"])], inits)
+    against_ort(m, [{"x": rand(b, 3, 4, seed=b), "t": rand(2, s, seed=s)}
+                    for b, s in ((1, 3), (2, 5), (4, 9))])
+
+
 def test_nonzero_of_data_known_only_when_it_runs():
     nodes = [helper.make_node("Greater", ["x", "half"], ["big"]),
              helper.make_node("NonZero", ["big"], ["y"])]

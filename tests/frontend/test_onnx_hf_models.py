@@ -114,7 +114,10 @@ DYNAMIC = {
                 {0: "batch", 1: "seq"}, [(2, 8), (1, 5), (3, 13)]),  # CumSum of the mask
     "distilbert": (lambda b, s: [_ids(b, s), _mask(b, s)], ["input_ids", "attention_mask"],
                    {0: "batch", 1: "seq"}, [(2, 8), (1, 5), (3, 13)]),
+    "bart": (lambda b, s: [_ids(b, s), _mask(b, s)], ["input_ids", "attention_mask"],
+             {0: "batch", 1: "seq"}, [(2, 8), (1, 6), (3, 13)]),  # decoder fed ids[:, :5]
     "vit": (lambda b: [VISION["vit"][1](b, 16)], ["x"], {0: "batch"}, [(2,), (1,), (3,)]),
+    "swin": (lambda b: [VISION["swin"][1](b, 32)], ["x"], {0: "batch"}, [(2,), (1,), (3,)]),
     "whisper_encoder": (lambda b: [VISION["whisper_encoder"][1](b, 16)], ["x"], {0: "batch"},
                         [(2,), (1,), (3,)]),
 }
@@ -127,7 +130,7 @@ def _model(name: str) -> nn.Module:
 
 @pytest.mark.parametrize("name", ["vit", *(pytest.param(n, marks=pytest.mark.slow) for n in
                                            ("t5_encoder", "whisper_encoder", "roberta",
-                                            "distilbert"))])
+                                            "distilbert", "bart", "swin"))])
 def test_dynamic_axes(name: str, tmp_path: Path) -> None:
     """Exported with dynamic axes, built once, run at several shapes against PyTorch."""
     model = _model(name)

@@ -132,6 +132,22 @@ def test_cumsum_and_cumprod_along_symbolic_axes():
             np.testing.assert_allclose(got, want.numpy(), rtol=1e-6)
 
 
+class Pools(torch.nn.Module):
+    def forward(self, x):
+        return (torch.nn.functional.max_pool2d(x, 3, 2, 1),
+                torch.nn.functional.avg_pool2d(x, 3, ceil_mode=True))
+
+
+def test_pooling_over_a_symbolic_batch():
+    mod, params = from_torch(Pools(), (torch.randn(2, 2, 7, 7),),
+                             dynamic_shapes=({0: Dim("batch")},))
+    exe = kiln.build(mod, params=params)
+    for b in (1, 3):
+        x = torch.randn(b, 2, 7, 7)
+        for got, want in zip(exe(x.numpy()), Pools()(x), strict=True):
+            np.testing.assert_allclose(got, want.numpy(), rtol=1e-6)
+
+
 # Hugging Face models of tests/frontend/test_torch_hf_models.py with a dynamic batch (and for
 # text, sequence): name -> (inputs for a shape, dynamic axes of each input, shapes run)
 _SEQ = ({0: Dim("batch", min=1, max=16), 1: Dim("seq", min=2, max=32)},)
@@ -141,6 +157,9 @@ HF_DYNAMIC = {
     "distilbert": ("text", _SEQ * 2, [(2, 8), (1, 5), (3, 13)]),
     "vit": ("vision", ({0: Dim("batch", min=1, max=16)},), [(2,), (1,), (3,)]),
     "whisper_encoder": ("vision", ({0: Dim("batch", min=1, max=16)},), [(2,), (1,), (3,)]),
+    "qwen2": ("text", _SEQ * 2, [(2, 8), (1, 5), (3, 13)]),
+    **{name: ("vision", ({0: Dim("batch", min=1, max=16)},), [(2,), (1,), (3,)])
+       for name in ("swin", "convnext", "efficientnet", "resnet")},
 }
 
 
@@ -161,7 +180,7 @@ def test_more_hugging_face_models_with_dynamic_shapes(name):
         module = VISION[name][0](32).eval()
 
         def make(*shape):
-            return [VISION[name][1](shape[0], 16)]
+            return [VISION[name][1](shape[0], 32)]
 
     mod, params = from_torch(module, tuple(make(*shapes[0])), dynamic_shapes=axes)
     exe = kiln.build(mod, params=params)

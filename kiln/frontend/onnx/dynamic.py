@@ -10,6 +10,8 @@ executable serves every batch size and sequence length.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from kiln import op
@@ -17,8 +19,10 @@ from kiln.frontend import runtime_shapes
 from kiln.frontend.onnx.context import NodeContext, cast
 from kiln.frontend.runtime_shapes import batch_matmul as batch_matmul
 from kiln.frontend.runtime_shapes import ones, triangle
-from kiln.ir.expr import Constant, Expr
+from kiln.ir.expr import Call, Constant, Expr, Op, Tuple, Var
+from kiln.ir.ty import TensorType
 from kiln.op import dyn
+from kiln.op.shape import StridedSliceAttrs
 
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -32,6 +36,150 @@ def shape_of(ctx: NodeContext, i: int, start: int = 0, end: int | None = None) -
     if (lo, hi) != (0, rank):
         s = op.strided_slice(s, begin=[lo], end=[max(hi, lo)])
     return s
+
+
+def static_dims(ctx: NodeContext, shape: Expr, index: np.ndarray | None) -> Expr | None:
+    """``Gather`` of constant positions from a shape tensor computed at run time
+    (`known_values`) where the entries picked are known at import: a constant, so what is
+    computed from them (Swin's window padding from H and W under a dynamic batch) stays
+    known too."""
+    if index is None or ctx.ndim(0) != 1:
+        return None
+    values = known_values(shape, _resolver(ctx))
+    if values is None:
+        return None
+    at = np.asarray(index).astype("int64")
+    at = np.where(at < 0, at + len(values), at)
+    if at.size == 0 or at.min() < 0 or at.max() >= len(values):
+        return None  # the take reports it
+    picked = [values[int(k)] for k in at.reshape(-1)]
+    if any(v is None for v in picked):
+        return None
+    return Constant(np.asarray(picked, "int64").reshape(at.shape))
+
+
+def _resolver(ctx: NodeContext) -> Callable[[Var], Expr | None]:
+    """What a variable of the graph being imported stands for: a let-bound expression, or
+    the array of an initializer kept as a parameter (looked up once, when first asked)."""
+    table: dict[int, Expr] = {}
+    filled = False
+
+    def resolve(v: Var) -> Expr | None:
+        nonlocal filled
+        if not filled and ctx.graph is not None:
+            for value in ctx.graph.env.values():
+                if isinstance(value.expr, Var) and value.const is not None:
+                    table[id(value.expr)] = Constant(value.const)
+            for var, e in ctx.graph.bindings:
+                table[id(var)] = e
+        filled = True
+        return table.get(id(v))
+
+    return resolve
+
+
+# int64 arithmetic on the known entries of shape tensors (`known_values`)
+_ARITH = {"add": lambda a, b: a + b, "subtract": lambda a, b: a - b,
+          "multiply": lambda a, b: a * b, "floor_divide": lambda a, b: a // b if b else None,
+          "divide": lambda a, b: int(a / b) if b else None,
+          "floor_mod": lambda a, b: a % b if b else None}
+
+
+def known_values(root: Expr, resolve: Callable[[Var], Expr | None] = lambda v: None
+                 ) -> list[int | None] | None:
+    """The entries of a small integer tensor (a shape, 0-d or 1-D) that are known at import
+    although the tensor is computed when the program runs: constants, and static dimensions
+    read through ``shape_of`` of a typed variable, carried through slices, takes, concats,
+    casts and arithmetic, and through let-bound variables (``resolve``). None where the
+    expression is something else. (An explicit stack: such expressions are shallow, but
+    nothing here recurses.)"""
+    done: dict[int, list[int | None] | None] = {}
+    stack: list[tuple[Expr, bool]] = [(root, False)]
+    while stack:
+        e, ready = stack.pop()
+        if id(e) in done:
+            continue
+        if isinstance(e, Var):
+            bound = resolve(e)
+            if bound is None:
+                done[id(e)] = None
+            elif id(bound) in done:
+                done[id(e)] = done[id(bound)]
+            else:
+                stack.extend([(e, False), (bound, False)])
+            continue
+        if isinstance(e, Constant):
+            a = np.asarray(e.data)
+            ok = a.ndim <= 1 and a.dtype.kind in "iu"
+            done[id(e)] = [int(v) for v in a.reshape(-1)] if ok else None
+            continue
+        if isinstance(e, Tuple):  # concatenate's argument: the fields joined
+            if not ready:
+                stack.append((e, True))
+                stack.extend((f, False) for f in e.fields)
+                continue
+            fields = [done.get(id(f)) for f in e.fields]
+            done[id(e)] = None if any(f is None for f in fields) else \
+                [v for f in fields if f is not None for v in f]
+            continue
+        if not isinstance(e, Call) or not isinstance(e.op, Op):
+            done[id(e)] = None
+            continue
+        name = e.op.name
+        if name == "shape_of":
+            x = e.args[0]
+            t = x.type_annotation if isinstance(x, Var) else None
+            done[id(e)] = [d if isinstance(d, int) else None for d in t.shape] \
+                if isinstance(t, TensorType) else None
+            continue
+        if not ready:
+            stack.append((e, True))
+            stack.extend((a, False) for a in e.args)
+            continue
+        args = [done.get(id(a)) for a in e.args]
+        done[id(e)] = _known_call(e, name, args)
+    return done[id(root)]
+
+
+def _known_call(e: Call, name: str, args: list[list[int | None] | None]) -> \
+        list[int | None] | None:
+    if any(a is None for a in args):
+        return None
+    vals = [a for a in args if a is not None]
+    if name in ("cast", "expand_dims", "reshape", "squeeze") and len(vals[0]) <= 1:
+        return vals[0]
+    if name == "cast":
+        return vals[0]
+    if name == "concatenate" and len(vals) == 1:
+        return vals[0]  # its tuple's fields, joined
+    if name == "take" and len(vals[1]) == 1 and vals[1][0] is not None:
+        k = vals[1][0]
+        return [vals[0][k]] if -len(vals[0]) <= k < len(vals[0]) else None
+    if name == "strided_slice":
+        attrs = StridedSliceAttrs.view(e.attrs)
+        if len(attrs.begin or ()) != 1 or attrs.strides and tuple(attrs.strides) != (1,):
+            return None
+        end = (attrs.end or (None,))[0]
+        return vals[0][int((attrs.begin or (0,))[0]): None if end is None else int(end)]
+    if name in _ARITH and len(vals) == 2:
+        a, b = vals
+        if len(a) != len(b) and 1 not in (len(a), len(b)):
+            return None
+        n = max(len(a), len(b))
+        a, b = a * n if len(a) == 1 else a, b * n if len(b) == 1 else b
+        fn = _ARITH[name]
+        return [None if x is None or y is None else fn(x, y) for x, y in zip(a, b)]
+    return None
+
+
+def refined(ctx: NodeContext, y: Expr, shape: Expr, rank: int) -> Expr:
+    """``y``, the ``dyn.reshape`` of a tensor to ``shape``, given the dimensions known at
+    import (`known_values`) by a reshape copying the others (0): so a later ``Shape`` of
+    them is a constant (Swin's window sizes under a dynamic batch)."""
+    values = known_values(shape, _resolver(ctx))
+    if values is None or len(values) != rank or all(v is None or v <= 0 for v in values):
+        return y
+    return op.reshape(y, newshape=[v if v is not None and v > 0 else 0 for v in values])
 
 
 def shape_input(ctx: NodeContext, i: int, what: str) -> tuple[Expr, int]:

@@ -68,7 +68,15 @@ def slice_10(ctx: NodeContext) -> Expr:
         return dynamic.slice_(ctx)
     axes = ctx.ints(3, "axes") if ctx.has(3) else None
     steps = ctx.ints(4, "steps") if ctx.has(4) else None
-    return onnx_slice(ctx, ctx.ints(1, "starts"), ctx.ints(2, "ends"), axes, steps)
+    starts = ctx.ints(1, "starts")
+    shape = ctx.t(0).shape
+    sliced = axes if axes is not None else list(range(len(starts)))
+    if any(not isinstance(shape[norm_axis(ctx, a, len(shape))], int) for a in sliced) \
+            and all(st > 0 for st in steps or [1]):
+        # constant bounds on an axis of run-time size (BART's ids[:, :5] over a dynamic
+        # sequence): clamped when the program runs, as ONNX clamps them
+        return dynamic.slice_(ctx)
+    return onnx_slice(ctx, starts, ctx.ints(2, "ends"), axes, steps)
 
 
 @converter("Slice", since=1)
@@ -91,6 +99,9 @@ def positive_index(idx: Expr, n: Expr | int, dtype: str) -> Expr:
 @converter("Gather", since=1)
 def gather(ctx: NodeContext) -> Expr:
     axis = norm_axis(ctx, ctx.attr("axis", 0), ctx.ndim(0))
+    known = dynamic.static_dims(ctx, ctx.x(0), ctx.const(1))
+    if known is not None:  # static dimensions of a tensor with dynamic axes (Swin's H, W)
+        return known
     return op.take(ctx.x(0), ctx.x(1), axis=axis, mode="wrap")
 
 

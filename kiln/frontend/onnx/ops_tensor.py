@@ -157,8 +157,9 @@ def onnx_reshape(ctx: NodeContext, x: Expr, shape: list[int], allowzero: int) ->
 @converter("Reshape", since=5)
 def reshape_5(ctx: NodeContext) -> Expr:
     if ctx.const(1) is None:  # a shape computed at run time
-        shape, _ = dynamic.shape_input(ctx, 1, "shape")
-        return dyn.reshape(ctx.x(0), shape, allowzero=ctx.attr("allowzero", 0))
+        shape, n = dynamic.shape_input(ctx, 1, "shape")
+        y = dyn.reshape(ctx.x(0), shape, allowzero=ctx.attr("allowzero", 0))
+        return dynamic.refined(ctx, y, ctx.x(1), n)
     return onnx_reshape(ctx, ctx.x(0), ctx.ints(1, "shape"), ctx.attr("allowzero", 0))
 
 

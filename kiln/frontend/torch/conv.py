@@ -102,7 +102,9 @@ def _cropped(n: AtenCall, x: Expr, y: Expr, attrs: dict,
 
 
 def _kiln_out(n: AtenCall, x: Expr, attrs: dict) -> tuple[int, int]:
-    h, w = n.static_shape(x, "pooling")[-2:]
+    h, w = n.shape(x)[-2:]  # static where torch's size is known (a batch may be symbolic)
+    if not (isinstance(h, int) and isinstance(w, int)):
+        raise n.error(f"pooling needs static sizes here, but the input has shape {n.shape(x)}")
     (kh, kw), (sh, sw) = attrs["pool_size"], attrs["strides"]
     (ph, pw), (dh, dw) = attrs["padding"], attrs["dilation"]
     ceil = attrs["ceil_mode"]
