@@ -48,6 +48,12 @@ class Layer:
     bias: Call | None = None
     bias_value: np.ndarray | None = None  # one value per output channel
     relu: Call | None = None
+    biases: tuple[Call, ...] = ()  # every bias op folded into ``bias_value`` (``bias`` last)
+
+    @property
+    def inner(self) -> tuple[Expr, ...]:
+        """The layer's nodes before its end."""
+        return tuple(e for e in (self.call, *self.biases) if e is not self.end)
 
     @property
     def op(self) -> str:
@@ -153,7 +159,11 @@ def _skip_check(skip: Skip, layers: list[Layer]) -> Callable[[Layer], bool]:
         return skip
     items = list(skip)
     names = {lay.name for lay in layers}
-    short = {lay.name.removesuffix("_weight").removesuffix(".weight"): lay.name for lay in layers}
+    alias: dict[str, str] = {}
+    for lay in layers:
+        bare = lay.name.removeprefix("p_")  # torch.export names parameters p_<key>
+        for a in (bare, bare.removesuffix("_weight")):
+            alias.setdefault(a, lay.name)
     chosen: set[str | int] = set()
     for s in items:
         if isinstance(s, bool) or not isinstance(s, (int, str)):
@@ -165,8 +175,8 @@ def _skip_check(skip: Skip, layers: list[Layer]) -> Callable[[Layer], bool]:
             chosen.add(s % len(layers))
         elif s in names:
             chosen.add(s)
-        elif s in short:
-            chosen.add(short[s])
+        elif s.replace(".", "_") in alias:
+            chosen.add(alias[s.replace(".", "_")])
         else:
             raise Error(f"skip: no layer is named {s!r}; the layers are "
                         f"{', '.join(sorted(names)) or 'none'}")
@@ -210,20 +220,27 @@ def annotate(mod: IRModule, params: Mapping[str, Any] | None = None, *, skip: Sk
         bias_value: np.ndarray | None = None
         relu: Call | None = None
         end: Expr = c
-        after = users.get(id(c), [])
-        b = after[0] if len(after) == 1 else None
-        if isinstance(b, Call) and _opname(b) in BIAS_OPS and b.args[0] is c \
-                and isinstance(b.args[1], Constant):
+        biases: list[Call] = []
+        while True:  # a conv's own bias, then a folded batch norm's shift: one bias
+            after = users.get(id(end), [])
+            b = after[0] if len(after) == 1 else None
+            if not (isinstance(b, Call) and _opname(b) in BIAS_OPS and b.args[0] is end
+                    and isinstance(b.args[1], Constant)):
+                break
             axis = b.attrs.get("axis", 1)
             bv = _per_channel(b.args[1], weight.shape[0], out_t.ndim, _opname(b),
                               axis if isinstance(axis, int) else 1)
-            if bv is not None:
-                bias, bias_value, end = b, bv, b
+            if bv is None:
+                break
+            bias_value = bv if bias_value is None else bias_value + bv
+            biases.append(b)
+            bias, end = b, b
         after = users.get(id(end), [])
         r = after[0] if len(after) == 1 else None
         if isinstance(r, Call) and _opname(r) == "nn.relu":
             relu = r
-        candidates.append(Layer(len(candidates), name, c, weight, bias, bias_value, relu))
+        candidates.append(Layer(len(candidates), name, c, weight, bias, bias_value, relu,
+                                tuple(biases)))
 
     convs = [lay for lay in candidates if lay.op == "nn.conv2d"]
     denses = [lay for lay in candidates if lay.op == "nn.dense"]

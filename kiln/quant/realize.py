@@ -5,8 +5,8 @@ Each layer ``relu?(bias?(conv2d | dense(x, W)))`` becomes
     acc = qnn.conv2d | qnn.dense(xq, Wq, 0, 0, sx, sw)  (+ int32 bias round(b / (sx * sw)))
 
 with ``Wq = round(W / sw)`` int8, ``sw`` per output channel ``max|W[o]| / 127`` (symmetric);
-``xq`` is the previous layer's 8-bit output where the input is one (max pooling between two
-layers passes it through: it commutes with the rounding), else ``qnn.quantize(x, sx, 0)``.
+``xq`` is the previous layer's 8-bit output where the input is one (max pooling, reshape and
+batch_flatten between two layers pass it through), else ``qnn.quantize(x, sx, 0)``.
 Consumers that are quantized layers get ``qnn.requantize(acc, sx * sw, 0, sy, 0)`` in the
 output's dtype: int8 stays int8 between layers, and a relu is the requantize's clamp at 0
 (its output is uint8 whenever the calibrated tensor was never negative, as after a relu).
@@ -26,8 +26,9 @@ from kiln.quant.annotate import Annotation, Layer
 from kiln.quant.calibrate import Range
 from kiln.transform.pass_manager import PassContext, get_pass
 
-# Operators an 8-bit tensor passes through unchanged in scale (they commute with rounding).
-PASS_THROUGH = ("nn.max_pool2d",)
+# Operators an 8-bit tensor (one scale for the whole tensor) passes through unchanged in
+# scale: max pooling commutes with the rounding, the others only move elements.
+PASS_THROUGH = ("nn.max_pool2d", "reshape", "nn.batch_flatten")
 
 
 def _f32(v: float | np.ndarray) -> Constant:
@@ -79,11 +80,7 @@ def _layer(lay: Layer, xq: Quantized, float_x: Expr | None, ann_range: Range,
 def realize(ann: Annotation, ranges: tuple[Range, ...]) -> IRModule:
     """The annotated module with its layers as qnn operators, in the calibrated ranges."""
     by_end = {id(lay.end): lay for lay in ann.layers}
-    inner = set()
-    for lay in ann.layers:
-        inner.add(id(lay.call))
-        if lay.bias is not None and lay.relu is not None:
-            inner.add(id(lay.bias))
+    inner = {id(e) for lay in ann.layers for e in lay.inner}
     rng = {id(e): ranges[i] for i, e in enumerate(ann.observed)}
     main = ann.module["main"]
     new: dict[int, Expr] = {}

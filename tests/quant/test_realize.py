@@ -76,9 +76,9 @@ def fake_quantized(x: np.ndarray, s: dict[str, float]) -> np.ndarray:
     q2, s2 = wq(W2)
     sc2 = (np.float32(s["y1"]) * s2).astype(np.float32)
     a2 = conv(pq, q2) + np.rint(B2 / sc2).reshape(-1, 1, 1)
-    y2 = a2.astype(np.float32) * sc2.reshape(-1, 1, 1)                      # dequantized sums
-    v = y2.reshape(len(x), -1) / np.float32(s["f"])
-    fq = np.clip(np.sign(v) * np.floor(np.abs(v) + 0.5), -128, 127)
+    r2 = sc2.astype(np.float64).reshape(-1, 1, 1) / np.float32(s["f"])
+    y2q = np.clip(np.floor(a2 * r2 + 0.5), -128, 127)                       # stays int8
+    fq = y2q.reshape(len(x), -1)                                            # flattened int8
     q3, s3 = wq(W3)
     sc3 = (np.float32(s["f"]) * s3).astype(np.float32)
     a3 = fq.astype(np.int64) @ q3.T.astype(np.int64) + np.rint(B3 / sc3)
@@ -149,8 +149,13 @@ def test_int8_stays_int8_between_layers() -> None:
     assert pooled.op.name == "nn.max_pool2d" and pooled.checked_type.dtype == "uint8"
     assert pooled.args[0].op.name == "qnn.requantize"
     assert "nn.relu" not in names  # folded into the requantize's clamp
-    # one quantize for the input, one for the dense's (flattened, float) input
-    assert names.count("qnn.quantize") == 2 and names.count("qnn.requantize") == 1
+    # the dense's data is conv2's int8 output, flattened: one quantize, of the input
+    dense = next(n for n in post_order(qmod["main"].body) if isinstance(n, Call)
+                 and isinstance(n.op, Op) and n.op.name == "qnn.dense")
+    assert dense.args[0].op.name == "nn.batch_flatten"
+    assert dense.args[0].checked_type.dtype == "int8"
+    assert names.count("qnn.quantize") == 1 and names.count("qnn.requantize") == 2
+    assert "qnn.dequantize" in names  # only for the float result
 
 
 def test_skip_by_name_index_predicate_and_first_last() -> None:
@@ -181,3 +186,48 @@ def test_errors() -> None:
     why = r"stays float \(w \(nn.dense\): its weight is not a constant"
     with pytest.raises(kiln.Error, match=why):
         kiln.quantize(mod, calibration=[np.zeros((2, 4), "float32")])
+
+
+@pytest.mark.parametrize("scheme", ["percentile", "kl"])
+def test_calibrate_schemes_on_the_observed_tensors(scheme: str) -> None:
+    ann = annotate(model())
+    ranges = calibrate(ann, CAL, scheme, percentile=99.0, executor="interpret")
+    x = np.abs(np.concatenate([c.reshape(-1) for c in CAL]))
+    r = ranges[ann.slot(ann.layers[0].data)]
+    assert r.dtype == "int8" and r.scale == pytest.approx(r.threshold / 127, rel=1e-6)
+    if scheme == "percentile":
+        assert r.threshold == pytest.approx(float(np.percentile(x, 99.0)), rel=1e-6)
+    else:  # a bin edge of the 2048-bin histogram of |x|, inside it
+        edges = np.histogram_bin_edges(x, bins=2048, range=(0, float(x.max())))
+        assert np.min(np.abs(edges - r.threshold)) <= 1e-5 * x.max()
+        assert 0 < r.threshold <= x.max()
+
+
+def test_biases_fold_and_torch_style_names() -> None:
+    # conv2d -> bias_add -> add (a folded batch norm's shift) -> relu: one layer, one bias;
+    # the weights are params named as torch.export names them (p_<state-dict key>)
+    x = Var("x", TensorType((2, 3, 8, 8), "float32"))
+    w = Var("p_0_weight", TensorType(W1.shape, "float32"))
+    v = Var("p_2_weight", TensorType(W3[:, :64].shape, "float32"))
+    shift = RNG.standard_normal((4, 1, 1)).astype("float32") * 0.1
+    h = op.nn.relu(op.add(op.nn.bias_add(op.nn.conv2d(x, w, padding=(1, 1)), const(B1)),
+                          const(shift)))
+    h = op.nn.dense(op.reshape(op.nn.max_pool2d(h, pool_size=(2, 2), strides=(2, 2)),
+                               newshape=(2, 64)), v)
+    mod = IRModule.from_expr(Function([x, w, v], h))
+    params = {"p_0_weight": W1, "p_2_weight": W3[:, :64].copy()}
+    ann = annotate(mod, params)
+    assert [lay.name for lay in ann.layers] == ["p_0_weight", "p_2_weight"]
+    np.testing.assert_allclose(ann.layers[0].bias_value, B1 + shift.reshape(-1), rtol=1e-6)
+    assert ann.layers[0].relu is not None
+    qmod, _ = kiln.quantize(mod, params, calibration=CAL, executor="interpret")
+    names = _ops(qmod)
+    assert "add" not in names and "nn.relu" not in names and names.count("qnn.requantize") == 1
+    xs = CAL[0]
+    ref = kiln.interpret(mod, xs, params=params)
+    got = kiln.build(qmod)(xs)
+    assert np.abs(got - ref).max() < 0.03 * np.abs(ref).max()
+    for skip in (["0.weight"], ["0"], ["p_0_weight"]):
+        names = _ops(kiln.quantize(mod, params, calibration=CAL, skip=skip,
+                                   executor="interpret")[0])
+        assert "qnn.conv2d" not in names and "qnn.dense" in names
