@@ -231,3 +231,16 @@ def test_biases_fold_and_torch_style_names() -> None:
         names = _ops(kiln.quantize(mod, params, calibration=CAL, skip=skip,
                                    executor="interpret")[0])
         assert "qnn.conv2d" not in names and "qnn.dense" in names
+
+
+def test_calibration_items_by_name_and_count() -> None:
+    ann = annotate(model())
+    by_name = calibrate(ann, [{"x": c} for c in CAL], executor="interpret")
+    plain = calibrate(ann, CAL, executor="interpret")
+    assert [r.scale for r in by_name] == [r.scale for r in plain]
+    with pytest.raises(kiln.Error, match="calibration input 0 has no x"):
+        calibrate(ann, [{"y": CAL[0]}], executor="interpret")
+    with pytest.raises(kiln.Error, match="has 2 tensors; the model takes 1"):
+        calibrate(ann, [(CAL[0], CAL[1])], executor="interpret")
+    with pytest.raises(kiln.Error, match="executor must be"):
+        calibrate(ann, CAL, executor="vm")
