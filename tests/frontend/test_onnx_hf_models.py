@@ -116,8 +116,12 @@ DYNAMIC = {
                    {0: "batch", 1: "seq"}, [(2, 8), (1, 5), (3, 13)]),
     "bart": (lambda b, s: [_ids(b, s), _mask(b, s)], ["input_ids", "attention_mask"],
              {0: "batch", 1: "seq"}, [(2, 8), (1, 6), (3, 13)]),  # decoder fed ids[:, :5]
+    **{name: (lambda b, s: [_ids(b, s), _mask(b, s)], ["input_ids", "attention_mask"],
+              {0: "batch", 1: "seq"}, [(2, 8), (1, 6), (3, 13)])
+       for name in ("mistral", "qwen2", "t5")},
     "vit": (lambda b: [VISION["vit"][1](b, 16)], ["x"], {0: "batch"}, [(2,), (1,), (3,)]),
-    "swin": (lambda b: [VISION["swin"][1](b, 32)], ["x"], {0: "batch"}, [(2,), (1,), (3,)]),
+    **{name: (lambda b, name=name: [VISION[name][1](b, 32)], ["x"], {0: "batch"},
+              [(2,), (1,), (3,)]) for name in ("swin", "convnext", "efficientnet", "resnet")},
     "whisper_encoder": (lambda b: [VISION["whisper_encoder"][1](b, 16)], ["x"], {0: "batch"},
                         [(2,), (1,), (3,)]),
 }
@@ -129,8 +133,7 @@ def _model(name: str) -> nn.Module:
 
 
 @pytest.mark.parametrize("name", ["vit", *(pytest.param(n, marks=pytest.mark.slow) for n in
-                                           ("t5_encoder", "whisper_encoder", "roberta",
-                                            "distilbert", "bart", "swin"))])
+                                           [n for n in DYNAMIC if n != "vit"])])
 def test_dynamic_axes(name: str, tmp_path: Path) -> None:
     """Exported with dynamic axes, built once, run at several shapes against PyTorch."""
     model = _model(name)
