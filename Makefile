@@ -28,10 +28,10 @@ cross-tools:
 	  echo "cross-tools: no aarch64-linux-gnu-gcc/qemu-aarch64; the aarch64 tests will skip"
 
 test: $(VENV)/.installed-test cross-tools
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" -n auto
 
 test-slow: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q -m slow
+	$(BIN)/python -m pytest -q -m slow -n auto
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check kiln tests benchmarks examples
