@@ -488,7 +488,7 @@ def implicit_gemm(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequenc
         return w(bt * og + o, ci, ky, kx)
 
     def tap_of(kk: Expr) -> Expr:  # where (c, ky, kx) = kk of group 0 reads pixel 0
-        ci, ky, kx = taps(kk if exact else g._min(kk, k - 1))
+        ci, ky, kx = taps(kk if exact else g.index_min(kk, k - 1))
         return geo.tap(ci, ky, kx)
 
     # The micro-kernel's step p reads tap kk: its offset from a table made once per call

@@ -322,13 +322,13 @@ def space_of(batch: int, m: int, n: int, k: int, dtype: str = "float32",
     return gemm_space(base, batch, m, n, k, dtype, b_prepacked, a_prepacked, t)
 
 
-def _min(a: Expr, b: int) -> Expr:
+def index_min(a: Expr, b: int) -> Expr:
     if isinstance(a, Const) and isinstance(a.value, int):
         return Const(min(a.value, b), INDEX)
     return Binary("min", a, Const(b, INDEX))
 
 
-def _loop(name: str, count: int, body: Callable[[Expr], Stmt], kind: str = "serial") -> Stmt:
+def loop(name: str, count: int, body: Callable[[Expr], Stmt], kind: str = "serial") -> Stmt:
     """``for v in [0, count)``; with a count of 1, the body at 0 (no loop)."""
     if count == 1 and kind != "parallel":
         return body(Const(0, INDEX))
@@ -336,18 +336,18 @@ def _loop(name: str, count: int, body: Callable[[Expr], Stmt], kind: str = "seri
     return For(v, Const(0, INDEX), Const(count, INDEX), body(v), kind)
 
 
-def _blocks(block: Expr, per_block: int, total: int, name: str,
+def tile_blocks(block: Expr, per_block: int, total: int, name: str,
             body: Callable[[Expr, Expr], Stmt]) -> Stmt:
     """The tiles of one block: ``body(t, tile)`` for the block's tiles (t within the block,
     ``tile`` global and clamped to ``total - 1`` so the verifier can bound it)."""
     first = block * per_block
     if total % per_block == 0:
-        return _loop(name, per_block, lambda t: body(t, first + t))
+        return loop(name, per_block, lambda t: body(t, first + t))
     count: Expr = Binary("min", Const(per_block, INDEX), Const(total, INDEX) - first)
     if isinstance(first, Const):
         count = Const(min(per_block, total - int(first.value)), INDEX)
     t = Var(name)
-    return For(t, Const(0, INDEX), count, body(t, _min(first + t, total - 1)))
+    return For(t, Const(0, INDEX), count, body(t, index_min(first + t, total - 1)))
 
 
 def _guarded(value: Expr, conds: list[Expr], dtype: str) -> Expr:
@@ -408,7 +408,7 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
         kk = pc * kc + p
         if nk * kc == k:
             return kk, []
-        return _min(kk, k - 1), [Binary("lt", kk, Const(k, INDEX))]
+        return index_min(kk, k - 1), [Binary("lt", kk, Const(k, INDEX))]
 
     def pack_b(bt: Expr, jc: Expr, pc: Expr) -> Stmt:
         def tile_body(t: Expr, tile: Expr) -> Stmt:
@@ -417,14 +417,14 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
             col = tile * nr + j
             if nt * nr != n:
                 conds = conds + [Binary("lt", col, Const(n, INDEX))]
-                col = _min(col, n - 1)
+                col = index_min(col, n - 1)
             value = _guarded(b(bt, kk, col), conds, dtype)
             # unrolled: whatever the read computes from the column alone (a conv's pixel
             # coordinates) is hoisted out of the loop over p
             inner = For(j, Const(0), Const(nr), Store(bp, (t, p, j), value), "unrolled")
             return For(p, Const(0), Const(kc), inner)
 
-        return _blocks(jc, tnb, nt, "tb", tile_body)
+        return tile_blocks(jc, tnb, nt, "tb", tile_body)
 
     def pack_a(bt: Expr, ic: Expr, pc: Expr) -> Stmt:
         def tile_body(t: Expr, tile: Expr) -> Stmt:
@@ -433,12 +433,12 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
             row = tile * mr + i
             if mt * mr != m:
                 conds = conds + [Binary("lt", row, Const(m, INDEX))]
-                row = _min(row, m - 1)
+                row = index_min(row, m - 1)
             value = _guarded(a(bt, row, kk), conds, dtype)
             return For(p, Const(0), Const(kc), For(i, Const(0), Const(mr),
                                                     Store(ap, (t, p, i), value)))
 
-        return _blocks(ic, tmb, mt, "ta", tile_body)
+        return tile_blocks(ic, tmb, mt, "ta", tile_body)
 
     def micro(bt: Expr, pc: Expr, tn: Expr, tile_n: Expr, tm: Expr, tile_m: Expr,
               width: int = nr) -> Stmt:
@@ -485,7 +485,7 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
     def row_of(tile_m: Expr, i: Expr) -> Expr:
         """C's row for row ``i`` of M tile ``tile_m`` (clamped so the verifier bounds it)."""
         row = tile_m * mr + i
-        return _min(row, m - 1) if m % mr else row
+        return index_min(row, m - 1) if m % mr else row
 
     def epilogue(bt: Expr, acc: Buffer, tile_m: Expr, tile_n: Expr, width: int = nr) -> Stmt:
         if grid is not None:
@@ -504,7 +504,7 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
 
         parts: list[Stmt] = []
         if nfull:
-            tile_f = tile_n if nfull == nt else _min(tile_n, nfull - 1)
+            tile_f = tile_n if nfull == nt else index_min(tile_n, nfull - 1)
             parts.append(rows_loop(nr, lambda: tile_f * nr, "vectorized"))
         if n % nr:
             parts.append(rows_loop(n % nr, lambda: Const(nfull * nr, INDEX), "serial"))
@@ -570,7 +570,7 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
             return IfThenElse(Binary("lt", tile_n, Const(nt - 1, INDEX)), full,
                               micro(bt, pc, tn, tile_n, tm, tile_m, lanes))
 
-        tiles = _blocks(jc, tnb, nt, "jr", lambda tn, tile_n: _blocks(
+        tiles = tile_blocks(jc, tnb, nt, "jr", lambda tn, tile_n: tile_blocks(
             ic, tmb, mt, "ir", lambda tm, tile_m: tile(tn, tile_n, tm, tile_m)))
         if a_panel is not None:
             return tiles
@@ -579,23 +579,23 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
     def n_block(bt: Expr, jc: Expr, ic: Expr | None) -> Stmt:
         """A panel of B over every K block: the M blocks ``ic`` (all when None)."""
         def k_block(pc: Expr) -> Stmt:
-            rows = m_block(bt, jc, pc, ic) if ic is not None else _loop(
+            rows = m_block(bt, jc, pc, ic) if ic is not None else loop(
                 "ic", nbm, lambda i: m_block(bt, jc, pc, i))
             return rows if b_panel is not None else Seq((pack_b(bt, jc, pc), rows))
-        blocks = _loop("pc", nk, k_block)
+        blocks = loop("pc", nk, k_block)
         return blocks if b_panel is not None else Allocate(bp, blocks)
 
     def batch_body(bt: Expr) -> Stmt:
         # The parallel loop is the outermost of the product: one fork and join per call.
         if s.parallel == "m":  # each M block packs its own copy of the B panels
-            stmt = _loop("ic", nbm, lambda ic: _loop(
+            stmt = loop("ic", nbm, lambda ic: loop(
                 "jc", nbn, lambda jc: n_block(bt, jc, ic)), "parallel")
         else:
-            stmt = _loop("jc", nbn, lambda jc: n_block(bt, jc, None),
+            stmt = loop("jc", nbn, lambda jc: n_block(bt, jc, None),
                          "parallel" if s.parallel == "n" else "serial")
         return Allocate(cp, stmt) if cp is not None else stmt
 
-    return _loop("bt", batch, batch_body, "parallel" if s.parallel == "batch" else "serial")
+    return loop("bt", batch, batch_body, "parallel" if s.parallel == "batch" else "serial")
 
 
 def _k_loop(acc: Buffer, a_at: Callable[[Expr, int], Expr], b_at: Callable[[Expr, int], Expr],

@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from kiln.loops.gemm import index_min, loop, tile_blocks
 from kiln.loops.ir import (
     INDEX,
     Allocate,
@@ -187,33 +188,6 @@ def _ordered(a_dtype: str, b_dtype: str) -> tuple[str, str]:
     return (b_dtype, a_dtype) if (a_dtype, b_dtype) == ("int8", "uint8") else (a_dtype, b_dtype)
 
 
-def _min(a: Expr, b: int) -> Expr:
-    if isinstance(a, Const) and isinstance(a.value, int):
-        return Const(min(a.value, b), INDEX)
-    return Binary("min", a, Const(b, INDEX))
-
-
-def _loop(name: str, count: int, body: Callable[[Expr], Stmt], kind: str = "serial") -> Stmt:
-    if count == 1 and kind != "parallel":
-        return body(Const(0, INDEX))
-    v = Var(name)
-    return For(v, Const(0, INDEX), Const(count, INDEX), body(v), kind)
-
-
-def _blocks(block: Expr, per_block: int, total: int, name: str,
-            body: Callable[[Expr, Expr], Stmt]) -> Stmt:
-    """``body(t, tile)`` for the tiles of one block (``tile`` clamped to ``total - 1`` so
-    the verifier can bound it; the clamp never changes its value)."""
-    first = block * per_block
-    if total % per_block == 0:
-        return _loop(name, per_block, lambda t: body(t, first + t))
-    count: Expr = Binary("min", Const(per_block, INDEX), Const(total, INDEX) - first)
-    if isinstance(first, Const):
-        count = Const(min(per_block, total - int(first.value)), INDEX)
-    t = Var(name)
-    return For(t, Const(0, INDEX), count, body(t, _min(first + t, total - 1)))
-
-
 def _byte(v: Expr, shift: bool) -> Expr:
     """An 8-bit value as its byte in [0, 255] (int64), shifted by +128 when ``shift``."""
     x: Expr = Cast(INDEX, v)
@@ -275,7 +249,7 @@ def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: W
         kk = p4 * group + q
         if k4 * group == k:
             return kk, None
-        return _min(kk, k - 1), Binary("lt", kk, Const(k, INDEX))
+        return index_min(kk, k - 1), Binary("lt", kk, Const(k, INDEX))
 
     def guarded(value: Expr, conds: list[Expr | None], dtype: str) -> Expr:
         cond: Expr | None = None
@@ -291,7 +265,7 @@ def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: W
             conds: list[Expr | None] = []
             if nt * nr != n:
                 conds.append(Binary("lt", col, Const(n, INDEX)))
-                col = _min(col, n - 1)
+                col = index_min(col, n - 1)
             vals = []
             for q in range(group):
                 kk, inside = k_at(p4, q)
@@ -313,7 +287,7 @@ def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: W
                 body = Seq((clear, body))
             return body
 
-        return _blocks(jc, tnb, nt, "tb", tile_body)
+        return tile_blocks(jc, tnb, nt, "tb", tile_body)
 
     def pack_a(bt: Expr, ic: Expr) -> Stmt:
         def tile_body(tl: Expr, tile: Expr) -> Stmt:
@@ -322,7 +296,7 @@ def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: W
             conds: list[Expr | None] = []
             if mt * mr != m:
                 conds.append(Binary("lt", row, Const(m, INDEX)))
-                row = _min(row, m - 1)
+                row = index_min(row, m - 1)
             vals = []
             for q in range(group):
                 kk, inside = k_at(p4, q)
@@ -331,7 +305,7 @@ def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: W
             return For(i, Const(0), Const(mr), For(p4, Const(0), Const(k4),
                                                    Store(ap, (tl, p4, i), _pack(vals, bits))))
 
-        return _blocks(ic, tmb, mt, "ta", tile_body)
+        return tile_blocks(ic, tmb, mt, "ta", tile_body)
 
     def micro(bt: Expr, tn: Expr, tile_n: Expr, tm: Expr, tile_m: Expr) -> Stmt:
         acc = Buffer("acc", (mr, nr), "int32", "local")
@@ -369,7 +343,7 @@ def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: W
         def rows_loop(width: int, tile: Expr, kind: str) -> Stmt:
             i, j = Var("i"), Var("j")
             row = tile_m * mr + i
-            row = _min(row, m - 1) if m % mr else row
+            row = index_min(row, m - 1) if m % mr else row
             value: Expr = Load(ctile, (i, j))
             sums: Expr | None = None
             if csum is not None:
@@ -383,7 +357,7 @@ def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: W
 
         parts: list[Stmt] = []
         if nfull:
-            tile_f = tile_n if nfull == nt else _min(tile_n, nfull - 1)
+            tile_f = tile_n if nfull == nt else index_min(tile_n, nfull - 1)
             parts.append(rows_loop(nr, tile_f, "vectorized"))
         if n % nr:
             parts.append(rows_loop(n % nr, Const(nfull, INDEX), "serial"))
@@ -392,14 +366,14 @@ def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: W
         return Allocate(ctile, Seq((spill, body)))
 
     def m_block(bt: Expr, jc: Expr, ic: Expr) -> Stmt:
-        tiles = _blocks(jc, tnb, nt, "jr", lambda tn, tile_n: _blocks(
+        tiles = tile_blocks(jc, tnb, nt, "jr", lambda tn, tile_n: tile_blocks(
             ic, tmb, mt, "ir", lambda tm, tile_m: micro(bt, tn, tile_n, tm, tile_m)))
         return Allocate(ap, Seq((pack_a(bt, ic), tiles)))
 
     def n_block(bt: Expr, jc: Expr, chunk: Expr | None) -> Stmt:
         """A panel of B and the M blocks of ``chunk`` (``s.m_blocks`` of them; all: None)."""
-        rows = _blocks(chunk, s.m_blocks, nbm, "icb", lambda t, ic: m_block(bt, jc, ic)) \
-            if chunk is not None else _loop("ic", nbm, lambda i: m_block(bt, jc, i))
+        rows = tile_blocks(chunk, s.m_blocks, nbm, "icb", lambda t, ic: m_block(bt, jc, ic)) \
+            if chunk is not None else loop("ic", nbm, lambda i: m_block(bt, jc, i))
         if b_panel is not None:
             return rows
         stmt: Stmt = Allocate(bp, Seq((pack_b(bt, jc), rows)))
@@ -407,9 +381,9 @@ def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: W
 
     def batch_body(bt: Expr) -> Stmt:
         if s.parallel == "m":  # each chunk of M blocks packs its own copy of the B panels
-            return _loop("ic", _ceil(nbm, s.m_blocks), lambda c: _loop(
+            return loop("ic", _ceil(nbm, s.m_blocks), lambda c: loop(
                 "jc", nbn, lambda jc: n_block(bt, jc, c)), "parallel")
-        return _loop("jc", nbn, lambda jc: n_block(bt, jc, None),
+        return loop("jc", nbn, lambda jc: n_block(bt, jc, None),
                      "parallel" if s.parallel == "n" else "serial")
 
-    return _loop("bt", batch, batch_body, "parallel" if s.parallel == "batch" else "serial")
+    return loop("bt", batch, batch_body, "parallel" if s.parallel == "batch" else "serial")

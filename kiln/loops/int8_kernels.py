@@ -19,6 +19,7 @@ from kiln.loops import oplib
 from kiln.loops.compute import Tensor, WriteFn, extern
 from kiln.loops.ir import INDEX, Allocate, Const, Expr, For, Load, Seq, Stmt, Store, Var
 from kiln.loops.ir import Buffer as LBuffer
+from kiln.loops.linear_kernels import prod, split_index
 from kiln.loops.schedule import lowering_target
 from kiln.target import Target
 
@@ -28,40 +29,20 @@ def usable(a_dtype: str, b_dtype: str, out_dtype: str, *shapes: Sequence[int]) -
     return q.supported(a_dtype, b_dtype, out_dtype) and all(d > 0 for s in shapes for d in s)
 
 
-def _prod(xs: Sequence[int]) -> int:
-    out = 1
-    for x in xs:
-        out *= x
-    return out
-
-
-def _split(i: Expr, dims: Sequence[int]) -> tuple[Expr, ...]:
-    """A flat row-major index over ``dims`` as one index per axis."""
-    if len(dims) == 1:
-        return (i,)
-    out: list[Expr] = []
-    stride = _prod(dims)
-    for n, d in enumerate(dims):
-        stride //= d
-        v = i // stride
-        out.append(v if n == 0 else v % d)
-    return tuple(out)
-
-
 def dense(x: Tensor, w: Tensor, out_shape: Sequence[int],
           target: Target | None = None) -> Tensor:
     """``x @ w.T`` in int32 for x of shape (..., K) and w of shape (N, K)."""
     tgt = lowering_target(target)
     lead = tuple(x.shape[:-1])
-    m, k, n = _prod(lead), x.shape[-1], w.shape[0]
+    m, k, n = prod(lead), x.shape[-1], w.shape[0]
     s = q.Int8Schedule.default(1, m, n, k, x.dtype, w.dtype, target=tgt)
 
     def emit(write: WriteFn) -> Stmt:
         return q.int8_gemm(
             1, m, n, k,
-            lambda b, i, p: x(*_split(i, lead), p),
+            lambda b, i, p: x(*split_index(i, lead), p),
             lambda b, p, j: w(j, p),
-            lambda b, i, j, v: write((*_split(i, lead), j), v),
+            lambda b, i, j, v: write((*split_index(i, lead), j), v),
             x.dtype, w.dtype, s, tgt)
 
     t = extern(tuple(out_shape), "int32", emit)
@@ -76,7 +57,7 @@ def dense_prepacked(x: Tensor, wp: LBuffer, units: int, out_shape: Sequence[int]
     None when the panels are not in the layout this GEMM would choose for ``target``."""
     tgt = lowering_target(target)
     lead = tuple(x.shape[:-1])
-    m, k = _prod(lead), x.shape[-1]
+    m, k = prod(lead), x.shape[-1]
     s = q.Int8Schedule.default(1, m, units, k, x.dtype, weight_dtype, target=tgt)
     kg = -(-k // group)
     if (4 if s.form == "vnni" else 2) != group or wp.shape != (-(-units // s.nr), kg + 1, s.nr):
@@ -85,9 +66,9 @@ def dense_prepacked(x: Tensor, wp: LBuffer, units: int, out_shape: Sequence[int]
     def emit(write: WriteFn) -> Stmt:
         return q.int8_gemm(
             1, m, units, k,
-            lambda b, i, p: x(*_split(i, lead), p),
+            lambda b, i, p: x(*split_index(i, lead), p),
             lambda b, p, j: Const(0, weight_dtype),  # B is never packed: read from wp
-            lambda b, i, j, v: write((*_split(i, lead), j), v),
+            lambda b, i, j, v: write((*split_index(i, lead), j), v),
             x.dtype, weight_dtype, s, tgt,
             b_panel=lambda tile, p, c: Load(wp, (tile, p, c), s.lanes),
             b_sums=lambda tile, c: Load(wp, (tile, Const(kg, INDEX), c)))
@@ -141,12 +122,12 @@ def conv2d(x: Tensor, w: Tensor, strides: tuple[int, int], pad: tuple[int, int],
     def image_group(b: Expr) -> tuple[Expr, Expr]:
         if groups == 1:
             return b, Const(0, INDEX)
-        img, g = _split(b, (nb, groups))
+        img, g = split_index(b, (nb, groups))
         return img, g
 
     def a(b: Expr, o: Expr, p: Expr) -> Expr:
         g = image_group(b)[1]
-        return w(g * og + o, *_split(p, (c, kh, kw)))
+        return w(g * og + o, *split_index(p, (c, kh, kw)))
 
     # Where the windows reach past the image, it is first copied once into a zero-padded
     # local buffer covering exactly the rows and columns they read, so that packing the
@@ -157,8 +138,8 @@ def conv2d(x: Tensor, w: Tensor, strides: tuple[int, int], pad: tuple[int, int],
 
     def bread(b: Expr, p: Expr, j: Expr) -> Expr:
         img, g = image_group(b)
-        ch, ry, rx = _split(p, (c, kh, kw))
-        y, xx = _split(j, (oh, ow))
+        ch, ry, rx = split_index(p, (c, kh, kw))
+        y, xx = split_index(j, (oh, ow))
         if xp is not None:
             return Load(xp, (img, g * c + ch, y * sh + ry * dh, xx * sw + rx * dw))
         at = [img, g * c + ch, y * sh + ry * dh - top, xx * sw + rx * dw - left]
@@ -178,7 +159,7 @@ def conv2d(x: Tensor, w: Tensor, strides: tuple[int, int], pad: tuple[int, int],
     def emit(write: WriteFn) -> Stmt:
         def put(b: Expr, o: Expr, j: Expr, v: Expr) -> Stmt:
             img, g = image_group(b)
-            return write((img, g * og + o, *_split(j, (oh, ow))), v)
+            return write((img, g * og + o, *split_index(j, (oh, ow))), v)
 
         gemm = q.int8_gemm(nb * groups, og, n, k, a, bread, put, w.dtype, x.dtype, s, tgt)
         return gemm if xp is None else Allocate(xp, Seq((pad_copy(xp), gemm)))

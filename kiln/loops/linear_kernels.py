@@ -32,19 +32,19 @@ from kiln.target import Target
 DOT_MAX_ROWS = 4  # dense with at most this many rows uses the dot-product kernel
 
 
-def _prod(xs: Sequence[int]) -> int:
+def prod(xs: Sequence[int]) -> int:
     out = 1
     for x in xs:
         out *= x
     return out
 
 
-def _split(i: Expr, dims: Sequence[int]) -> tuple[Expr, ...]:
+def split_index(i: Expr, dims: Sequence[int]) -> tuple[Expr, ...]:
     """A flat row-major index over ``dims`` as one index per axis."""
     if len(dims) == 1:
         return (i,)
     out: list[Expr] = []
-    stride = _prod(dims)
+    stride = prod(dims)
     for n, d in enumerate(dims):
         stride //= d
         v = i // stride
@@ -63,7 +63,7 @@ def dense(x: Tensor, w: Tensor, out_shape: Sequence[int], dtype: str,
     (default: the lowering's)."""
     tgt = lowering_target(target)
     lead = tuple(x.shape[:-1])
-    m, k, n = _prod(lead), x.shape[-1], w.shape[0]
+    m, k, n = prod(lead), x.shape[-1], w.shape[0]
     shape = tuple(out_shape)
     lanes = tgt.lanes(dtype)
     if m <= DOT_MAX_ROWS and isinstance(x, BufferTensor) and isinstance(w, BufferTensor) \
@@ -78,9 +78,9 @@ def dense(x: Tensor, w: Tensor, out_shape: Sequence[int], dtype: str,
     def emit(write: WriteFn) -> Stmt:
         return g.gemm(
             1, m, n, k,
-            lambda b, i, p: x(*_split(i, lead), p),
+            lambda b, i, p: x(*split_index(i, lead), p),
             lambda b, p, j: w(j, p),
-            lambda b, i, j, v: write((*_split(i, lead), j), v),
+            lambda b, i, j, v: write((*split_index(i, lead), j), v),
             dtype, schedule, target=tgt)
 
     t = extern(shape, dtype, emit)
@@ -94,7 +94,7 @@ def dense_prepacked(x: Tensor, wp: LBuffer, units: int, out_shape: Sequence[int]
     panels are not in the layout this GEMM would choose for ``target``."""
     tgt = lowering_target(target)
     lead = tuple(x.shape[:-1])
-    m, k = _prod(lead), x.shape[-1]
+    m, k = prod(lead), x.shape[-1]
     schedule = g.GemmSchedule.default(1, m, units, k, dtype, b_prepacked=True, target=tgt)
     kc, blocks = g.k_blocking(k, tgt, dtype)
     if wp.shape[2] != schedule.nr or wp.shape[1] != kc * blocks \
@@ -105,9 +105,9 @@ def dense_prepacked(x: Tensor, wp: LBuffer, units: int, out_shape: Sequence[int]
     def emit(write: WriteFn) -> Stmt:
         return g.gemm(
             1, m, units, k,
-            lambda b, i, p: x(*_split(i, lead), p),
+            lambda b, i, p: x(*split_index(i, lead), p),
             lambda b, p, j: Const(0.0, dtype),  # B is never packed: read from wp
-            lambda b, i, j, v: write((*_split(i, lead), j), v),
+            lambda b, i, j, v: write((*split_index(i, lead), j), v),
             dtype, schedule,
             b_panel=lambda b, tile, kk, c: Load(wp, (tile, kk, c), lanes), target=tgt)
 
@@ -155,7 +155,7 @@ def dot_rows(x: LBuffer, w: LBuffer, lead: tuple[int, ...], m: int, n: int, k: i
     tgt = lowering_target(target)
     lanes = tgt.lanes(x.dtype)
     j, i = Var("j"), Var("i")
-    xrow = _split(i, lead)
+    xrow = split_index(i, lead)
 
     def step(acc: Expr, p: Expr) -> Expr:
         return FMA(Load(x, (*xrow, p), lanes), Load(w, (j, p), lanes), acc)
