@@ -7,6 +7,8 @@
 - `triangle`: the mask of a triangle (triu/tril, a causal mask) from the sizes of its rows and
   columns: column minus row compared with the diagonal.
 - `scan`: cumulative sums and products along an axis of run-time size (a triangle again).
+- `SortAxis`: the positions and the pairwise "before" table of an axis to sort along, and a
+  check when the program runs that the places wanted (topk's k, kthvalue's k) lie on it.
 - `gather_elements`: ``take_along_axis`` (ONNX GatherElements, torch.gather): the data cut
   to the index's sizes on the other axes, then one ``take`` with batch dimensions.
 """
@@ -118,3 +120,36 @@ def scan(x: Expr, axis: int, rank: int, product: bool, exclusive: bool = False,
         return y
     order = [k for k in range(rank) if k != axis] + [axis]
     return op.transpose(y, axes=[order.index(k) for k in range(rank)])
+
+
+class SortAxis:
+    """An axis to sort or rank along, moved last, of static or run-time length L (both
+    frontends' sorts compare every pair of its elements): ``length`` (an int64 scalar
+    expression), ``positions`` 0..L-1 (int64), the (L, L) "j before i" table (`earlier`), and
+    `places`, which checks wanted places against the axis when the program runs if L is
+    symbolic (``take`` in mode ``fast``: a place outside the axis is a kiln error)."""
+
+    def __init__(self, moved: Expr, rank: int, length: object):
+        self.size = length
+        self.static = isinstance(length, int)
+        if isinstance(length, int):
+            self.length: Expr = Constant(np.array(length, "int64"))
+            self.positions: Expr = Constant(np.arange(length, dtype="int64"))
+        else:
+            self.length = op.take(op.shape_of(moved, dtype="int64"),
+                                  Constant(np.array(rank - 1, "int64")))
+            self.positions = op.arange(Constant(np.array(0, "int64")), self.length,
+                                       Constant(np.array(1, "int64")), dtype="int64")
+
+    def earlier(self) -> Expr:
+        """The (L, L) bool table [i, j]: j < i."""
+        if isinstance(self.size, int):
+            return Constant(np.tril(np.ones((self.size, self.size), dtype=bool), k=-1))
+        return triangle(self.length, self.length, -1, upper=False)
+
+    def places(self, wanted: Expr) -> Expr:
+        """``wanted`` (int64 places along the axis), checked to lie on it when the program
+        runs where the length is symbolic."""
+        if self.static:
+            return wanted
+        return op.take(self.positions, wanted, axis=0, mode="fast")

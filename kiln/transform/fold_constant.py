@@ -105,7 +105,8 @@ def _elements(value: Any) -> int:
 
 
 def _as_constant(value: Any, ty: Type, op: str) -> Expr:
-    """The folded value as an expression, checked against the type the relation gave."""
+    """The folded value as an expression, checked against the type the relation gave (a
+    dimension the relation left unknown, ``?`` — argwhere's count — is the value's own)."""
     if isinstance(ty, TupleType):
         if not isinstance(value, (tuple, list)) or len(value) != len(ty.fields):
             raise InternalError(f"the numpy reference of {op} returned {type(value).__name__}, "
@@ -113,7 +114,8 @@ def _as_constant(value: Any, ty: Type, op: str) -> Expr:
         return Tuple(tuple(_as_constant(v, t, op) for v, t in zip(value, ty.fields)))
     array = np.asarray(value)
     if not isinstance(ty, TensorType) or array.dtype.name != ty.dtype or (
-        array.shape != tuple(ty.shape)
+        array.ndim != len(ty.shape)
+        or any(isinstance(d, int) and d != a for a, d in zip(array.shape, ty.shape))
     ):
         raise InternalError(f"the numpy reference of {op} returned an array of dtype "
                             f"{array.dtype.name} and shape {array.shape}, but its type relation "

@@ -124,6 +124,21 @@ def test_cumsum_along_a_dynamic_axis():
     against_ort(m, feeds)
 
 
+def test_topk_along_a_dynamic_axis():
+    nodes = [helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=1),
+             helper.make_node("TopK", ["x", "k"], ["v0", "i0"], axis=0, largest=0)]
+    m = model(nodes, [vi("x", ["a", "t"])],
+              [vi("v", ["a", 2]), vi("i", ["a", 2], I64), vi("v0", [2, "t"]),
+               vi("i0", [2, "t"], I64)],
+              [helper.make_tensor("k", I64, [1], [2])])
+    ties = np.round(rand(4, 9, seed=3))  # ties: both runtimes give the lower index first
+    feeds = [{"x": rand(2, 5)}, {"x": ties}, {"x": rand(3, 2, seed=1)}]
+    against_ort(m, feeds)
+    mod, params = from_onnx(m)
+    with pytest.raises(kiln.Error, match="outside"):  # K past the axis
+        kiln.build(mod, params=params).run(None, {"x": rand(1, 1)})
+
+
 def test_static_dimensions_stay_known_under_a_dynamic_axis():
     # Swin's window padding: r = reshape(x, [Shape(x)[0], 2, 6]); a Pad whose pads come
     # from Shape(r)[2] must be known at import. BART's ids[:, :5]: constant bounds on a

@@ -259,3 +259,87 @@ def test_ranks_along_a_static_axis_of_a_tensor_with_a_symbolic_batch():
     for got, want in run(Rows(), feeds[0], feeds, dynamic_shapes=({0: Dim("batch")},)):
         for g, w in zip(got, want, strict=True):
             np.testing.assert_array_equal(g, w)
+
+
+# --- sorting along a symbolic axis -------------------------------------------------------------
+
+
+class SortsAlongLength(torch.nn.Module):
+    def forward(self, x):
+        s = torch.sort(x, dim=1, descending=True, stable=True)
+        top = torch.topk(x, 2, dim=1)
+        k = torch.kthvalue(x, 2, dim=1)
+        m = torch.median(x, dim=1)
+        nm = torch.nanmedian(x, dim=1)
+        return (s.values, s.indices, torch.argsort(x, dim=1, stable=True), top.values,
+                k.values, m.values, nm.values)
+
+
+def _rows(seed: int, length: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 3, (4, length), generator=g).to(torch.float32)  # ties
+    x[0] = torch.randn(length, generator=g)  # a row without ties
+    x[1, torch.rand(length, generator=g) < 0.3] = float("nan")
+    return x
+
+
+def test_sort_topk_and_ranks_along_a_symbolic_axis():
+    feeds = [(_rows(s, n),) for s, n in enumerate((5, 9, 2, 13))]
+    length = Dim("length", min=2, max=64)
+    outs = run(SortsAlongLength(), feeds[0], feeds, dynamic_shapes=({1: length},))
+    for (got, want), (x,) in zip(outs, feeds, strict=True):
+        for g, w in zip(got[:3], want[:3], strict=True):  # the stable sort: exactly torch's
+            assert g.shape == w.shape
+            np.testing.assert_array_equal(g, w)
+        for g, w in zip(got[3:], want[3:], strict=True):  # values: exact, NaN where torch's
+            assert g.shape == w.shape
+            np.testing.assert_array_equal(g, w)
+
+
+def test_topk_and_kthvalue_past_a_symbolic_axis_fail_when_they_run():
+    class Top(torch.nn.Module):
+        def forward(self, x):
+            return torch.topk(x, 3, dim=1).values, torch.kthvalue(x, 3, dim=1).values
+
+    mod, params = from_torch(Top(), (torch.randn(2, 6),),
+                             dynamic_shapes=({1: Dim("n", min=3, max=32)},))
+    exe = kiln.build(mod, params=params)
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    want = Top()(torch.from_numpy(x))
+    for g, w in zip(exe(x), want, strict=True):
+        np.testing.assert_array_equal(g, w.numpy())
+    with pytest.raises(kiln.Error, match="outside"):
+        exe(np.zeros((2, 2), np.float32))
+
+
+# --- a boolean mask beside other index tensors -------------------------------------------------
+
+
+class MaskAndIndex(torch.nn.Module):
+    def forward(self, x, m, mm, m2, i):
+        const_mask = torch.tensor([True, False, True])
+        return x[m, i], x[:, i, const_mask], x[i, mm], x[m2, i]
+
+
+def test_a_boolean_mask_beside_index_tensors_at_several_counts():
+    g = torch.Generator().manual_seed(0)
+    feeds = [(torch.randn(4, 5, 3, generator=g), torch.rand(4, generator=g) > t,
+              torch.rand(5, generator=g) > t, torch.rand(4, 5, generator=g) > t,
+              torch.tensor([k]))
+             for t, k in ((0.5, 1), (0.2, -1), (0.8, 2))]
+    feeds[0][1][0] = True  # at least one true element everywhere (torch.export needs a count)
+    for got, want in run(MaskAndIndex(), feeds[0], feeds):
+        for g_, w in zip(got, want, strict=True):
+            assert g_.shape == w.shape
+            np.testing.assert_array_equal(g_, w)
+
+
+def test_assigning_through_a_mask_beside_index_tensors_is_a_clear_error():
+    class Put(torch.nn.Module):
+        def forward(self, x, m, i):
+            x = x.clone()
+            x[m, i] = 0.0
+            return x
+
+    with pytest.raises(kiln.Error, match="boolean mask beside other index tensors"):
+        from_torch(Put(), (torch.randn(4, 5), torch.rand(4) > 0.5, torch.tensor([1])))

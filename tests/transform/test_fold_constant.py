@@ -79,6 +79,15 @@ def test_operators_returning_arrays_and_tuples_fold_to_exact_constants():
     assert kiln.structural_equal(out["main"], expected)
 
 
+def test_an_operator_of_data_dependent_shape_folds_to_its_count():
+    # argwhere's relation says (?, 1); the folded constant has the count of the mask
+    mask = kiln.const(np.array([True, False, True, True]))
+    out = run(kiln.IRModule.from_expr(kiln.Function([], kiln.op.argwhere(mask))))
+    body = out["main"].body
+    assert isinstance(body, kiln.Constant)
+    np.testing.assert_array_equal(body.data, np.argwhere(mask.data))
+
+
 @pytest.mark.parametrize("expr, value", [
     ("divide(7, 2)", np.int32(3)),
     ("divide(-7, 2)", np.int32(-3)),

@@ -19,6 +19,7 @@ from kiln.frontend.onnx import dynamic
 from kiln.frontend.onnx.context import NodeContext, cast, const_like
 from kiln.frontend.onnx.ops_tensor import norm_axis
 from kiln.frontend.onnx.table import converter
+from kiln.frontend.runtime_shapes import SortAxis
 from kiln.ir.dtype import dtype_of
 from kiln.ir.expr import Constant, Expr
 
@@ -192,26 +193,27 @@ def cumprod(ctx: NodeContext) -> Expr:
 
 @converter("TopK", since=10)
 def topk(ctx: NodeContext) -> list[Expr]:
-    shape = ctx.shape(0)
+    shape = ctx.t(0).shape  # the axis may be dynamic
     axis = norm_axis(ctx, ctx.attr("axis", -1), len(shape))
     k = ctx.int_scalar(1, "K")
     n = shape[axis]
-    if not 0 <= k <= n:
+    if k < 0 or (isinstance(n, int) and k > n):
         raise ctx.error(f"K={k} is outside [0, {n}]")
-    ctx.check_elements((n, n), "its table of comparisons")
+    if isinstance(n, int):
+        ctx.check_elements((n, n), "its table of comparisons")
     largest = bool(ctx.attr("largest", 1))
     x, back = _to_last(ctx, ctx.x(0), axis, len(shape))
+    ax = SortAxis(x, len(shape), n)  # a symbolic n: K past the axis fails when it runs
     xi = op.expand_dims(x, axis=-1)  # (..., n, 1): element i
     xj = op.expand_dims(x, axis=-2)  # (..., 1, n): element j
     before = op.greater(xj, xi) if largest else op.less(xj, xi)
-    tie = op.logical_and(op.equal(xj, xi),
-                         Constant(np.arange(n).reshape(1, n) < np.arange(n).reshape(n, 1)))
+    tie = op.logical_and(op.equal(xj, xi), ax.earlier())
     # rank of element i: how many elements come before it (ties: the lower index first)
     rank = op.sum(cast(op.logical_or(before, tie), "int64"), axis=[-1])  # (..., n)
-    slots = Constant(np.arange(k, dtype="int64").reshape(k, 1))
+    slots = op.expand_dims(ax.places(Constant(np.arange(k, dtype="int64"))), axis=1)  # (k, 1)
     pick = op.equal(op.expand_dims(rank, axis=-2), slots)  # (..., k, n)
     values = op.sum(op.where(pick, op.expand_dims(x, axis=-2),
                              op.zeros_like(op.expand_dims(x, axis=-2))), axis=[-1])
-    positions = Constant(np.broadcast_to(np.arange(n, dtype="int64"), (k, n)).copy())
-    indices = op.sum(op.where(pick, positions, op.zeros_like(positions)), axis=[-1])
+    positions = op.expand_dims(ax.positions, axis=0)  # (1, n)
+    indices = op.sum(op.where(pick, positions, Constant(np.array(0, "int64"))), axis=[-1])
     return [_from_last(values, back), _from_last(indices, back)]

@@ -8,6 +8,11 @@ Both are one ``take``: the indexed axes are moved together (a transpose when the
 and merged into one (a reshape), and the indices combined into a position along it,
 ``Σₖ (iₖ mod nₖ)·strideₖ`` (``mod``: torch's negative indices count from the end). The
 assignment scatters along that merged axis (`scatter.py`).
+
+A boolean mask beside other index tensors (``x[mask, i]``) stands, as in torch, for the
+positions of its true elements: one int64 index tensor per axis it covers, the columns of
+``argwhere(mask)`` (their length counted when the program runs), which then broadcast with the
+other index tensors like any.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from kiln.frontend.torch.emulated import counts
 from kiln.frontend.torch.registry import AtenCall, converter
 from kiln.frontend.torch.scatter import scatter_along
 from kiln.ir import Constant, Expr, const
-from kiln.ir.ty import TensorType
+from kiln.ir.ty import ANY, TensorType
 from kiln.op import (
     add,
     any_,
@@ -74,9 +79,8 @@ def _plan(n: AtenCall, x: Expr, indices: Sequence[Expr | None]) -> _Plan:
         i = indices[k]
         assert i is not None
         if n.dtype(i) in ("bool", "uint8"):
-            raise n.error("a boolean mask beside other index tensors is not supported (kiln "
-                          "takes one boolean mask alone, x[mask] or x[:, mask]; index_put with "
-                          "a mask: use torch.where)")
+            raise n.error("x[mask, i] = v (a boolean mask beside other index tensors in an "
+                          "assignment) is not supported: use torch.where")
         tensors.append(i)
     static_indices = all(n.type(i).is_static for i in tensors)
     b = tuple(np.broadcast_shapes(*(n.static_shape(i, "an index tensor") for i in tensors))) \
@@ -142,6 +146,33 @@ def _masked(n: AtenCall, x: Expr, mask: Expr, first: int) -> Expr:
     return take(rows, flat, axis=first, mode="clip")
 
 
+def _unmasked(n: AtenCall, x: Expr, indices: Sequence[Expr | None]) -> list[Expr | None]:
+    """``indices`` with each boolean mask replaced by the int64 positions of its true
+    elements, one index tensor per axis it covers (torch's rule for a mask beside other
+    index tensors); the mask's axes must be static."""
+    out: list[Expr | None] = []
+    sizes = n.sizes(x)
+    for i in indices:
+        if i is None or n.dtype(i) not in ("bool", "uint8"):
+            out.append(i)
+            continue
+        if n.dtype(i) == "uint8":
+            raise n.error("indexing with a uint8 mask beside other index tensors (torch's "
+                          "deprecated form): cast the mask to bool")
+        lead = n.static_shape(i, "a boolean mask")
+        at = len(out)
+        covered = tuple(sizes[at:at + len(lead)])
+        if not lead or covered != tuple(lead):
+            raise n.error(f"a boolean mask of shape {list(lead)} does not match axes {at} to "
+                          f"{at + len(lead) - 1} of a tensor of shape {list(n.shape(x))} "
+                          "(kiln needs those axes static)")
+        positions = cast(dyn.argwhere(i), dtype="int64")  # (count, len(lead))
+        for j in range(len(lead)):
+            column = reshape(take(positions, const(np.int64(j)), axis=1), newshape=[-1])
+            out.append(n.note(column, TensorType((ANY,), "int64")))
+    return out
+
+
 def _moved(n: AtenCall, x: Expr, plan: _Plan) -> Expr:
     """``x`` with its indexed axes together and merged into one."""
     if plan.order != sorted(plan.order):
@@ -159,7 +190,7 @@ def index(n: AtenCall, x: Expr, indices: list[Expr | None]) -> Expr:
         return take(x, i, axis=k, mode="wrap")  # wrap: torch's negative indices count back
     if len(used) == 1 and n.dtype(used[0][1]) == "bool":
         return _masked(n, x, used[0][1], used[0][0])
-    plan = _plan(n, x, indices)
+    plan = _plan(n, x, _unmasked(n, x, indices))
     return take(_moved(n, x, plan), plan.position, axis=plan.first, mode="clip")
 
 

@@ -1,4 +1,4 @@
-"""Sorting: ``sort``, ``argsort``, ``topk``, composed from kiln's operators (static shapes).
+"""Sorting: ``sort``, ``argsort``, ``topk``, ``kthvalue``, ``median``, from kiln's operators.
 
 kiln has no sorting operator, so a sort counts, for each element, the elements that go before
 it — its place in the result — and then puts each element at its place, on the axis moved
@@ -19,17 +19,26 @@ for ``nanmedian`` the lower median of the row's numbers, counted per row). Among
 torch documents its index as unspecified (its CPU quickselect picks one); kiln gives the one
 of that place in the stable order, so the value always matches torch and the index always
 points at an element equal to it.
+
+The sorted axis may be symbolic (``torch.export`` with ``dynamic_shapes``): its length is then
+``shape_of`` the input when the program runs, the positions an ``arange`` of it and the
+"j before i" table a `triangle` (kiln/frontend/runtime_shapes.py). A ``k`` that does not fit the
+axis (topk's k > L, kthvalue's k > L, the median of an empty axis) is then found when the
+program runs: the wanted places are taken from the axis's positions with ``take`` in mode
+``fast``, which is a kiln error for a position outside the axis — never a silent zero.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from kiln.frontend.runtime_shapes import SortAxis
 from kiln.frontend.torch.registry import AtenCall, axis, converter
 from kiln.ir import Expr, TensorType, const
 from kiln.ir.dtype import dtype_of
 from kiln.op import (
     any_,
+    arange,
     cast,
     equal,
     expand_dims,
@@ -42,9 +51,11 @@ from kiln.op import (
     maximum,
     not_equal,
     reshape,
+    shape_of,
     squeeze,
     strided_slice,
     subtract,
+    take,
     transpose,
     where,
 )
@@ -77,7 +88,7 @@ def _goes_before(a: Expr, b: Expr, descending: bool, floating: bool) -> tuple[Ex
 
 def sorted_along(n: AtenCall, x: Expr, dim: int, descending: bool) -> tuple[Expr, Expr]:
     """``torch.sort(x, dim, descending, stable=True)``: the values and their int64 indices."""
-    shape = n.static_shape(x, "sort")
+    shape = n.shape(x)
     rank = len(shape)
     dtype = n.dtype(x)
     if dtype == "bool":
@@ -85,23 +96,21 @@ def sorted_along(n: AtenCall, x: Expr, dim: int, descending: bool) -> tuple[Expr
     if rank == 0:
         return x, const(np.int64(0))
     d = axis(dim, rank, n)
-    length = shape[d]
     moved = _move_last(x, d, rank)
-    place = _places(moved, rank, length, descending, dtype_of(dtype).is_float)  # (..., L)
-    at = equal(expand_dims(place, axis=rank - 1),
-               const(np.arange(length, dtype=np.int64).reshape(length, 1)))  # [r, i]
-    positions = const(np.arange(length, dtype=np.int64))
+    ax = SortAxis(moved, rank, shape[d])
+    place = _places(moved, rank, ax, descending, dtype_of(dtype).is_float)  # (..., L)
+    at = equal(expand_dims(place, axis=rank - 1), expand_dims(ax.positions, axis=1))  # [r, i]
+    positions = ax.positions
     indices = sum_(where(at, positions, const(np.int64(0))), axis=[rank])
     values = sum_(where(at, expand_dims(moved, axis=rank - 1), const(0, dtype)), axis=[rank])
     return _move_back(values, d, rank), _move_back(indices, d, rank)
 
 
-def _places(moved: Expr, rank: int, length: int, descending: bool, floating: bool) -> Expr:
+def _places(moved: Expr, rank: int, ax: SortAxis, descending: bool, floating: bool) -> Expr:
     """Each element's place in the stable order along the last axis (int64, shape kept)."""
     mine, theirs = expand_dims(moved, axis=rank), expand_dims(moved, axis=rank - 1)  # i, j
     first, same = _goes_before(mine, theirs, descending, floating)
-    earlier = const(np.tril(np.ones((length, length), dtype=bool), k=-1))  # [i, j]: j < i
-    before = logical_or(first, logical_and(same, earlier))
+    before = logical_or(first, logical_and(same, ax.earlier()))
     return sum_(cast(before, dtype="int64"), axis=[rank])
 
 
@@ -120,28 +129,29 @@ def ranked(n: AtenCall, x: Expr, dim: int, what: str, k: int | None = None,
         shape, rank = (1,), 1
     d = axis(dim, rank, n)
     length = shape[d]
-    if not isinstance(length, int):  # the other axes may be symbolic
-        raise n.error(f"{what} needs a static size along dimension {d}, not {length}")
     if length == 0:
         raise n.error(f"{what} of an empty dimension")
     moved = _move_last(x, d, rank)
+    ax = SortAxis(moved, rank, length)
     floating = dtype_of(dtype).is_float
-    place = _places(moved, rank, length, False, floating)
+    place = _places(moved, rank, ax, False, floating)
     if k is not None:
         wanted: Expr = const(np.int64(k))
-    else:
+    elif isinstance(length, int):
         wanted = const(np.int64((length - 1) // 2))
-        if floating and nan != "last":
-            nans = not_equal(moved, moved)
-            numbers = sum_(cast(logical_not(nans), dtype="int64"), axis=[rank - 1], keepdims=True)
-            if nan == "propagate":  # the first NaN sits just after the numbers
-                wanted = where(any_(nans, axis=[rank - 1], keepdims=True), numbers, wanted)
-            else:
-                half = floor_divide(subtract(numbers, const(np.int64(1))), const(np.int64(2)))
-                wanted = maximum(half, const(np.int64(0)))  # all NaN: the first one
+    else:
+        wanted = floor_divide(subtract(ax.length, const(np.int64(1))), const(np.int64(2)))
+    if k is None and floating and nan != "last":
+        nans = not_equal(moved, moved)
+        numbers = sum_(cast(logical_not(nans), dtype="int64"), axis=[rank - 1], keepdims=True)
+        if nan == "propagate":  # the first NaN sits just after the numbers
+            wanted = where(any_(nans, axis=[rank - 1], keepdims=True), numbers, wanted)
+        else:
+            half = floor_divide(subtract(numbers, const(np.int64(1))), const(np.int64(2)))
+            wanted = maximum(half, const(np.int64(0)))  # all NaN: the first one
+    wanted = ax.places(wanted)  # k past the axis, an empty axis: an error when it runs
     at = equal(place, wanted)  # one element per row
-    positions = const(np.arange(length, dtype=np.int64))
-    index = sum_(where(at, positions, const(np.int64(0))), axis=[rank - 1], keepdims=True)
+    index = sum_(where(at, ax.positions, const(np.int64(0))), axis=[rank - 1], keepdims=True)
     value = sum_(where(at, moved, const(0, dtype)), axis=[rank - 1], keepdims=True)
     return _move_back(value, d, rank), _move_back(index, d, rank), d
 
@@ -160,9 +170,7 @@ def kthvalue(n: AtenCall, x: Expr, k: int, dim: int = -1, keepdim: bool = False)
     """The k-th smallest (1-based) along ``dim`` and its index (NaN counts as the largest)."""
     rank = n.rank(x)
     size = n.shape(x)[axis(dim, rank, n)] if rank else 1
-    if not isinstance(size, int):
-        raise n.error(f"kthvalue needs a static size along dimension {dim}, not {size}")
-    if not 1 <= k <= size:
+    if k < 1 or (isinstance(size, int) and k > size):
         raise n.error(f"kthvalue's k={k} is outside [1, {size}] (the size of dimension {dim})")
     return _kept(ranked(n, x, dim, "kthvalue", k=k - 1), bool(keepdim), rank == 0)
 
@@ -213,13 +221,19 @@ def argsort_stable(n: AtenCall, x: Expr, stable: bool = False, dim: int = -1,
 def topk(n: AtenCall, x: Expr, k: int, dim: int = -1, largest: bool = True,
          sorted: bool = True) -> list[Expr]:
     rank = n.rank(x)
-    d = axis(dim, rank, n)
     values, indices = sorted_along(n, x, dim, bool(largest))
     if rank == 0:
         return [values, indices]
-    length = n.static_shape(x, "topk")[d]
-    if not 0 <= k <= length:
+    d = axis(dim, rank, n)
+    length = n.shape(x)[d]
+    if k < 0 or (isinstance(length, int) and k > length):
         raise n.error(f"topk of {k} from a dimension of size {length}")
     if k == length:
         return [values, indices]
+    if not isinstance(length, int):  # k past the axis is an error when the program runs
+        first = take(arange(const(np.int64(0)), take(shape_of(x, dtype="int64"),
+                                                     const(np.int64(d))),
+                            const(np.int64(1)), dtype="int64"),
+                     const(np.arange(k, dtype=np.int64)), axis=0, mode="fast")
+        return [take(v, first, axis=d) for v in (values, indices)]
     return [strided_slice(v, begin=[0], end=[k], axes=[d]) for v in (values, indices)]
