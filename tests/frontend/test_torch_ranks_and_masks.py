@@ -272,7 +272,7 @@ class SortsAlongLength(torch.nn.Module):
         m = torch.median(x, dim=1)
         nm = torch.nanmedian(x, dim=1)
         return (s.values, s.indices, torch.argsort(x, dim=1, stable=True), top.values,
-                k.values, m.values, nm.values)
+                k.values, m.values, nm.values, torch.median(x), torch.nanmedian(x))
 
 
 def _rows(seed: int, length: int) -> torch.Tensor:

@@ -34,7 +34,7 @@ import numpy as np
 
 from kiln.frontend.runtime_shapes import SortAxis
 from kiln.frontend.torch.registry import AtenCall, axis, converter
-from kiln.ir import Expr, TensorType, const
+from kiln.ir import ANY, Expr, TensorType, const
 from kiln.ir.dtype import dtype_of
 from kiln.op import (
     any_,
@@ -189,8 +189,9 @@ def median(n: AtenCall, x: Expr) -> Expr:
     """The lower median of all the elements."""
     nan = "skip" if n.target.startswith("aten.nanmedian") else "propagate"
     what = n.target.split(".")[1]
-    flat = n.note(reshape(x, newshape=[-1]),
-                  TensorType((int(np.prod(n.static_shape(x, what))),), n.dtype(x)))
+    shape = n.shape(x)
+    count = int(np.prod(shape)) if all(isinstance(d, int) for d in shape) else ANY
+    flat = n.note(reshape(x, newshape=[-1]), TensorType((count,), n.dtype(x)))
     value = ranked(n, flat, 0, what, nan=nan)[0]
     return reshape(value, newshape=[])
 
