@@ -7,7 +7,11 @@ from typing import Any
 
 from kiln.errors import Error
 from kiln.ir.module import IRModule
-from kiln.transform import qdq_to_qnn, qnn_canonicalize  # noqa: F401 - registers the passes
+from kiln.transform import (  # noqa: F401 - registers the passes
+    qdq_to_qnn,
+    qnn_canonicalize,
+    static_closures,
+)
 from kiln.transform.bind_params import bind_params
 from kiln.transform.pass_manager import PassContext, Sequential, get_pass
 
@@ -16,6 +20,7 @@ from kiln.transform.pass_manager import PassContext, Sequential, get_pass
 STANDARD_PIPELINE = (
     "inline-partitions",  # functions meant for external compilers (BYOC) run through kiln
     "infer-type",
+    "specialize-closures",  # static closures and references (higher-order AD) evaluated away
     "to-graph-normal-form",  # pure lets become dataflow, so fusion sees across them
     "qdq-to-qnn",  # ONNX QDQ: dequantize -> conv/dense -> quantize as integer arithmetic
     "simplify-inference",

@@ -189,8 +189,8 @@ def median(n: AtenCall, x: Expr) -> Expr:
     """The lower median of all the elements."""
     nan = "skip" if n.target.startswith("aten.nanmedian") else "propagate"
     what = n.target.split(".")[1]
-    shape = n.shape(x)
-    count = int(np.prod(shape)) if all(isinstance(d, int) for d in shape) else ANY
+    dims = [d for d in n.shape(x) if isinstance(d, int)]
+    count = int(np.prod(dims)) if len(dims) == n.rank(x) else ANY
     flat = n.note(reshape(x, newshape=[-1]), TensorType((count,), n.dtype(x)))
     value = ranked(n, flat, 0, what, nan=nan)[0]
     return reshape(value, newshape=[])
