@@ -109,11 +109,16 @@ def _kc_max(target: Target, dtype: str) -> int:
 
 def k_blocking(k: int, target: Target | None = None, dtype: str = "float32") -> tuple[int, int]:
     """(kc, number of K blocks) for a reduction of length ``k``: blocks of at most the
-    target's kc (`_kc_max`), as even as possible. A prepacked operand is padded with zeros
-    to kc × blocks along K."""
+    target's kc (`_kc_max`), as even as possible, and all of one length where up to twice
+    the fewest blocks allow it (a conv's K = C·kh·kw: 1152 = 6 × 192, not 5 × 231), so that
+    no K step of the micro-kernel reads the padding under a guard (a select on every load
+    of the unpacked operand: about a third of the speed of a 3×3 conv with 128 channels on
+    Zen 3). A prepacked operand is padded with zeros to kc × blocks along K."""
     kc_max = _kc_max(lowering_target(target), dtype)
-    blocks = _ceil(max(k, 1), kc_max)
-    return _ceil(max(k, 1), blocks), blocks
+    k = max(k, 1)
+    fewest = _ceil(k, kc_max)
+    blocks = next((b for b in range(fewest, 2 * fewest + 1) if k % b == 0), fewest)
+    return _ceil(k, blocks), blocks
 
 
 @dataclass(frozen=True)

@@ -280,3 +280,24 @@ def test_gemm_kernel_schedule_follows_the_target(spec: str) -> None:
     (name, knobs), = lower_primitive(prim, "d", target=t).attrs["schedules"]
     assert (knobs["mr"], knobs["nr"], knobs["lanes"]) == (*register_tile(t),
                                                            t.lanes("float32"))
+
+
+@pytest.mark.parametrize("spec", ["llvm", NO_AVX512])
+def test_k_blocks_are_exact_where_they_can_be(spec: str) -> None:
+    # K in blocks of one length where 1 to 2× the fewest blocks of at most the target's kc
+    # allow it (a 3×3 conv over 128 channels: 1152 = 6 × 192, no padded K step, no guard
+    # on the unpacked operand's loads); else the fewest blocks, as even as possible
+    from kiln.loops.gemm import _kc_max, k_blocking
+
+    t = Target.parse(spec)
+    kc_max = _kc_max(t, "float32")
+    for k in [1, 7, 147, 576, 784, 1031, 1152, 2304, 4608, kc_max + 1, 3 * kc_max - 1]:
+        kc, blocks = k_blocking(k, t)
+        fewest = -(-k // kc_max)
+        exact = [b for b in range(fewest, 2 * fewest + 1) if k % b == 0]
+        assert kc <= kc_max and kc * blocks >= k and kc * (blocks - 1) < k
+        if exact:
+            assert (kc * blocks, blocks) == (k, exact[0])
+        else:
+            assert blocks == fewest
+    assert k_blocking(1152, Target.parse(NO_AVX512)) == (192, 6)
