@@ -60,3 +60,12 @@ __version__ = "0.1.0"
 # kiln logs through the "kiln" logger tree and leaves configuring it to the application
 # (the `kiln` command's -v/-q do): without a handler of its own nothing reaches stderr.
 _logging.getLogger("kiln").addHandler(_logging.NullHandler())
+
+
+def __getattr__(name: str) -> object:
+    # kiln.distributed on first use only (it is the one part of kiln that uses PyTorch)
+    if name == "distributed":
+        import importlib
+
+        return importlib.import_module("kiln.distributed")
+    raise AttributeError(f"module 'kiln' has no attribute {name!r}")

@@ -8,9 +8,10 @@ kiln functions and inputs; losses for imported models. docs/training.md describe
 """
 
 from kiln.train import schedules
+from kiln.train.checkpoint import load_checkpoint, save_checkpoint
 from kiln.train.losses import cross_entropy, mse, with_loss
 from kiln.train.optimizers import SGD, Adam, AdamW, Optimizer
 from kiln.train.step import Step
 
-__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "Step", "cross_entropy", "mse", "schedules",
-           "with_loss"]
+__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "Step", "cross_entropy", "load_checkpoint", "mse",
+           "save_checkpoint", "schedules", "with_loss"]

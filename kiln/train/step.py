@@ -189,6 +189,7 @@ class Step:
         self._lr = np.zeros((), np.float32)
         self._step_no = np.zeros((), np.float32)
         self.steps_taken = 0
+        self._ran = False  # whether the gradient program has run (the loss is valid)
         # the global norm of the last step's gradients before clipping (NaN without clipping)
         self.grad_norm = float("nan")
         kept = [i for i in range(len(names)) if i in self._trainable or i in self._batch]
@@ -252,6 +253,7 @@ class Step:
         self._lr[...] = self.optimizer.rate(self.steps_taken) if lr is None else lr
         self._step_no[...] = self.steps_taken + 1
         self._main()
+        self._ran = True
         if self.grad_hook is not None:
             self.grad_hook(self._grads)
         if len(self._programs) > 1:
@@ -286,6 +288,28 @@ class Step:
         """The trained weights by name: the Step's own arrays, updated in place by each step
         (copy one to keep it)."""
         return dict(self._weights)
+
+    @property
+    def optimizer_state(self) -> dict[str, list[np.ndarray]]:
+        """The optimizer's state by weight name, a list in ``optimizer.slots`` order: the
+        Step's own arrays, updated in place by each step."""
+        return {n: list(ss) for n, ss in self._state.items()}
+
+    @property
+    def loss(self) -> float:
+        """The loss of the last step run (inside ``grad_hook``: of this step, before the
+        update); NaN before the first."""
+        return float(self._main.outputs[0]) if self._ran else float("nan")
+
+    @property
+    def batch_types(self) -> list[TensorType]:
+        """The types of the batch inputs ``step(*batch)`` takes, in order."""
+        out = []
+        for i in self._batch:
+            t = self._in_types[i]
+            assert isinstance(t, TensorType)
+            out.append(t)
+        return out
 
     @property
     def outputs(self) -> Any:

@@ -1,0 +1,60 @@
+"""One rank of the data-parallel test (tests/train/test_distributed.py starts two):
+
+    RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=p \
+        python -m tests.train.ddp_worker OUT_DIR MODEL:ROWS:OPTIMIZER ...
+
+trains each model for STEPS steps with kiln.distributed.DataParallel on the global batches of
+tests/train/ddp_models.py (every rank draws the same ones) and writes, per model, this rank's
+weights and losses (``<model>-rank<r>.npz``) and rank 0's checkpoint (``<model>-ckpt.npz``);
+then checks that a checkpoint loaded back on every rank gives rank 0's weights."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+import kiln
+from tests.train.ddp_models import MODELS, data
+
+STEPS = 6
+
+
+def optimizer(name: str) -> kiln.train.Optimizer:
+    if name == "adam":
+        return kiln.train.Adam(lr=0.01)
+    return kiln.train.SGD(lr=0.1, momentum=0.9)
+
+
+def main() -> None:
+    out = sys.argv[1]
+    kiln.distributed.init_process_group("gloo", timeout_s=60)
+    rank = int(os.environ["RANK"])
+    for spec in sys.argv[2:]:
+        name, rows_s, opt = spec.split(":")
+        rows = int(rows_s)
+        make_loss, make_params = MODELS[name]
+        # rank 1 starts from other weights: the broadcast from rank 0 must replace them
+        dp = kiln.distributed.DataParallel(make_loss, make_params(seed=rank), optimizer(opt),
+                                           batch_size=rows, check_every=2, threads=1,
+                                           bucket_bytes=512)
+        xs, ys = data(name, STEPS, rows)
+        losses = [dp(xs[s], ys[s]) for s in range(STEPS)]
+        dp.check_replicas()
+        tag = f"{name}-{rows}-{opt}"
+        np.savez(os.path.join(out, f"{tag}-rank{rank}.npz"), losses=np.array(losses),
+                 steps=dp.step.steps_taken, **dp.step.params)
+        ckpt = os.path.join(out, f"{tag}-ckpt.npz")
+        dp.save(ckpt)
+        saved = {k: v.copy() for k, v in dp.step.params.items()}
+        dp(xs[0], ys[0])  # move on, then load back
+        dp.load(ckpt)
+        assert dp.step.steps_taken == STEPS
+        for k, v in dp.step.params.items():
+            assert np.array_equal(v, saved[k]), k
+    kiln.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
