@@ -73,11 +73,14 @@ def canonical_text(kernel: Kernel) -> str:
         if n is None:
             if isinstance(x, Var):
                 n = f"v{len(names)}:{x.dtype}x{x.lanes}"
-            else:
-                n = f"b{len(names)}:{x.dtype}{list(x.shape)}:{x.scope}"
+            else:  # a symbolic dim by its name here (the dims are named first)
+                shape = [name_of(d) if isinstance(d, Var) else d for d in x.shape]
+                n = f"b{len(names)}:{x.dtype}{shape}:{x.scope}"
             names[id(x)] = n
         return n
 
+    for d in kernel.dims:
+        name_of(d)
     for b in kernel.params:
         name_of(b)
     refs: dict[int, str] = {}
@@ -108,6 +111,8 @@ def canonical_text(kernel: Kernel) -> str:
         lines.append(f"{ref} = {' '.join(words)}")
     lines.append("params " + " ".join(name_of(b) for b in kernel.params))
     lines.append(f"inputs {len(kernel.inputs)}")
+    if kernel.dims:
+        lines.append("dims " + " ".join(name_of(d) for d in kernel.dims))
     lines.append("attrs " + _atom(kernel.attrs))
     return "\n".join(lines)
 

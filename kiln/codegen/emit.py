@@ -1,7 +1,8 @@
 """Emit: a loop-IR kernel as an LLVM module (the first of code generation's three stages).
 
 Calling convention. Every kernel is ``i32 @<symbol>(ptr %args)``: ``args[i]`` is the data
-pointer of the i-th parameter (inputs, then outputs). It returns 0, or a status: k (1-based)
+pointer of the i-th parameter (inputs, then outputs), followed, for a symbolic kernel, by
+the values of its `Kernel.dims` as 64-bit integers. It returns 0, or a status: k (1-based)
 when the k-th `Check` of the kernel (in order of appearance) fails, or ``len(checks) + j``
 when the j-th heap allocation fails (`status_messages` lists them all; the messages stay on
 the Python side). The wrapper loads the pointers and calls ``@<symbol>.body``, whose
@@ -147,13 +148,17 @@ class _KernelEmitter:
 
     def emit(self) -> ir.Module:
         params = list(self.kernel.params)
-        body_fn = ir.Function(self.module, ir.FunctionType(I32, [PTR] * len(params)),
+        dims = self.kernel.dims
+        body_fn = ir.Function(self.module,
+                              ir.FunctionType(I32, [PTR] * len(params) + [I64] * len(dims)),
                               f"{self.symbol}.body")
         body_fn.linkage = "internal"
         body_fn.attributes.add("alwaysinline")
         body_fn.attributes.add("nounwind")
         mark_buffer_params(body_fn, params, 0)
-        f = FunctionState(self.mc, body_fn, {}, {id(b): a for b, a in zip(params, body_fn.args)})
+        env = {id(d): body_fn.args[len(params) + k] for k, d in enumerate(dims)}
+        f = FunctionState(self.mc, body_fn, env,
+                          {id(b): a for b, a in zip(params, body_fn.args)})
         self.emit_stmts(f, self.kernel.body)
         f.finish()
 
@@ -161,9 +166,9 @@ class _KernelEmitter:
         entry.attributes.add("nounwind")
         b = ir.IRBuilder(entry.append_basic_block("entry"))
         args = []
-        for k in range(len(params)):
+        for k in range(len(params) + len(dims)):
             slot = b.gep(entry.args[0], [ir.Constant(I64, k)], source_etype=PTR, inbounds=True)
-            args.append(b.load(slot, typ=PTR, align=8))
+            args.append(b.load(slot, typ=PTR if k < len(params) else I64, align=8))
         b.ret(b.call(body_fn, args))
         return self.module
 

@@ -59,6 +59,7 @@ class ExprEmitter:
         self.buffers = buffers
         # Transcendental calls met in expressions, by identity: the call and its expansion.
         self.expanded: dict[int, tuple[Unary, Expr]] = {}
+        self.strides: dict[int, tuple[Expr, ...]] = {}  # symbolic buffers' (see _strides)
 
     def emit(self, root: Expr, memo: Memo) -> ir.Value:
         """The value of ``root``; ``memo`` maps emitted nodes (by identity) to values."""
@@ -86,7 +87,15 @@ class ExprEmitter:
         so the index arithmetic cannot overflow: ``nsw``)."""
         b = self.b
         flat: ir.Value | None = None
-        for idx, stride in _rejoin(indices, buf.strides):
+        if buf.is_symbolic:  # strides from the dims passed at run time
+            for idx, sx in zip(indices, self._strides(buf)):
+                if isinstance(idx, Const) and idx.value == 0:
+                    continue
+                i = self.as_index(self.emit(idx, memo), idx.dtype)
+                if not (isinstance(sx, Const) and sx.value == 1):
+                    i = b.mul(i, self.emit(sx, memo), flags=["nsw"])
+                flat = i if flat is None else b.add(flat, i, flags=["nsw"])
+        for idx, stride in () if buf.is_symbolic else _rejoin(indices, buf.strides):
             if isinstance(idx, Const) and idx.value == 0:
                 continue
             i = self.as_index(self.emit(idx, memo), idx.dtype)
@@ -99,6 +108,14 @@ class ExprEmitter:
         if flat is None:
             return base
         return b.gep(base, [flat], inbounds=True, source_etype=memory_type(buf.dtype))
+
+    def _strides(self, buf: Buffer) -> tuple[Expr, ...]:
+        """A symbolic buffer's stride expressions, made once per buffer (so that the memo
+        emits each product once per statement)."""
+        got = self.strides.get(id(buf))
+        if got is None:
+            got = self.strides[id(buf)] = buf.stride_exprs()
+        return got
 
     def as_index(self, v: ir.Value, dtype: str) -> ir.Value:
         """An integer value widened to i64."""

@@ -58,7 +58,7 @@ def mark_buffer_params(fn: ir.Function, bufs: list[Buffer], first: int) -> None:
     for k, buf in enumerate(bufs):
         arg = fn.args[first + k]
         arg.add_attribute("noalias")
-        if nbytes(buf):
+        if not buf.is_symbolic and nbytes(buf):  # a symbolic one's size is known at run time
             arg.attributes.dereferenceable = nbytes(buf)
 
 

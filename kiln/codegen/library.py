@@ -88,13 +88,22 @@ class CompiledKernel:
         self.address = address
         self.library = library  # keeps the machine code mapped
         self._fn = _ENTRY(address)
-        self._args_type = ctypes.c_void_p * len(kernel.params)
-        self._expected = tuple((b.shape, np.dtype(b.dtype), _byte_strides(b))
-                               for b in kernel.params)
+        self._args_type = ctypes.c_void_p * (len(kernel.params) + len(kernel.dims))
+        # a symbolic kernel's sizes come with each call: kiln/runtime/symbolic.py checks them
+        self._expected = () if kernel.is_symbolic else tuple(
+            (b.shape, np.dtype(b.dtype), _byte_strides(b)) for b in kernel.params)
         self._first_output = len(kernel.inputs)
         self._messages = status_messages(kernel)
 
     def __call__(self, *arrays: np.ndarray) -> None:
+        if self.kernel.is_symbolic:
+            from kiln.runtime.symbolic import bind_dims
+
+            dims = bind_dims(self.kernel, arrays)  # raises kiln.Error on a mismatch
+            status = self._fn(self._args_type(*[data_pointer(a) for a in arrays], *dims))
+            if status:
+                self.fail(status)
+            return
         if not self._fast_check(arrays):
             check_arrays(self.kernel, arrays)  # raises, saying what is wrong
         status = self._fn(self._args_type(*[data_pointer(a) for a in arrays]))
@@ -106,6 +115,9 @@ class CompiledKernel:
         (the VM's own registers: allocated to the kernel's shapes, results of kernels,
         inputs checked at the boundary): ``entry(args_type(*pointers))`` returns the status
         (nonzero: `fail`), skipping the per-call check of `__call__`."""
+        if self.kernel.is_symbolic:
+            raise InternalError(f"kernel {self.kernel.name} is symbolic: its sizes are "
+                                "checked on every call")
         return self._fn, self._args_type
 
     def _fast_check(self, arrays: tuple) -> bool:

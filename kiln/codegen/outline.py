@@ -202,6 +202,8 @@ def free_refs(body: Stmt) -> tuple[list[Var], list[Buffer]]:
                 names.setdefault(id(x), x)
             case Load(buffer=b) | Store(buffer=b):
                 bufs.setdefault(id(b), b)
+                # a symbolic buffer's dims address it (its strides)
+                stack.extend(d for d in b.shape if isinstance(d, Var))
         if is_dataclass(x):
             for fld in fields(x):
                 value = getattr(x, fld.name)

@@ -9,7 +9,9 @@ code generation is a direct translation to LLVM:
   `DotProduct` (the int8 dot product of 4-byte groups: VNNI's ``vpdpbusd``);
 - statements: `For` (serial, parallel, vectorized or unrolled), `Store`, `LetStmt`,
   `Allocate` (a local buffer: a register tile or scratch space), `Seq`, `IfThenElse`;
-- `Buffer`s have static shapes, are row-major and contiguous; a `Load`/`Store` with
+- `Buffer`s are row-major and contiguous, of static shapes — except in a *symbolic* kernel
+  (compiled once for every size), whose arguments' shapes may name its `Kernel.dims`,
+  INDEX variables passed at run time; a `Load`/`Store` with
   ``lanes > 1`` touches ``lanes`` consecutive elements along the last axis from its index.
 
 Nodes are frozen dataclasses; `Var` and `Buffer` compare by identity. Dtypes are kiln's
@@ -42,17 +44,29 @@ def _check_dtype(dtype: str) -> None:
 
 @dataclass(frozen=True, eq=False)
 class Buffer:
-    """A row-major contiguous array: a kernel argument (``scope="global"``) or local scratch."""
+    """A row-major contiguous array: a kernel argument (``scope="global"``) or local scratch.
+
+    A dimension is an int, or — in a kernel compiled once for every size (a *symbolic*
+    kernel, `Kernel.dims`) — one of the kernel's dimension variables (an INDEX `Var` whose
+    value the caller passes at run time). Only kernel arguments may have symbolic dimensions.
+    """
 
     name: str
+    # ints; a symbolic kernel's arguments may hold its dim `Var`s too. Typed as ints for the
+    # code that only meets static buffers (all but the verifier, the code generator and
+    # the run-time check, which test `is_symbolic`).
     shape: tuple[int, ...]
     dtype: str
     scope: str = "global"  # "global" (a kernel argument) or "local" (allocated in the kernel)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        object.__setattr__(self, "shape", tuple(d if isinstance(d, Var) else int(d)
+                                                for d in self.shape))  # (Var: see above)
         _check_dtype(self.dtype)
-        if any(d < 0 for d in self.shape):
+        if any(isinstance(d, Var) and (d.dtype != INDEX or d.lanes != 1) for d in self.shape):
+            raise InternalError(f"loop IR: buffer {self.name} has a dimension that is not an "
+                                "index variable")
+        if any(isinstance(d, int) and d < 0 for d in self.shape):
             raise InternalError(f"loop IR: buffer {self.name} has a negative dimension")
 
     @property
@@ -60,9 +74,20 @@ class Buffer:
         return len(self.shape)
 
     @property
+    def is_symbolic(self) -> bool:
+        """Whether a dimension is a variable (known only when the kernel is called)."""
+        return any(isinstance(d, Var) for d in self.shape)
+
+    def _static(self, what: str) -> tuple[int, ...]:
+        if self.is_symbolic:
+            raise InternalError(f"loop IR: the {what} of {self.name}, of symbolic shape, is "
+                                "known only at run time")
+        return self.shape
+
+    @property
     def size(self) -> int:
         n = 1
-        for d in self.shape:
+        for d in self._static("size"):
             n *= d
         return n
 
@@ -71,9 +96,19 @@ class Buffer:
         """Element strides of the row-major layout."""
         out = []
         step = 1
-        for d in reversed(self.shape):
+        for d in reversed(self._static("strides")):
             out.append(step)
             step *= d
+        return tuple(reversed(out))
+
+    def stride_exprs(self) -> tuple[Expr, ...]:
+        """Element strides as index expressions (products of the trailing dimensions): what
+        addresses a buffer of symbolic shape."""
+        out: list[Expr] = []
+        step: Expr = Const(1)
+        for d in reversed(self.shape):
+            out.append(step)
+            step = binary("mul", step, d)
         return tuple(reversed(out))
 
     def __repr__(self) -> str:
@@ -549,10 +584,26 @@ class Kernel:
     outputs: tuple[Buffer, ...]
     body: Stmt
     attrs: dict = field(default_factory=dict)
+    # The dimension variables of a symbolic kernel (compiled once for every size): INDEX
+    # variables that buffer shapes mention, passed by the caller after the buffers and
+    # checked against the arrays' shapes before the call (kiln/runtime/symbolic.py).
+    dims: tuple[Var, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
         object.__setattr__(self, "outputs", tuple(self.outputs))
+        object.__setattr__(self, "dims", tuple(self.dims))
+        known = {id(d) for d in self.dims}
+        for b in self.inputs + self.outputs:
+            for d in b.shape:
+                if isinstance(d, Var) and id(d) not in known:
+                    raise InternalError(f"loop IR: buffer {b.name} of kernel {self.name} has "
+                                        f"the dimension {d.name}, not one of the kernel's dims")
+
+    @property
+    def is_symbolic(self) -> bool:
+        """Whether the kernel takes its sizes at run time (`dims`)."""
+        return bool(self.dims)
 
     @property
     def params(self) -> tuple[Buffer, ...]:

@@ -7,6 +7,12 @@ dependent indices safe by clamping them (``min``/``max``), which the analysis un
 Other checks: variables are used in scope, operands agree in dtype and lanes, inputs are
 never written, local buffers are used only inside their allocation, parallel loops do not nest.
 
+A symbolic kernel (`Kernel.dims`: sizes passed at run time) is proven in bounds for every
+value of its dims: a dim ranges over [0, `DIM_MAX`], and an axis of symbolic size ``d`` may
+only be indexed by a loop variable of a loop ``for v in [0, d)`` (the symbolic bound
+``v ≤ d - 1``), read one lane at a time. Local buffers have static shapes. The caller checks
+that the dims it passes are the arrays' sizes (kiln/runtime/symbolic.py).
+
 A failure is an `InternalError`: a bug in kiln's lowering, never the user's.
 """
 
@@ -45,6 +51,7 @@ from kiln.loops.ir import (
 from kiln.loops.printer import expr_text
 
 MAX_UNROLL = 256
+DIM_MAX = 2**40  # what a symbolic kernel's dim may be, as far as the interval analysis knows
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,14 @@ class _Verifier:
         self.memo: dict[int, Interval] = {}
         # id(integer expression) -> bounds that an enclosing IfThenElse's condition proves
         self.facts: dict[int, Interval] = {}
+        # a symbolic kernel's dims: id(var) -> var, each ranging over [0, DIM_MAX]
+        self.dims = {id(d): d for d in kernel.dims}
+        for d in kernel.dims:
+            if d.dtype != "int64" or d.lanes != 1:
+                raise self.fail(f"the dim {d.name} is not a scalar index")
+            self.ranges[id(d)] = Interval(0, DIM_MAX)
+        # id(loop var) -> id(dim) d: the loop runs over [0, d), so the variable is ≤ d - 1
+        self.below: dict[int, int] = {}
 
     def fail(self, message: str) -> InternalError:
         return InternalError(f"loop IR of kernel {self.kernel.name}: {message}")
@@ -218,6 +233,16 @@ class _Verifier:
                 raise self.fail(f"index {expr_text(idx)} of {buf.name} is not a scalar integer")
             iv = self.bound(idx)
             extra = lanes - 1 if axis == buf.ndim - 1 else 0
+            dim = buf.shape[axis]
+            if isinstance(dim, Var):
+                if (iv.lo is None or iv.lo < 0 or extra or not isinstance(idx, Var)
+                        or self.below.get(id(idx)) != id(dim)):
+                    raise self.fail(
+                        f"cannot prove the {what} of {buf.name}{list(buf.shape)} in bounds: "
+                        f"index {expr_text(idx)} of axis {axis}, of symbolic size {dim.name}, "
+                        f"is not the variable of a loop over [0, {dim.name})"
+                        + (f" (+{extra} lanes)" if extra else ""))
+                continue
             if iv.lo is None or iv.hi is None or iv.lo < 0 or iv.hi + extra >= buf.shape[axis]:
                 raise self.fail(
                     f"cannot prove the {what} of {buf.name}{list(buf.shape)} in bounds: index "
@@ -245,6 +270,7 @@ class _Verifier:
                 continue
             if isinstance(item, Var):
                 self.ranges.pop(id(item), None)
+                self.below.pop(id(item), None)
                 continue
             if isinstance(item, Buffer):
                 self.buffers.discard(id(item))
@@ -269,6 +295,8 @@ class _Verifier:
                     lo, n = self.bound(start), self.bound(ext)
                     hi = _op(lo.hi, n.hi, lambda a, b: a + b - 1)
                     self.ranges[id(v)] = Interval(lo.lo, hi)
+                    if id(ext) in self.dims and lo.hi is not None and lo.hi <= 0:
+                        self.below[id(v)] = id(ext)
                     self.memo.clear()
                     stack.append(v)
                     stack.append((body, in_parallel or loop_kind == "parallel"))
@@ -293,6 +321,8 @@ class _Verifier:
                 case Allocate(buffer=buf, body=body):
                     if buf.scope != "local":
                         raise self.fail(f"allocated buffer {buf.name} must have local scope")
+                    if buf.is_symbolic:
+                        raise self.fail(f"local buffer {buf.name} has a symbolic shape")
                     self.buffers.add(id(buf))
                     stack.append(buf)
                     stack.append((body, in_parallel))

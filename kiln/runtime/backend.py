@@ -256,6 +256,90 @@ def specialize_kernel(decl: KernelDecl, shapes: tuple[tuple[int, ...], ...],
     return low.kernels.functions[concrete.name]
 
 
+# Operators whose kernels are specialized per concrete shape, never made symbolic: their
+# tiling (GEMM micro-kernels, convolution blocking) needs constant extents.
+SPECIALIZED_OPS = ("dense", "matmul", "conv", "attention")
+
+SizePattern = tuple[tuple[int | str, ...], ...]
+
+
+def size_pattern(decl: KernelDecl, shapes: tuple[tuple[int, ...], ...],
+                 distinct: bool = False) -> SizePattern:
+    """What a symbolic kernel compiled for ``shapes`` depends on: each symbolic dimension of
+    the inputs given as 0 or 1 (broadcasting and empty tensors lower differently), else as
+    the name of a size (``s0``, ``s1``, ...): one per class of equal sizes, or with
+    ``distinct`` one per position (a kernel whose types allow it then serves shapes where
+    those sizes differ too)."""
+    classes: dict[object, str] = {}
+    out = []
+    for i, (ty, shape) in enumerate(zip(decl.inputs, shapes)):
+        row: list[int | str] = []
+        for j, (d, n) in enumerate(zip(ty.shape, shape)):
+            if isinstance(d, int) or n in (0, 1):
+                row.append(int(n))
+            else:
+                key = (i, j) if distinct else int(n)
+                row.append(classes.setdefault(key, f"s{len(classes)}"))
+        out.append(tuple(row))
+    return tuple(out)
+
+
+def fits(pattern: SizePattern, shapes: tuple[tuple[int, ...], ...]) -> bool:
+    """Whether a symbolic kernel compiled for ``pattern`` computes the kernel at ``shapes``:
+    its 0s and 1s where they are, every size named alike equal and neither 0 nor 1."""
+    seen: dict[str, int] = {}
+    for row, shape in zip(pattern, shapes):
+        if len(row) != len(shape):
+            return False
+        for x, n in zip(row, shape):
+            if isinstance(x, int):
+                if x != n:
+                    return False
+            elif n in (0, 1) or seen.setdefault(x, n) != n:
+                return False
+    return True
+
+
+def symbolic_kernel(decl: KernelDecl, pattern: SizePattern, target: Target | str,
+                    opt_level: int) -> KernelFunction | None:
+    """``decl`` compiled once for every shape of ``pattern`` (`size_pattern`), its symbolic
+    sizes passed at run time (kiln/loops/generalize.py); None where it must be specialized
+    per shape instead: a GEMM-like operator (`SPECIALIZED_OPS`), or a lowering that depends
+    on the sizes other than through loop extents and buffer shapes."""
+    from kiln.loops.generalize import STAND_INS_A, STAND_INS_B, generalize
+    from kiln.loops.ir import Var as LVar
+
+    if any(w in op for op in decl.ops for w in SPECIALIZED_OPS):
+        return None
+    names = sorted({x for row in pattern for x in row if isinstance(x, str)})
+    if not names or len(names) > len(STAND_INS_A):
+        return None
+    index = {n: k for k, n in enumerate(names)}
+    lowered = []
+    for stand_ins in (STAND_INS_A, STAND_INS_B):
+        shapes = tuple(tuple(stand_ins[index[x]] if isinstance(x, str) else x for x in row)
+                       for row in pattern)
+        try:
+            concrete = specialize_decl(decl, shapes)
+        except Error:
+            return None  # the stand-in sizes do not type (a size fixed by the computation)
+        low = Lowered(Program(kernels={concrete.name: concrete}), target, opt_level)
+        ctx = PassContext.current()
+        for name in KERNEL_PIPELINE[:-1]:
+            low = ctx.run_pass(get_pass(name), low)
+        k = low.program.kernels[concrete.name].kernel
+        if k is None:
+            return None
+        lowered.append(k)
+    dims = {(STAND_INS_A[k], STAND_INS_B[k]): LVar(n) for k, n in enumerate(names)}
+    label = "_".join("x".join(str(x) for x in row) for row in pattern)
+    generic = generalize(lowered[0], lowered[1], dims, f"{decl.name}__sym_{label}")
+    if generic is None:
+        return None
+    kernels = compile_kernels([generic], target, opt_level)
+    return kernels.functions[generic.name]
+
+
 def _register() -> None:
     from kiln.transform.pass_manager import register_pass
 

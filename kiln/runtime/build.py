@@ -17,7 +17,9 @@ first use, for the shapes met, by the same Level-3 passes.
 from __future__ import annotations
 
 import os
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import nullcontext
@@ -41,7 +43,6 @@ from kiln.runtime.named_io import (
     output_infos,
     select_outputs,
 )
-from kiln.runtime.vm import Specializer
 from kiln.ssa.ir import KernelDecl, Program
 from kiln.ssa.memory import MemoryPlan
 from kiln.target import Target
@@ -70,13 +71,19 @@ class ExecutableStats:
     cache_hits: int
     backend: str  # "native" or "evaluator"
     executor: str
+    # kernels of symbolic shape compiled at run time: once for every size (symbolic), or
+    # for one concrete shape (GEMM-like ones, and those whose lowering needs constants)
+    symbolic_compiles: int = 0
+    shape_compiles: int = 0
 
     def __str__(self) -> str:
         ratio = (f" ({self.arena_bytes / self.intermediate_bytes:.1%})"
                  if self.intermediate_bytes else "")
         lines = [
             f"kernels           {self.kernels} compiled ({self.backend}), "
-            f"{self.dynamic_kernels} of symbolic shape ({self.specializations} specialized)",
+            f"{self.dynamic_kernels} of symbolic shape ({self.specializations} specialized: "
+            f"{self.symbolic_compiles} compiled for every size, {self.shape_compiles} for "
+            "one shape)",
             f"functions         {self.functions}, run by the {self.executor} executor",
             f"arena             {self.arena_bytes} bytes for {self.intermediate_bytes} bytes of "
             f"intermediates{ratio}; {self.heap_bytes} bytes allocated per result",
@@ -92,13 +99,95 @@ class ExecutableStats:
         return "\n".join(lines)
 
 
-def make_specializer(target: Target | str, opt_level: int) -> Specializer:
-    """Compiles a kernel of symbolic shape for concrete input shapes (the Level-3 passes)."""
+SYMBOLIC_KERNELS = "KILN_SYMBOLIC_KERNELS"
 
-    def run(decl: KernelDecl, shapes: tuple[tuple[int, ...], ...]) -> KernelFunction:
-        return specialize_kernel(decl, shapes, target, opt_level)
 
-    return run
+class ShapeCompiler:
+    """What the VM asks for a kernel of symbolic shape at concrete input shapes.
+
+    A kernel that can be (kiln/runtime/backend.py, `symbolic_kernel`: elementwise and
+    injective groups, reductions, softmax, layer norm, copies) is compiled once per
+    `size_pattern` with its sizes as run-time arguments, and each new shape gets a
+    `BoundKernel` of it (no compilation); the others (GEMM, convolution, batch matmul, or a
+    lowering that depends on the sizes) are compiled per concrete shape. The VM keeps what
+    it gets in its bounded LRU cache (``KILN_MAX_SPECIALIZATIONS``); this keeps the symbolic
+    kernels, as many at most. ``symbolic_compiles`` and ``shape_compiles`` count the kernels
+    compiled each way (cache misses), ``bound`` the shapes served by a symbolic kernel.
+    """
+
+    def __init__(self, target: Target | str, opt_level: int) -> None:
+        from kiln.runtime.vm import max_specializations
+
+        self.target, self.opt_level = target, opt_level
+        self.symbolic_compiles = 0
+        self.shape_compiles = 0
+        self.bound = 0
+        self._generic: OrderedDict[tuple[str, Any], KernelFunction] = OrderedDict()
+        self._failed: set[tuple[str, Any]] = set()  # (kernel, size pattern): per shape
+        self._limit = max_specializations()
+        self._lock = threading.Lock()
+        # KILN_SYMBOLIC_KERNELS=0: every kernel specialized per shape (for comparisons)
+        self.enabled = os.environ.get(SYMBOLIC_KERNELS, "1").strip() != "0"
+
+    def __call__(self, decl: KernelDecl, shapes: tuple[tuple[int, ...], ...]) -> KernelFunction:
+        from kiln.runtime.symbolic import BoundKernel
+
+        generic: KernelFunction | None = None
+        if self.enabled and resolve_target(self.target) is not None:  # not the evaluator
+            with self._lock:
+                generic = self._symbolic(decl, shapes)
+        if generic is None:
+            self.shape_compiles += 1
+            return specialize_kernel(decl, shapes, self.target, self.opt_level)
+        self.bound += 1
+        dims = "_".join("x".join(str(d) for d in s) for s in shapes)
+        return BoundKernel(generic, _dims_of(generic, shapes), f"{decl.name}__{dims}")
+
+
+    def _symbolic(self, decl: KernelDecl,
+                  shapes: tuple[tuple[int, ...], ...]) -> KernelFunction | None:
+        """A symbolic kernel of ``decl`` that fits ``shapes``: one compiled already, else a
+        new one (sizes told apart by position first, then by value), else None."""
+        from kiln.runtime.backend import fits, size_pattern, symbolic_kernel
+
+        hit = next((key for key in self._generic
+                    if key[0] == decl.name and fits(key[1], shapes)), None)
+        if hit is not None:
+            self._generic.move_to_end(hit)
+            return self._generic[hit]
+        by_value = size_pattern(decl, shapes)
+        if (decl.name, by_value) in self._failed:
+            return None
+        for pattern in dict.fromkeys((size_pattern(decl, shapes, distinct=True), by_value)):
+            fn = symbolic_kernel(decl, pattern, self.target, self.opt_level)
+            if fn is not None:
+                self.symbolic_compiles += 1
+                self._generic[(decl.name, pattern)] = fn
+                while len(self._generic) > self._limit:
+                    self._generic.popitem(last=False)
+                return fn
+        self._failed.add((decl.name, by_value))
+        return None
+
+
+def _dims_of(generic: KernelFunction, shapes: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
+    """The values of a symbolic kernel's dims at input ``shapes``."""
+    from kiln.loops.ir import Var as LVar
+
+    k = generic.kernel
+    value: dict[int, int] = {}
+    for b, shape in zip(k.inputs, shapes):
+        for d, n in zip(b.shape, shape):
+            if isinstance(d, LVar):
+                value.setdefault(id(d), int(n))
+    if any(id(d) not in value for d in k.dims):
+        raise Error(f"kernel {k.name}: its inputs do not give every size it takes")
+    return tuple(value[id(d)] for d in k.dims)
+
+
+def make_specializer(target: Target | str, opt_level: int) -> ShapeCompiler:
+    """Compiles a kernel of symbolic shape for concrete input shapes (`ShapeCompiler`)."""
+    return ShapeCompiler(target, opt_level)
 
 
 class Executable:
@@ -131,8 +220,10 @@ class Executable:
         self._inputs = input_infos(list(zip(self._names, self._types)), input_names or {})
         self._outputs, self._whole_result = output_infos(main.ret_type, output_names)
         self._param_of = {i.name: n for i, n in zip(self._inputs, self._names)}
-        self.executor: Executor = choose_executor(program, kernels,
-                                                  make_specializer(target, opt_level), executor)
+        # kernels of symbolic shape, compiled as the VM meets their shapes
+        self.shape_compiler = make_specializer(target, opt_level)
+        self.executor: Executor = choose_executor(program, kernels, self.shape_compiler,
+                                                  executor)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run @main: arrays (or tuples, ADT values, ...) in, results out.
@@ -254,6 +345,8 @@ class Executable:
             cache_hits=self.kernels.cache_hits,
             backend=self.kernels.backend,
             executor=getattr(self.executor, "name", type(self.executor).__name__),
+            symbolic_compiles=self.shape_compiler.symbolic_compiles,
+            shape_compiles=self.shape_compiler.shape_compiles,
         )
 
     def profile(self, *args: Any, repeat: int | None = None, **kwargs: Any) -> Profile:
