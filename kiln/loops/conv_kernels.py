@@ -164,11 +164,13 @@ class Planes:
         return max(self.phases * self.channels * self.plane, self.max_tap() + slots)
 
     def fill(self, x: Callable[..., Expr], img: Expr, out: Buffer, target: Target,
-             zero_first: bool = False) -> Stmt:
+             zero_first: bool = False, used: int | None = None) -> Stmt:
         """The planes of image ``img`` of ``x`` written to ``out``: every interior row a
         plain (vectorizable) copy, the borders and the tail zeros; no bounds test per element.
         With ``zero_first``, all of ``out`` is zeroed in one loop before the rows are copied
-        (cheaper than per-row border loops for small planes)."""
+        (cheaper than per-row border loops for small planes). ``used``: the floats of ``out``
+        that are ever read (default all), the rest left as it is."""
+        used = out.size if used is None else min(used, out.size)
         (sh, sw), (top, left) = self.strides, self.padding
         rows, cols, plane = self.rows, self.cols, self.plane
         ch = Var("ci")
@@ -207,8 +209,8 @@ class Planes:
         kind = _copy_kind(planes, self.channels, target)
         body = For(ch, Const(0), Const(self.channels), Seq(tuple(stmts)), kind)
         if zero_first:
-            return Seq(tuple(zero(Const(0, INDEX), out.size) + [body]))
-        return Seq(tuple([body] + zero(Const(planes, INDEX), out.size - planes)))
+            return Seq(tuple(zero(Const(0, INDEX), used) + [body]))
+        return Seq(tuple([body] + zero(Const(planes, INDEX), used - planes)))
 
 
 MAX_PHASES = 4  # stride phases beyond which the input is laid out as im2col (`Im2col`)
@@ -257,7 +259,7 @@ class Im2col:
         return self.max_tap() + max(slots, self.columns)
 
     def fill(self, x: Callable[..., Expr], img: Expr, out: Buffer, target: Target,
-             zero_first: bool = False) -> Stmt:
+             zero_first: bool = False, used: int | None = None) -> Stmt:
         assert isinstance(x, Tensor)  # a whole input (one channel only for depthwise)
         g_ = self.planes
         (kh, kw), (sh, sw), (dh, dw), (top, left) = g_.kernel, g_.strides, g_.dilation, g_.padding
@@ -274,10 +276,11 @@ class Im2col:
         total = self.max_tap() + self.columns
         kind = _copy_kind(total, g_.channels, target)
         z = Var("z")
-        tail = For(z, Const(total), Const(out.size - total), Store(out, (z,), Const(
+        used = out.size if used is None else min(used, out.size)
+        tail = For(z, Const(total), Const(used - total), Store(out, (z,), Const(
             0.0, out.dtype)), "vectorized")
         rows = For(ch, Const(0), Const(g_.channels), body, kind)
-        return Seq((rows, tail)) if out.size > total else rows
+        return Seq((rows, tail)) if used > total else rows
 
 
 def _copy_kind(floats: int, channels: int, target: Target) -> str:
@@ -493,15 +496,19 @@ def implicit_gemm(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequenc
 
     # The micro-kernel's step p reads tap kk: its offset from a table made once per call
     # (the div/mod chain of (c, ky, kx) cost some 50 integer instructions a step beside 28
-    # FMAs on a 7×7 stride-2 kernel). The clamp to the offsets' bounds costs two and lets the
-    # verifier bound the read. A group's channels are its first channel's plus a stride.
+    # FMAs on a 7×7 stride-2 kernel). The offset taken modulo ``span``, a power of two above
+    # every offset, changes nothing and lets the verifier bound the read: one `and` a step
+    # (a clamp to [0, max] was five instructions, beside 12 FMAs on AVX2); the planes are
+    # allocated, not filled, that far. A group's channels are its first channel's plus a
+    # stride.
     tap_table = Buffer("taps", (kc * nk,), INDEX, "local")
     group_stride = cg * geo.channel_stride
     high = geo.max_tap() - (groups - 1) * group_stride
+    span = 1 << max(high, 1).bit_length()
+    reach_taps = span - 1 + (groups - 1) * group_stride  # what the verifier bounds a tap by
 
     def tap_at(bt: Expr, kk: Expr) -> Expr:
-        at: Expr = Binary("max", Load(tap_table, (kk,)), Const(0, INDEX))
-        at = Binary("min", at, Const(high, INDEX))
+        at: Expr = Binary("floormod", Load(tap_table, (kk,)), Const(span, INDEX))
         return at if groups == 1 else at + bt * group_stride
 
     def packed(bt: Expr, tile: Expr, kk: Expr, c: Expr, width: int = 1) -> Expr:
@@ -520,9 +527,12 @@ def implicit_gemm(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequenc
     if rows:
         last = -(-(oh * ow) // mr) - 1  # the last M tile's rows past the image are read too
         reach = max(pixel_offset(last, i) for i in range(mr))
-        size = max(geo.size(0), geo.max_tap() + reach + 1)
+        used = max(geo.size(0), geo.max_tap() + reach + 1)
+        size = max(used, reach_taps + reach + 1)
     else:
-        size = geo.size(-(-geo.columns // nr) * nr)  # the last tile's padding columns too
+        slots = -(-geo.columns // nr) * nr  # the last tile's padding columns too
+        used = geo.size(slots)
+        size = max(used, reach_taps + slots)
     planes = Buffer("planes", (size,), dtype, "local")
 
     def guard_k(kk: Expr, value: Expr, width: int) -> Expr:
@@ -575,7 +585,7 @@ def implicit_gemm(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequenc
         kk = Var("kk")
         table = For(kk, Const(0), Const(kc * nk), Store(tap_table, (kk,), tap_of(kk)))
         images = For(img, Const(0), Const(nimg), Allocate(planes, Seq((
-            geo.fill(x, img, planes, tgt), prod))))
+            geo.fill(x, img, planes, tgt, used=used), prod))))
         return Allocate(tap_table, Seq((table, images)))
 
     t = extern(tuple(out_shape), dtype, emit)

@@ -198,3 +198,35 @@ def test_model_layers(c: int, size: int, o: int, kernel: int, stride: int, pad: 
     b = (RNG.standard_normal(wshape) * 0.1).astype(np.float32)
     want = reference(a, b, (stride, stride), (pad,) * 4, (1, 1), groups)
     np.testing.assert_allclose(exe(a, b), want, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("spec,groups", [("llvm -mcpu=znver3", 1), ("llvm -mcpu=znver3", 2),
+                                         ("llvm -mcpu=znver4", 1)])
+def test_tap_offsets_cost_two_instructions_a_step(spec: str, groups: int) -> None:
+    # The implicit GEMM's K step reads its tap's offset from a table and bounds it for the
+    # verifier with a power-of-two mask (a load and an `and`), not a clamp to [0, max]
+    # (five instructions with a cmov): the K loop of the micro-kernel has no cmov, and
+    # besides a load and a mask a step, at most 4 scalar instructions (the counters, the
+    # compare and the jump that LLVM's unrolled steps share). Compiled for Zen 3 (AVX2) and
+    # Zen 4 (AVX-512), not run.
+    from kiln.codegen import assembly
+    from kiln.runtime.backend import lower
+    from tests.loops.test_gemm import _micro_kernel_loop
+
+    x = kiln.var("x", shape=(1, 32, 12, 12), dtype="float32")
+    w = kiln.var("w", shape=(32, 32 // groups, 3, 3), dtype="float32")
+    mod = kiln.IRModule.from_expr(kiln.Function([x, w], nn.conv2d(
+        x, w, padding=(1, 1), groups=groups)))
+    b = RNG.standard_normal((32, 32 // groups, 3, 3)).astype(np.float32)
+    t = Target.parse(spec)
+    low = lower(mod, t, 3, {"w": b}, upto="lower-kernels")
+    kernels = [d.kernel for d in low.program.kernels.values()
+               if d.kernel is not None and d.kernel.attrs.get("schedules")]
+    assert len(kernels) == 1
+    body = _micro_kernel_loop(assembly(kernels[0], target=t))
+    ops = [line.split()[0] for line in body[1:] if line.strip()]
+    assert any(op.startswith("vfmadd") for op in ops)
+    scalar = [op for op in ops if not op.startswith("v")]
+    steps = sum(op.startswith("and") for op in scalar)  # the masks: one a step
+    assert steps >= 1 and not [op for op in scalar if op.startswith("cmov")], body
+    assert len(scalar) <= 2 * steps + 4, body
