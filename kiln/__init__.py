@@ -9,6 +9,7 @@
 """
 
 import logging as _logging
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from kiln import op, train, transform
 from kiln.ad import grad
@@ -60,6 +61,10 @@ __version__ = "0.1.0"
 # kiln logs through the "kiln" logger tree and leaves configuring it to the application
 # (the `kiln` command's -v/-q do): without a handler of its own nothing reaches stderr.
 _logging.getLogger("kiln").addHandler(_logging.NullHandler())
+
+
+if _TYPE_CHECKING:
+    from kiln import distributed
 
 
 def __getattr__(name: str) -> object:
