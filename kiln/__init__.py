@@ -64,7 +64,7 @@ _logging.getLogger("kiln").addHandler(_logging.NullHandler())
 
 
 if _TYPE_CHECKING:
-    from kiln import distributed
+    from kiln import distributed as distributed
 
 
 def __getattr__(name: str) -> object:
