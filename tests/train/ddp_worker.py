@@ -6,7 +6,9 @@
 trains each model for STEPS steps with kiln.distributed.DataParallel on the global batches of
 tests/train/ddp_models.py (every rank draws the same ones) and writes, per model, this rank's
 weights and losses (``<model>-rank<r>.npz``) and rank 0's checkpoint (``<model>-ckpt.npz``);
-then checks that a checkpoint loaded back on every rank gives rank 0's weights."""
+then checks that a checkpoint loaded back on every rank gives rank 0's weights, that a replica
+changed by one ulp is caught by check_replicas on both ranks, and that a batch of the wrong
+size is refused."""
 
 from __future__ import annotations
 
@@ -53,6 +55,22 @@ def main() -> None:
         assert dp.step.steps_taken == STEPS
         for k, v in dp.step.params.items():
             assert np.array_equal(v, saved[k]), k
+        # a replica that drifts by one ulp is caught, on every rank
+        w = next(iter(dp.step.params.values()))
+        if rank == 1:
+            w.flat[0] = np.nextafter(w.flat[0], np.float32(np.inf))
+        try:
+            dp.check_replicas()
+            raise AssertionError("check_replicas missed a diverged replica")
+        except kiln.Error as e:
+            assert "diverged" in str(e), e
+        dp.broadcast_from_rank0()
+        dp.check_replicas()
+        try:
+            dp(xs[0][:-1], ys[0][:-1])
+            raise AssertionError("a batch of the wrong size was taken")
+        except kiln.Error as e:
+            assert "global batch" in str(e), e
     kiln.distributed.destroy_process_group()
 
 
