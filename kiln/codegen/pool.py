@@ -28,10 +28,13 @@ with ``sched_yield``.
 The job word. Odd while a job is open, even when closed; it only grows, so a worker never
 mistakes a new job for the one it finished. A worker joins by incrementing ``active`` and
 then checking that the job word is still the one it saw; the caller closes the job (bumps
-the word to even) and waits for ``active`` to reach 0 before it may publish the next job.
-With sequentially consistent accesses to both words, a worker either sees the close and
-leaves without reading the job, or the caller sees the worker and waits for it: no worker
-ever reads a half-written job or claims a chunk of the wrong one.
+the word to even) once every chunk has run, and returns. The next region's caller publishes
+its job only if ``active`` is 0; otherwise a worker is still inside the old job (joined, or
+leaving, without a chunk to run: a worker descheduled in that window used to hold the caller
+for a scheduler timeslice after all the work was done) and the region runs on the caller
+alone. With sequentially consistent accesses to both words, a worker either sees the close
+and leaves without reading the job, or the next caller sees the worker and does not publish:
+no worker ever reads a half-written job or claims a chunk of the wrong one.
 
 Several callers. One region at a time owns the pool (a try-lock); a caller that finds it
 taken (another Python thread calling a kernel, or a nested region, which the loop verifier
@@ -325,6 +328,12 @@ own:
   %won = extractvalue {{ i32, i1 }} %pair, 1
   br i1 %won, label %grow, label %serial
 grow:
+  ; a worker still inside the last job (descheduled between its last claim and leaving)
+  ; might read this job's words half-written: run this region alone rather than wait for it
+  %inside = load atomic i64, ptr @pool.active seq_cst, align 8
+  %straggler = icmp ne i64 %inside, 0
+  br i1 %straggler, label %release.alone, label %grow.workers
+grow.workers:
   %have = call i64 @pool.grow(i64 %want)
   %h.fewer = icmp ult i64 %have, %want
   %helpers = select i1 %h.fewer, i64 %have, i64 %want
@@ -359,7 +368,6 @@ work:
   call void @pool.wait_i64(ptr @pool.done, i64 %chunks)
   %closed = add i64 %open, 1
   store atomic i64 %closed, ptr @pool.job seq_cst, align 8
-  call void @pool.wait_i64(ptr @pool.active, i64 0)
   store atomic i32 0, ptr @pool.owned seq_cst, align 4
   br label %exit
 serial:

@@ -106,6 +106,36 @@ def test_the_pool_shares_chunks_between_threads() -> None:
     assert helped
 
 
+def test_back_to_back_regions_each_run_every_chunk_once() -> None:
+    # Regions follow each other with no pause, so a worker is often still leaving the last
+    # one when the next is published (the next region then runs on the caller alone): every
+    # region must still run each of its chunks exactly once, on whichever threads.
+    with threads(2):
+        for r in range(300):
+            n = 3 + r % 7
+            ran = run_pool(n, 1)
+            assert sorted((lo, hi) for lo, hi, _ in ran) == [(i, i + 1) for i in range(n)] \
+                or sorted((lo, hi) for lo, hi, _ in ran) == [(0, n)]
+
+
+def test_a_compiled_parallel_kernel_called_many_times_matches_one_thread() -> None:
+    kernel = row_softmax_like(64, 33)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((64, 33)).astype(np.float32)
+    s = np.array(1.5, np.float32)
+    f = compile_kernels([kernel])[kernel.name]
+    with threads(1):
+        want = np.empty((64, 33), np.float32)
+        f(x, s, want)
+    with threads(2):
+        for _ in range(2000):
+            got = np.full((64, 33), np.nan, np.float32)
+            f(x, s, got)
+            np.testing.assert_array_equal(got, want)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(want, e / e.sum(axis=1, keepdims=True) * 1.5, rtol=1e-5)
+
+
 def test_concurrent_callers_of_the_pool_each_get_all_their_chunks() -> None:
     results: list[list[tuple[int, int, int]]] = [[] for _ in range(4)]
     barrier = threading.Barrier(4)
