@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import numpy as np
 
@@ -45,8 +46,9 @@ def main() -> None:
         losses = [dp(xs[s], ys[s]) for s in range(STEPS)]
         dp.check_replicas()
         tag = f"{name}-{rows}-{opt}"
-        np.savez(os.path.join(out, f"{tag}-rank{rank}.npz"), losses=np.array(losses),
-                 steps=dp.step.steps_taken, **dp.step.params)
+        arrays: dict[str, Any] = {"losses": np.array(losses), "steps": dp.step.steps_taken,
+                                  **dp.step.params}
+        np.savez(os.path.join(out, f"{tag}-rank{rank}.npz"), **arrays)
         ckpt = os.path.join(out, f"{tag}-ckpt.npz")
         dp.save(ckpt)
         saved = {k: v.copy() for k, v in dp.step.params.items()}
