@@ -22,8 +22,10 @@ IR once lowered), the memory plan, the compiled kernels, and what they are made 
 never change their input: `plan-memory` annotates a copy of the program, `lower-kernels`
 makes new declarations.
 
-A kernel of symbolic shape is not lowered at build time: at run time the VM asks
-`specialize_kernel` for the shapes it meets, which runs the same Level-3 passes
+A kernel of symbolic shape is not lowered at build time: at run time the VM asks for the
+shapes it meets, and gets `symbolic_kernel` (compiled once for every size of a pattern, its
+sizes passed at run time; kiln/loops/generalize.py) or, for GEMM-like kernels and those
+whose lowering needs constant sizes, `specialize_kernel`; both run the same Level-3 passes
 (`KERNEL_PIPELINE`) on that one kernel.
 """
 

@@ -11,7 +11,8 @@ Two pipelines of named passes run under the current `PassContext`, each timed: b
 weights and optimize (`kiln.optimize`: Level 1, ends with fusion), then the back end
 (kiln/runtime/backend.py: lower-to-ssa, plan-memory, lower-kernels, compile). Then an
 executor is chosen (kiln/runtime/executor.py). Kernels of symbolic shape are compiled on
-first use, for the shapes met, by the same Level-3 passes.
+first use by the same Level-3 passes: once for every size where that costs little, else for
+each shape met (`ShapeCompiler`).
 """
 
 from __future__ import annotations

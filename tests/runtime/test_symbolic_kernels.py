@@ -159,3 +159,22 @@ def test_a_bert_style_encoder_compiles_its_symbolic_kernels_once():
 @pytest.mark.slow
 def test_a_gpt_style_decoder_compiles_its_symbolic_kernels_once():
     _run_at_many_shapes(causal=True)
+
+
+def test_symbolic_kernels_compile_for_an_avx512_target_and_fingerprint_their_dims():
+    from kiln.codegen.cache import canonical_text
+    from kiln.codegen.compile import assembly
+    from kiln.target import Target
+
+    k = verify(_add_bias())
+    asm = assembly(k, target=Target.parse("llvm -mcpu=znver4"))
+    assert "zmm" in asm or "ymm" in asm  # vector code, made without running it
+    text = canonical_text(k)
+    assert "dims v0:int64x1" in text and "['v0:int64x1', 16]" in text
+    # the same loops with the rows a constant are another kernel (another fingerprint)
+    m = k.dims[0]
+    rows = {id(b): Buffer(b.name, tuple(5 if d is m else d for d in b.shape), b.dtype)
+            for b in k.params}
+    static_text = canonical_text(Kernel("add_bias", tuple(rows[id(b)] for b in k.inputs),
+                                        tuple(rows[id(b)] for b in k.outputs), k.body))
+    assert static_text != text and "dims" not in static_text
