@@ -17,6 +17,10 @@ On a machine shared with other work every figure is noisy: compare within a run.
 
     .venv/bin/python benchmarks/quantization.py [--image 224] [--repeat 10] [--threads N]
     .venv/bin/python benchmarks/quantization.py --quick     # 64x64 images, few rounds
+    .venv/bin/python benchmarks/quantization.py --quick --profile   # + where int8 time goes
+
+``--profile`` prints ``exe.profile`` of the int8 model and, for its costliest kernels, the
+input shapes and the int8 GEMM schedule each was built with.
 """
 
 from __future__ import annotations
@@ -82,6 +86,21 @@ def ort_qdq(twin: Any, x: np.ndarray, calibration: list[np.ndarray], threads: in
     return sess, qdq
 
 
+def print_profile(exe: Any, x: np.ndarray, top: int = 12) -> None:
+    """The int8 model's profile, then its ``top`` costliest kernels' shapes and schedules."""
+    prof = exe.profile(x)
+    print(prof)
+    for row in prof.rows[:top]:
+        decl = exe.program.kernels.get(row.kernel)
+        if decl is None:
+            continue
+        shapes = ", ".join(f"{t.dtype}{list(t.shape)}" for t in decl.inputs)
+        kernel = decl.kernel
+        sched = kernel.attrs.get("schedules") if kernel is not None else None
+        print(f"{row.kernel}: {row.mean * 1e6:.0f} us  in: {shapes}  schedule: {sched}")
+    sys.stdout.flush()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--image", type=int, default=224)
@@ -89,6 +108,8 @@ def main() -> None:
     ap.add_argument("--calibration", type=int, default=4, help="random calibration inputs")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--quick", action="store_true", help="64x64 images, 2 rounds: a smoke run")
+    ap.add_argument("--profile", action="store_true",
+                    help="print the int8 model's per-kernel profile, shapes and schedules")
     args = ap.parse_args()
     if args.quick:
         args.image, args.repeat, args.calibration = 64, 2, 2
@@ -112,6 +133,9 @@ def main() -> None:
     ref, got = np.asarray(f32(x)), np.asarray(i8(x))
     print(f"kiln int8 vs float32: max |diff| {np.abs(got - ref).max():.3g} (softmax), "
           f"argmax {'equal' if got.argmax() == ref.argmax() else 'differs'}")
+
+    if args.profile:
+        print_profile(i8, x)
 
     twin = torch_models.torch_resnet18(params)
     with tempfile.TemporaryDirectory() as folder:
