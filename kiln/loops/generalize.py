@@ -179,3 +179,54 @@ def generalize(ka: Kernel, kb: Kernel, sizes: dict[tuple[int, int], Var],
         return verify(kernel)
     except InternalError:
         return None
+
+
+def instantiate(kernel: Kernel, values: tuple[int, ...], name: str) -> Kernel:
+    """The static kernel that symbolic ``kernel`` is at dims ``values``: each dim a constant,
+    each buffer of its concrete shape (for profiles and messages, which count its loops)."""
+    const = {id(d): Const(int(n)) for d, n in zip(kernel.dims, values)}
+    done: dict[int, Any] = {}
+
+    def buffer(b: Buffer) -> Buffer:
+        got = done.get(id(b))
+        if got is None:
+            shape = tuple(const[id(d)].value if isinstance(d, Var) else d for d in b.shape)
+            got = done[id(b)] = (b if not b.is_symbolic else
+                                 Buffer(b.name, cast(tuple[int, ...], shape), b.dtype, b.scope))
+        return got
+
+    stack: list[tuple[Any, bool]] = [(kernel.body, False)]
+    while stack:
+        node, ready = stack.pop()
+        if id(node) in done:
+            continue
+        if isinstance(node, Var):
+            done[id(node)] = const.get(id(node), node)
+            continue
+        if isinstance(node, Buffer):
+            buffer(node)
+            continue
+        kids = [v for f in fields(node) for v in (getattr(node, f.name)
+                if isinstance(getattr(node, f.name), tuple) else (getattr(node, f.name),))
+                if _is_node(v)]
+        if not ready:
+            stack.append((node, True))
+            stack.extend((k, False) for k in kids if id(k) not in done)
+            continue
+        values_: dict[str, Any] = {}
+        changed = False
+        for f in fields(node):
+            v = getattr(node, f.name)
+            if isinstance(v, tuple):
+                nv: Any = tuple(done[id(x)] if _is_node(x) else x for x in v)
+                changed |= any(x is not y for x, y in zip(v, nv))
+            elif _is_node(v):
+                nv = done[id(v)]
+                changed |= nv is not v
+            else:
+                nv = v
+            values_[f.name] = nv
+        done[id(node)] = type(node)(**values_) if changed else node
+    return Kernel(name, tuple(buffer(b) for b in kernel.inputs),
+                  tuple(buffer(b) for b in kernel.outputs), done[id(kernel.body)],
+                  {**kernel.attrs, "symbolic": kernel.name})

@@ -338,8 +338,14 @@ def symbolic_kernel(decl: KernelDecl, pattern: SizePattern, target: Target | str
     generic = generalize(lowered[0], lowered[1], dims, f"{decl.name}__sym_{label}")
     if generic is None:
         return None
-    kernels = compile_kernels([generic], target, opt_level)
-    return kernels.functions[generic.name]
+    decl_generic = replace(decl, name=generic.name, func=None, kernel=generic)
+    low = PassContext.current().run_pass(
+        get_pass(KERNEL_PIPELINE[-1]),
+        Lowered(Program(kernels={generic.name: decl_generic}), target, opt_level))
+    if low.kernels is None:
+        raise Error(f"kernel @{decl.name} has symbolic shapes, and compiling it needs the "
+                    "compile pass, which the PassContext disables")
+    return low.kernels.functions[generic.name]
 
 
 def _register() -> None:

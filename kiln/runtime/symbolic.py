@@ -80,18 +80,18 @@ def concrete_buffers(kernel: Kernel, dims: Sequence[int]) -> tuple[list[Buffer],
 class BoundKernel:
     """A symbolic kernel's compiled code, seen at one concrete shape (no compilation).
 
-    ``kernel`` is a description at that shape — its buffers concrete, its body the symbolic
-    kernel's — for allocating outputs, profiles and messages; the call checks the arrays
-    against the symbolic signature (`bind_dims`) as the generic code does.
+    ``kernel`` is the symbolic kernel's loop IR at that shape (its dims constants), for
+    allocating outputs, profiles and messages; the call runs the symbolic kernel's machine
+    code, which checks the arrays against its signature (`bind_dims`).
     """
 
     def __init__(self, generic: Any, dims: Sequence[int], name: str) -> None:
+        from kiln.loops.generalize import instantiate
+
         self.generic = generic  # a KernelFunction of a symbolic kernel
-        k: Kernel = generic.kernel
         self.dims = tuple(int(n) for n in dims)
-        ins, outs = concrete_buffers(k, self.dims)
-        self.kernel = Kernel(name, tuple(ins), tuple(outs), k.body,
-                             {**k.attrs, "symbolic": k.name})
+        # the loop IR at this shape (Python only, no compilation): what profiles count
+        self.kernel = instantiate(generic.kernel, self.dims, name)
 
     def __call__(self, *arrays: np.ndarray) -> None:
         self.generic(*arrays)

@@ -170,19 +170,29 @@ def test_higher_order_programs_go_through_to_first_order():
     assert isinstance(exe, kiln.Executable)
 
 
-def test_symbolic_shapes_are_specialized_by_the_same_passes():
+def test_symbolic_shapes_are_specialized_by_the_same_passes(monkeypatch):
     mod = kiln.parse("""
     def @main(%x: Tensor[(n, 3), float32]) { nn.relu(exp(%x)) }
     """)
+    x = np.random.default_rng(2).standard_normal((4, 3)).astype("float32")
+    monkeypatch.setenv("KILN_SYMBOLIC_KERNELS", "0")  # compiled for the one shape
     exe = kiln.build(mod)
     rec = Recorder()
-    x = np.random.default_rng(2).standard_normal((4, 3)).astype("float32")
     with PassContext(instruments=[rec]):
         y = exe(x)
     assert rec.names == list(KERNEL_PIPELINE)
     assert rec.names == ["lower-kernels", "decompose-math", "compile"]
     assert_same(y, kiln.interpret(mod, x), rtol=1e-5)
-    assert exe.stats().specializations == 1
+    assert exe.stats().specializations == 1 and exe.stats().shape_compiles == 1
+    # compiled for every size: lowered at two stand-in sizes, compared, compiled once
+    monkeypatch.delenv("KILN_SYMBOLIC_KERNELS")
+    exe = kiln.build(mod)
+    rec = Recorder()
+    with PassContext(instruments=[rec]):
+        y = exe(x)
+    assert rec.names == ["lower-kernels", "decompose-math"] * 2 + ["compile"]
+    assert_same(y, kiln.interpret(mod, x), rtol=1e-5)
+    assert exe.stats().symbolic_compiles == 1 and exe.stats().shape_compiles == 0
 
 
 def test_lowered_prints_itself():
