@@ -10,7 +10,8 @@ several outputs, is it materialized into a local buffer first.
 
 Kernels are static: every shape is known (a program with symbolic shapes is lowered once
 its shapes are known at run time, or at stand-in sizes whose two lowerings
-kiln/loops/generalize.py turns into one kernel taking its sizes at run time). A kernel's inputs are its function's parameters, exactly:
+kiln/loops/generalize.py turns into one kernel taking its sizes at run time). A kernel's
+inputs are its function's parameters, exactly:
 scalar constants are folded in, and a non-scalar one (a weight) must have been made a
 parameter first — the back end's `lift-constants` pass does that for a whole program,
 `kiln.ssa.kernels.constants_as_params` for one function.
