@@ -18,7 +18,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -35,17 +37,23 @@ def _median_ms(times: list[float]) -> float:
     return 1000 * float(np.median(times))
 
 
-def single(args: argparse.Namespace, threads: int) -> float:
-    step = kiln.train.Step(mlp_loss(args.batch, args.hidden, FEATURES),
-                           mlp_params(0, args.hidden, FEATURES),
-                           kiln.train.SGD(lr=0.01, momentum=0.9), threads=threads)
+def _step_times(step: Callable[[np.ndarray, np.ndarray], Any],
+                args: argparse.Namespace) -> list[float]:
+    """Seconds of each of 3 warm-up and ``args.steps`` timed steps, over 4 seeded batches."""
     xs, ys = data("mlp", 4, args.batch, features=FEATURES)
     times = []
     for s in range(args.steps + 3):
         t = time.perf_counter()
         step(xs[s % 4], ys[s % 4])
         times.append(time.perf_counter() - t)
-    return _median_ms(times[3:])
+    return times
+
+
+def single(args: argparse.Namespace, threads: int) -> float:
+    step = kiln.train.Step(mlp_loss(args.batch, args.hidden, FEATURES),
+                           mlp_params(0, args.hidden, FEATURES),
+                           kiln.train.SGD(lr=0.01, momentum=0.9), threads=threads)
+    return _median_ms(_step_times(step, args)[3:])
 
 
 def rank_worker(args: argparse.Namespace) -> None:
@@ -63,12 +71,7 @@ def rank_worker(args: argparse.Namespace) -> None:
         reduce_times.append(time.perf_counter() - t)
 
     dp.step.grad_hook = timed
-    xs, ys = data("mlp", 4, args.batch, features=FEATURES)
-    times = []
-    for s in range(args.steps + 3):
-        t = time.perf_counter()
-        dp(xs[s % 4], ys[s % 4])
-        times.append(time.perf_counter() - t)
+    times = _step_times(dp, args)
     dp.check_replicas()
     if dp.rank == 0:
         step_ms, reduce_ms = _median_ms(times[3:]), _median_ms(reduce_times[3:])

@@ -154,18 +154,18 @@ def test_attention_over_a_symbolic_sequence_length_runs_at_every_length():
         np.testing.assert_allclose(exe(x.numpy()), want, rtol=1e-4, atol=1e-5)
 
 
-class Ranked(nn.Module):
+class Grouped(nn.Module):
     def forward(self, x):
-        return torch.kthvalue(x, 1, dim=1).values
+        return torch.nn.functional.group_norm(x, 2)
 
 
 def test_a_symbolic_size_kiln_cannot_handle_names_the_node():
     half = torch.export.Dim("half", min=1, max=32)
     with pytest.raises(kiln.Error) as info:
-        from_torch(Ranked(), (torch.randn(2, 6),), dynamic_shapes=({1: 2 * half},))
+        from_torch(Grouped(), (torch.randn(2, 4, 6),), dynamic_shapes=({2: 2 * half},))
     message = info.value.message
-    assert message.startswith("node %kthvalue")
-    assert "kthvalue needs a static size along dimension 1" in message
+    assert message.startswith("node %group_norm")
+    assert "group_norm needs a static shape, but its input has shape (2, 4, ?)" in message
 
 
 # --- errors ---------------------------------------------------------------------------------

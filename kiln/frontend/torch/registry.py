@@ -155,7 +155,9 @@ class AtenCall:
         shape = self.shape(x)
         dims = tuple(d for d in shape if isinstance(d, int))
         if len(dims) != len(shape):
-            raise self.error(f"{what} needs a static shape, but its input has shape {shape}")
+            dims_text = ", ".join(str(d) for d in shape)
+            raise self.error(f"{what} needs a static shape, but its input has shape "
+                             f"({dims_text})")
         return dims
 
     def static_out(self, what: str = "this operator") -> tuple[int, ...]:
