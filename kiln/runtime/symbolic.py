@@ -47,7 +47,7 @@ def bind_dims(kernel: Kernel, arrays: Sequence[Any]) -> tuple[int, ...]:
         for axis, (d, n) in enumerate(zip(b.shape, a.shape)):
             if isinstance(d, Var):
                 got = values.setdefault(id(d), n)
-                first.setdefault(id(d), f"{first_name(b, axis)}")
+                first.setdefault(id(d), f"axis {axis} of {b.name}")
                 if got != n:
                     raise Error(
                         f"kernel {kernel.name}: {b.name} has size {n} on axis {axis} "
@@ -60,10 +60,6 @@ def bind_dims(kernel: Kernel, arrays: Sequence[Any]) -> tuple[int, ...]:
     if missing:
         raise Error(f"kernel {kernel.name}: no array gives the dims {', '.join(missing)}")
     return tuple(values[id(d)] for d in kernel.dims)
-
-
-def first_name(b: Buffer, axis: int) -> str:
-    return f"axis {axis} of {b.name}"
 
 
 def concrete_buffers(kernel: Kernel, dims: Sequence[int]) -> tuple[list[Buffer], list[Buffer]]:

@@ -68,10 +68,7 @@ def SpecializeClosures(mod: IRModule, ctx: PassContext) -> IRModule:
     fuel = ctx.config.get("partial-evaluate.fuel", DEFAULT_FUEL)
     if isinstance(fuel, bool) or not isinstance(fuel, int) or fuel < 0:
         return mod  # partial-evaluate itself reports a bad fuel when it runs as a pass
-    try:
-        out = partial_evaluate(mod, fuel)
-    except RecursionError:  # pragma: no cover - the evaluator is iterative; be safe
-        return mod
+    out = partial_evaluate(mod, fuel)
     kernels = {gv.name for gv, fn in out.functions.items() if is_primitive(fn)}
     if not _first_order(out, kernels):
         return mod
