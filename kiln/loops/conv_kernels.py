@@ -164,22 +164,24 @@ class Planes:
         return max(self.phases * self.channels * self.plane, self.max_tap() + slots)
 
     def fill(self, x: Callable[..., Expr], img: Expr, out: Buffer, target: Target,
-             zero_first: bool = False, used: int | None = None) -> Stmt:
+             zero_first: bool = False, used: int | None = None, pad: int = 0) -> Stmt:
         """The planes of image ``img`` of ``x`` written to ``out``: every interior row a
         plain (vectorizable) copy, the borders and the tail zeros; no bounds test per element.
         With ``zero_first``, all of ``out`` is zeroed in one loop before the rows are copied
         (cheaper than per-row border loops for small planes). ``used``: the floats of ``out``
-        that are ever read (default all), the rest left as it is."""
+        that are ever read (default all), the rest left as it is. ``pad``: the value of the
+        padding instead of zero (an int8 convolution's shifted zero)."""
         used = out.size if used is None else min(used, out.size)
         (sh, sw), (top, left) = self.strides, self.padding
         rows, cols, plane = self.rows, self.cols, self.plane
         ch = Var("ci")
+        padding = Const(pad if pad else 0.0, out.dtype)
 
         def zero(start: Expr, count: int) -> list[Stmt]:
             if count <= 0:
                 return []
             i = Var("z")
-            return [For(i, Const(0), Const(count), Store(out, (start + i,), Const(0.0, out.dtype)),
+            return [For(i, Const(0), Const(count), Store(out, (start + i,), padding),
                         "vectorized")]
 
         stmts: list[Stmt] = []

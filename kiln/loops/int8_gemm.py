@@ -65,7 +65,7 @@ INPUT_DTYPES = ("uint8", "int8")
 MR_MAX = 16
 
 ReadFn = Callable[[Expr, Expr, Expr], Expr]  # (batch, row or k, k or col) -> scalar
-PanelFn = Callable[[Expr, Expr, Expr], Expr]  # (tile, lane group, column) -> int32 vector
+PanelFn = Callable[[Expr, Expr, Expr, Expr], Expr]  # (batch, tile, lane group, column or row)
 SumsFn = Callable[[Expr, Expr], Expr]  # (tile, column) -> int32: a column's sum
 WriteFn = Callable[[Expr, Expr, Expr, Expr], Stmt]  # (batch, row, col, int32 value) -> stmt
 
@@ -188,7 +188,7 @@ def _ordered(a_dtype: str, b_dtype: str) -> tuple[str, str]:
     return (b_dtype, a_dtype) if (a_dtype, b_dtype) == ("int8", "uint8") else (a_dtype, b_dtype)
 
 
-def _byte(v: Expr, shift: bool) -> Expr:
+def lane_byte(v: Expr, shift: bool) -> Expr:
     """An 8-bit value as its byte in [0, 255] (int64), shifted by +128 when ``shift``."""
     x: Expr = Cast(INDEX, v)
     if shift:
@@ -196,7 +196,7 @@ def _byte(v: Expr, shift: bool) -> Expr:
     return Binary("and", x, Const(255, INDEX))
 
 
-def _pack(values: list[Expr], bits: int) -> Expr:
+def pack_lanes(values: list[Expr], bits: int) -> Expr:
     """Four bytes or two int16 (int64 in [0, 2^bits)) as one int32, the first lowest."""
     total: Expr = values[0]
     for q in range(1, len(values)):
@@ -204,7 +204,7 @@ def _pack(values: list[Expr], bits: int) -> Expr:
     return Cast("int32", total)  # the low 32 bits
 
 
-def _int16(v: Expr) -> Expr:
+def lane_int16(v: Expr) -> Expr:
     """An 8-bit value as the bits of the int16 of the same value (int64 in [0, 65535])."""
     return Binary("and", Cast(INDEX, v), Const(65535, INDEX))
 
@@ -212,15 +212,17 @@ def _int16(v: Expr) -> Expr:
 def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteFn,
               a_dtype: str, b_dtype: str, schedule: Int8Schedule | None = None,
               target: Target | None = None, b_panel: PanelFn | None = None,
-              b_sums: SumsFn | None = None) -> Stmt:
+              b_sums: SumsFn | None = None, a_panel: PanelFn | None = None) -> Stmt:
     """The statement computing ``C = A·B`` in int32 (see the module docstring).
 
     ``a(bt, i, p)`` and ``b(bt, p, j)`` read A and B (only inside their shapes);
     ``write(bt, i, j, value)`` is the statement storing C's element (an int32). A B packed
-    ahead of time (a constant weight, kiln/op/nn/int8_packed.py) is given instead as
-    ``b_panel(tile, p, c)`` (``lanes`` int32 of its panels at lane group p, column c of the
-    tile) and ``b_sums(tile, c)`` (the column's sum, needed when A is shifted), read in
-    place, never packed.
+    ahead of time (a constant weight, kiln/op/nn/int8_packed.py) is read in place, never
+    packed: ``b_panel(bt, tile, p, c)`` gives ``lanes`` int32 of its panels at lane group
+    p, column c of the tile, and ``b_sums(tile, c)`` the column's sum (needed
+    when A is shifted); a prepacked A likewise, ``a_panel(bt, tile, p, i)``: the int32 of
+    row i of M tile ``tile`` at lane group p (an int8 convolution's weight,
+    kiln/loops/int8_conv.py).
     """
     t = lowering_target(target)
     s = schedule or Int8Schedule.default(batch, m, n, k, a_dtype, b_dtype, target=t)
@@ -238,7 +240,7 @@ def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: W
         a_dt = b_dt = "int16"
 
     def lane_value(v: Expr, shift: bool = False) -> Expr:
-        return _byte(v, shift) if group == 4 else _int16(v)
+        return lane_byte(v, shift) if group == 4 else lane_int16(v)
     bp = Buffer("Bp", (tnb, k4, nr), "int32", "local")
     ap = Buffer("Ap", (tmb, k4, mr), "int32", "local")
     csum = Buffer("Bsum", (tnb, nr), "int32", "local") if s.shift and b_panel is None else None
@@ -271,7 +273,7 @@ def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: W
                 kk, inside = k_at(p4, q)
                 vals.append(guarded(b(bt, kk, col), conds + [inside], b_dtype))
             stores: list[Stmt] = [Store(bp, (tl, p4, j),
-                                        _pack([lane_value(v) for v in vals], bits))]
+                                        pack_lanes([lane_value(v) for v in vals], bits))]
             if csum is not None:
                 total: Expr = Cast("int32", vals[0])
                 for v in vals[1:]:
@@ -303,7 +305,7 @@ def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: W
                 vals.append(lane_value(guarded(a(bt, row, kk), conds + [inside], a_dtype),
                                        s.shift))
             return For(i, Const(0), Const(mr), For(p4, Const(0), Const(k4),
-                                                   Store(ap, (tl, p4, i), _pack(vals, bits))))
+                                                   Store(ap, (tl, p4, i), pack_lanes(vals, bits))))
 
         return tile_blocks(ic, tmb, mt, "ta", tile_body)
 
@@ -316,7 +318,8 @@ def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: W
         bvs = [Var(f"b{v}", "int32", lanes) for v in range(nr // lanes)]
         steps: list[Stmt] = []
         for i, c in vecs:
-            av = Broadcast(Load(ap, (tm, p4, Const(i))), lanes)
+            av = Broadcast(Load(ap, (tm, p4, Const(i))) if a_panel is None
+                           else a_panel(bt, tile_m, p4, Const(i, INDEX)), lanes)
             bv = bvs[c // lanes]
             at = (Const(i), Const(c))
             dot = (DotProduct(bv, av, Load(acc, at, lanes), b_dt, a_dt) if swap
@@ -325,7 +328,7 @@ def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: W
         step: Stmt = Seq(tuple(steps))
         for v in reversed(range(nr // lanes)):
             bvec = (Load(bp, (tn, p4, Const(v * lanes)), lanes) if b_panel is None
-                    else b_panel(tile_n, p4, Const(v * lanes, INDEX)))
+                    else b_panel(bt, tile_n, p4, Const(v * lanes, INDEX)))
             step = LetStmt(bvs[v], bvec, step)
         kloop = For(p4, Const(0), Const(k4), step)
         return Allocate(acc, Seq((init, kloop, epilogue(bt, acc, tn, tile_m, tile_n))))
@@ -368,7 +371,7 @@ def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: W
     def m_block(bt: Expr, jc: Expr, ic: Expr) -> Stmt:
         tiles = tile_blocks(jc, tnb, nt, "jr", lambda tn, tile_n: tile_blocks(
             ic, tmb, mt, "ir", lambda tm, tile_m: micro(bt, tn, tile_n, tm, tile_m)))
-        return Allocate(ap, Seq((pack_a(bt, ic), tiles)))
+        return tiles if a_panel is not None else Allocate(ap, Seq((pack_a(bt, ic), tiles)))
 
     def n_block(bt: Expr, jc: Expr, chunk: Expr | None) -> Stmt:
         """A panel of B and the M blocks of ``chunk`` (``s.m_blocks`` of them; all: None)."""

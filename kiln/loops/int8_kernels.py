@@ -70,7 +70,7 @@ def dense_prepacked(x: Tensor, wp: LBuffer, units: int, out_shape: Sequence[int]
             lambda b, p, j: Const(0, weight_dtype),  # B is never packed: read from wp
             lambda b, i, j, v: write((*split_index(i, lead), j), v),
             x.dtype, weight_dtype, s, tgt,
-            b_panel=lambda tile, p, c: Load(wp, (tile, p, c), s.lanes),
+            b_panel=lambda b, tile, p, c: Load(wp, (tile, p, c), s.lanes),
             b_sums=lambda tile, c: Load(wp, (tile, Const(kg, INDEX), c)))
 
     t = extern(tuple(out_shape), "int32", emit)

@@ -9,7 +9,9 @@ become constants when ``params`` are bound (``kiln.build(mod, params=...)``).
 
 An 8-bit ``nn.dense`` with ``out_dtype="int32"`` and a constant weight becomes
 ``nn.dense_int8_packed(x, Wp)``: W in the int32 panels of the int8 GEMM for this Target
-(4 bytes or 2 int16 per lane, with its column sums; kiln/op/nn/int8_packed.py).
+(4 bytes or 2 int16 per lane, with its column sums; kiln/op/nn/int8_packed.py), and an
+8-bit ``nn.conv2d`` (NCHW, one channel group) ``nn.conv2d_int8_packed(x, Wp)``, the panels
+of the int8 convolution that reads its input in place (kiln/loops/int8_conv.py).
 
 Left alone: a weight that is not a constant, depthwise convolutions, other dtypes, an
 ``out_dtype`` other than the data's, and a dense with at most `DOT_MAX_ROWS` rows, whose
@@ -80,6 +82,37 @@ def _int8_packed(node: Expr) -> Expr | None:
                              k=k, weight_dtype=w.dtype, group=group)
 
 
+def _int8_conv_packed(node: Expr) -> Expr | None:
+    """``nn.conv2d_int8_packed`` for an 8-bit conv2d call that qualifies (module docstring)."""
+    from kiln.loops import int8_conv
+    from kiln.op.nn.conv import Conv2DAttrs
+    from kiln.op.nn.int8_packed import conv2d_int8_packed, pack_int8_conv_weight
+
+    if not (isinstance(node, Call) and isinstance(node.op, Op) and node.op.name == "nn.conv2d"):
+        return None
+    x, w = node.args
+    xt, ot = x.checked_type_, node.checked_type_
+    if not isinstance(w, Constant) or not isinstance(xt, TensorType) or not xt.is_static \
+            or not isinstance(ot, TensorType) or not ot.is_static:
+        return None
+    if w.dtype not in ("int8", "uint8") or xt.dtype not in ("int8", "uint8") \
+            or ot.dtype != "int32":
+        return None
+    conv = Conv2DAttrs.view(node.attrs)
+    if (conv.data_layout, conv.kernel_layout, conv.out_layout or "NCHW") != \
+            ("NCHW", "OIHW", "NCHW"):
+        return None
+    plan = int8_conv.plan(xt.static_shape, w.data.shape, conv.strides, conv.padding[:2],
+                          conv.dilation, conv.groups, ot.static_shape, xt.dtype, w.dtype)
+    if plan is None:
+        return None
+    o, _, kh, kw = w.data.shape
+    attrs = {name: node.attrs[name] for name in node.attrs}
+    attrs.update(channels=o, kernel_size=(kh, kw), weight_dtype=w.dtype, group=plan.group)
+    packed = pack_int8_conv_weight(w.data, conv.groups, plan.schedule.mr, plan.group)
+    return conv2d_int8_packed(x, const(packed), **attrs)
+
+
 def _conv_packed(node: Expr) -> Expr | None:
     """``nn.conv2d_packed`` for a conv2d call that qualifies (see the module docstring)."""
     from kiln.loops import conv_kernels, gemm
@@ -121,7 +154,8 @@ def alter(func: Function) -> Function:
     for node in post_order(func):
         rebuilt = with_children(node, [done[id(c)] for c in children(node)])
         # decided on the typed original
-        replaced = _packed(node) or _int8_packed(node) or _conv_packed(node)
+        replaced = (_packed(node) or _int8_packed(node) or _int8_conv_packed(node)
+                    or _conv_packed(node))
         if replaced is not None:
             # both are calls: the dense or conv2d rebuilt, and the packed call made for it
             assert isinstance(rebuilt, Call) and isinstance(replaced, Call)

@@ -341,6 +341,13 @@ for _group in (2, 4):  # the int16-pair and byte layouts: one runs the int8 GEMM
         a, b, units=3, k=5, weight_dtype="int8", group=g), ints(2, 5, dtype="int8"),
         arg(1, -(-5 // _group) + 1, 8, dtype="int32", values=op.nn.int8_packed.pack_int8_weight(
             _W8.astype(np.int8), 8, _group)))
+_WC = (np.arange(-60, 75) % 256 - 128).reshape(3, 5, 3, 3)  # an int8 OIHW weight
+for _group, _mr in ((4, 2), (2, 3)):  # byte and int16 lanes, panels of another tile height
+    add("nn.conv2d_int8_packed", lambda a, b, g=_group: nn.conv2d_int8_packed(
+        a, b, padding=1, channels=3, kernel_size=(3, 3), out_dtype="int32", group=g),
+        ints(1, 5, 4, 4, dtype="int8"),
+        arg(1, -(-3 // _mr), -(-5 // _group) * 9 + 1, _mr, dtype="int32",
+            values=op.nn.int8_packed.pack_int8_conv_weight(_WC.astype(np.int8), 1, _mr, _group)))
 add("nn.conv2d_packed", lambda a, b: nn.conv2d_packed(a, b, padding=1, channels=3,
     kernel_size=(3, 3)), arg(1, 2, 4, 4), arg(1, 1, 18, 6))  # the GEMM's layout
 add("nn.conv2d_packed", lambda a, b: nn.conv2d_packed(a, b, strides=2, groups=2, channels=4,
@@ -447,6 +454,15 @@ add("nn.batch_norm", nn.batch_norm, arg(2, 3, 2), arg(3), arg(3), arg(3), arg(3,
 add("nn.batch_norm", lambda *a: TupleGetItem(nn.batch_norm(*a, axis=-1, center=False,
                                                            scale=False), 0),
     arg(2, 3), arg(3), arg(3), arg(3), arg(3, low=0.1, high=2))
+add("nn.batch_norm", lambda *a: nn.batch_norm(*a, training=True, momentum=0.3),
+    arg(2, 3, 2), arg(3), arg(3), arg(3), arg(3, low=0.1, high=2), label="batch_norm training")
+add("nn.batch_norm", lambda *a: nn.batch_norm(*a, axis=-1, training=True, scale=False),
+    arg(4, 3), arg(3), arg(3), arg(3), arg(3, low=0.1, high=2),
+    label="batch_norm training, last axis")
+add("nn.dropout_train", lambda a, k: nn.dropout_train(a, k, rate=0.4), arg(3, 5),
+    ints(2, dtype="int64", values=[7, 2]))
+add("nn.dropout_train", lambda a, k: nn.dropout_train(a, k, rate=0.0, stream=3), arg(4),
+    ints(2, dtype="int64", values=[-1, 2**40 + 5]), label="dropout_train rate 0, wide key")
 add("nn.layer_norm", nn.layer_norm, arg(2, 4), arg(4), arg(4))
 add("nn.layer_norm", lambda a, g, b: nn.layer_norm(a, g, b, axis=0, center=False, epsilon=0.1),
     arg(3, 2), arg(3), arg(3))

@@ -19,6 +19,7 @@ import pytest
 import kiln
 from kiln.codegen import assembly, compile_kernels, threads
 from kiln.ir.traverse import post_order
+from kiln.loops import int8_conv
 from kiln.loops.evaluate import evaluate
 from kiln.loops.int8_gemm import Int8Schedule, dot_form, int8_gemm
 from kiln.loops.ir import Buffer, Const, DotProduct, Kernel, Load, Store
@@ -26,7 +27,7 @@ from kiln.loops.lower import lower_primitive
 from kiln.loops.schedule import target_scope
 from kiln.loops.verify import verify
 from kiln.op import nn
-from kiln.op.nn.int8_packed import pack_int8_weight
+from kiln.op.nn.int8_packed import pack_int8_conv_weight, pack_int8_weight
 from kiln.runtime.compiler import native_available
 from kiln.runtime.kernel_format import read_kernel, write_kernel
 from kiln.target import Target
@@ -514,3 +515,100 @@ def test_constant_weight_packed_for_vnni_in_the_evaluator(spec: str) -> None:
     assert name == "nn.dense_int8_packed" and knobs["b_prepacked"] and knobs["shift"]
     a = rand((m, k), "int8")
     np.testing.assert_array_equal(evaluate(kernel, a, wp)[0], exact(a, wv.T))
+
+
+# --- a constant conv2d weight packed at compile time (nn.conv2d_int8_packed) ----------------
+
+PACKED_CONVS = [  # (data shape, weight shape, strides, padding, dilation): channels not a
+    # multiple of 4, stride phases, dilation, 1×1, a 7×7 stem, an odd output width
+    ((1, 5, 9, 11), (7, 5, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+    ((2, 13, 10, 9), (30, 13, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),
+    ((1, 16, 8, 8), (33, 16, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1)),
+    ((1, 3, 15, 15), (8, 3, 7, 7), (2, 2), (3, 3, 3, 3), (1, 1)),
+    ((1, 6, 11, 9), (5, 6, 3, 2), (1, 2), (2, 0, 1, 1), (2, 1)),
+]
+
+
+def packed_conv_case(i: int, da: str, dw: str, case: tuple) -> tuple[kiln.Var, kiln.Expr,
+                                                                    np.ndarray, np.ndarray]:
+    """A conv2d of a constant weight plus a bias (a fused consumer), its input and answer."""
+    xs, ws, strides, padding, dilation = case
+    x = kiln.var(f"x{i}", shape=xs, dtype=da)
+    w = rand(ws, dw)
+    bias = RNG.integers(-1000, 1000, (1, ws[0], 1, 1)).astype(np.int32)
+    body = kiln.op.add(nn.conv2d(x, kiln.const(w), strides=strides, padding=padding,
+                                 dilation=dilation, channels=ws[0], kernel_size=ws[2:],
+                                 out_dtype="int32"), kiln.const(bias))
+    a = rand(xs, da)
+    return x, body, a, conv_reference(a, w, strides, padding, dilation) + bias
+
+
+@pytest.mark.parametrize("spec", [pytest.param(s, marks=slow_unless(s != PLAIN))
+                                  for s in RUNNABLE])
+def test_constant_conv_weight_packed_at_compile_time(spec: str) -> None:
+    # the int8 convolution reading its input in place from channel-group planes: every pair
+    # of dtypes (int8 × int8 shifted by +128 on VNNI), bit for bit
+    t = runnable(spec)
+    params, bodies, arrays, wants = [], [], [], []
+    cases = PACKED_CONVS if spec == "llvm" else PACKED_CONVS[:2]
+    for da, dw in PAIRS:
+        for case in cases:
+            x, body, a, want = packed_conv_case(len(params), da, dw, case)
+            params.append(x)
+            bodies.append(body)
+            arrays.append(a)
+            wants.append(want)
+    exe = build_many(params, bodies, t)
+    ops = {op for decl in exe.program.kernels.values() for op in decl.kernel.attrs["ops"]}
+    assert "nn.conv2d_int8_packed" in ops and "nn.conv2d" not in ops, ops
+    for got, want in zip(exe(*arrays), wants):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_packed_conv_result_independent_of_threads() -> None:
+    t = Target.host()
+    x, body, a, want = packed_conv_case(0, "int8", "int8",
+                                        ((1, 24, 20, 20), (40, 24, 3, 3), (1, 1), (1, 1, 1, 1),
+                                         (1, 1)))
+    exe = build([x], body, t)
+    for count in (1, 2, 3):
+        with threads(count):
+            np.testing.assert_array_equal(exe(a), want, err_msg=f"{count} threads")
+
+
+@pytest.mark.parametrize("spec", [AVX512_VNNI, AVX_VNNI])
+def test_constant_conv_weight_packed_for_vnni_in_the_evaluator(spec: str) -> None:
+    # alter-layout packs bytes of 4 channels for VNNI; the kernel's +128 shift of int8 data,
+    # its padding of 128 and the weight-sum correction are loop IR, exact on any machine
+    t = Target.parse(spec)
+    for da, dw in PAIRS:
+        xs, ws, strides, padding, dilation = PACKED_CONVS[1 if da == "int8" else 4]
+        x, body, a, _ = packed_conv_case(0, da, dw, PACKED_CONVS[0])
+        with target_scope(t):
+            text = kiln.astext(kiln.optimize(kiln.IRModule.from_expr(kiln.Function([x], body))))
+        assert "nn.conv2d_int8_packed" in text, text[:800]
+        chosen = int8_conv.plan(xs, ws, strides, padding[:2], dilation, 1, conv_out(
+            xs, ws, strides, padding, dilation), da, dw, target=t)
+        assert chosen is not None
+        assert chosen.group == (2 if (da, dw) == ("uint8", "uint8") else 4)
+        assert chosen.shift == ((da, dw) == ("int8", "int8"))
+        w = rand(ws, dw)
+        wp = pack_int8_conv_weight(w, 1, chosen.schedule.mr, chosen.group)
+        xv = kiln.var("x", shape=xs, dtype=da)
+        pv = kiln.var("wp", shape=wp.shape, dtype="int32")
+        kernel = primitive_kernel([xv, pv], nn.conv2d_int8_packed(
+            xv, pv, strides=strides, padding=padding, dilation=dilation, channels=ws[0],
+            kernel_size=ws[2:], out_dtype="int32", weight_dtype=dw, group=chosen.group), t)
+        (name, knobs), = kernel.attrs["schedules"]
+        assert name == "nn.conv2d_int8_packed" and knobs["input"] == "channel-group planes"
+        assert knobs["shifted"] == chosen.shift
+        a = rand(xs, da)
+        np.testing.assert_array_equal(evaluate(kernel, a, wp)[0],
+                                      conv_reference(a, w, strides, padding, dilation))
+
+
+def conv_out(xs: tuple, ws: tuple, strides: tuple, padding: tuple, dilation: tuple) -> tuple:
+    """The NCHW output shape of a convolution (padding: top, left, bottom, right)."""
+    sizes = [(xs[2 + d] + padding[d] + padding[d + 2] - (ws[2 + d] - 1) * dilation[d] - 1)
+             // strides[d] + 1 for d in (0, 1)]
+    return (xs[0], ws[0], *sizes)

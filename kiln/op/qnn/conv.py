@@ -98,13 +98,17 @@ def _compute(arrays: list[np.ndarray], attrs: Conv2DAttrs) -> np.ndarray:
 def _canonical(c: Call, types: Sequence[TensorType]) -> Expr:
     attrs = Conv2DAttrs.view(c.attrs)
     data, kernel = types[0], types[1]
-    x, zx = to_int8(c.args[0], data, along_expr(c.args[2], types[2], 0, 1))
+    zx = along_expr(c.args[2], types[2], 0, 1)
+    x = c.args[0]
+    mixed = (data.dtype, kernel.dtype) == ("uint8", "int8")  # VNNI's own pair: kept
+    if not mixed:
+        x, zx = to_int8(x, data, zx)
     w, zw = to_int8(c.args[1], kernel, c.args[3])
     o, cg, kh, kw = kernel.static_shape
     top, left, bottom, right = attrs.padding
     if top or left or bottom or right:
         x = kop.nn.pad(x, [[0, 0], [0, 0], [top, bottom], [left, right]],
-                       kop.cast(zx, dtype="int8"))
+                       kop.cast(zx, dtype="uint8" if mixed else "int8"))
     window = dict(strides=attrs.strides, dilation=attrs.dilation, groups=attrs.groups)
     y: Expr = kop.nn.conv2d(x, w, padding=[0, 0, 0, 0], channels=attrs.channels,
                             kernel_size=attrs.kernel_size, out_dtype="int32", **window)
