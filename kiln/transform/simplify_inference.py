@@ -46,7 +46,7 @@ def batch_norm_out(x: Expr, gamma: Expr, beta: Expr, moving_mean: Expr, moving_v
                    bn: Call, ctx: RewriteContext) -> Expr | None:
     """batch_norm(x, ...).0 -> x * scale + shift, per channel."""
     t = ctx.tensor_type(x)
-    if t is None:
+    if t is None or bn.attrs.get("training"):
         return None
     attrs = bn.attrs
     axis = normalize_axis(attrs.axis, t.ndim)  # type: ignore[arg-type]
@@ -82,8 +82,11 @@ def layer_norm(x: Expr, gamma: Expr, beta: Expr, ln: Call, ctx: RewriteContext) 
 
 RULES = RewriteTable([
     (Pat.item(batch_norm, 0), batch_norm_out),           # bn(x).0 -> x*scale + shift
-    (Pat.item(batch_norm, 1), lambda moving_mean: moving_mean),  # bn(..).1 -> moving_mean
-    (Pat.item(batch_norm, 2), lambda moving_var: moving_var),    # bn(..).2 -> moving_var
+    # bn(..).1 -> moving_mean, bn(..).2 -> moving_var (in training mode they are updated)
+    (Pat.item(batch_norm, 1), lambda moving_mean, bn: None if bn.attrs.get("training")
+     else moving_mean),
+    (Pat.item(batch_norm, 2), lambda moving_var, bn: None if bn.attrs.get("training")
+     else moving_var),
     (Pat.item(dropout, 0), lambda x: x),                 # dropout(x).0 -> x
     (Pat.item(dropout, 1), lambda x: ones_like(x)),      # dropout(x).1 -> ones (the mask)
 ])

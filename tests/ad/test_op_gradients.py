@@ -203,6 +203,12 @@ CASES: dict[str, list[Case]] = {
         case(u(2, 3, 2, 2), u(3), u(3), u(3), positive_var),
         case(u(4, 3), u(3), u(3), u(3), positive_var, attrs={"axis": -1, "center": False}),
         case(u(2, 2, 3), u(3), u(3), u(3), positive_var, attrs={"axis": 2, "scale": False}),
+        case(u(2, 3, 2, 2), u(3), u(3), u(3), positive_var,
+             attrs={"training": True, "momentum": 0.3}, label="training"),
+        case(u(5, 3), u(3), u(3), u(3), positive_var,
+             attrs={"axis": -1, "training": True, "center": False}, label="training axis -1"),
+        case(u(2, 3, 2), u(2), u(2), u(2), u(2, lo=0.5, hi=2.0),
+             attrs={"axis": 2, "training": True, "scale": False}, label="training no scale"),
     ],
     "nn.layer_norm": [
         case(u(2, 5), u(5), u(5)),
@@ -210,6 +216,10 @@ CASES: dict[str, list[Case]] = {
         case(u(3, 4), u(3), u(3), attrs={"axis": 0, "scale": False}),
     ],
     "nn.dropout": [case(u(2, 3), attrs={"rate": 0.3})],
+    "nn.dropout_train": [case(u(3, 4), lambda rng: np.array([5, 1], np.int64),
+                              attrs={"rate": 0.3}),
+                         case(u(2, 3, 2), lambda rng: np.array([9, 4], np.int64),
+                              attrs={"rate": 0.5, "stream": 2}, label="stream 2")],
     "nn.max_pool2d": pool_cases({}),
     "nn.avg_pool2d": pool_cases({}) + pool_cases({"count_include_pad": True})[1:3],
     "nn.avg_pool2d_grad": [

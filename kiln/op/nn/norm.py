@@ -1,7 +1,11 @@
 """Normalization: nn.batch_norm, nn.layer_norm, and nn.dropout.
 
-The references compute what a model does at inference: batch_norm normalizes with the
-moving statistics it is given (and returns them unchanged), and dropout is the identity.
+By default the references compute what a model does at inference: batch_norm normalizes with
+the moving statistics it is given (and returns them unchanged), and dropout is the identity.
+``nn.batch_norm(..., training=True, momentum=m)`` (a kiln extension, not in TVM) normalizes
+with the batch's own mean and biased variance over every axis but ``axis`` and returns the
+running statistics updated as torch does: ``(1 - m) * running + m * batch``, the variance
+term unbiased. Training-mode dropout, with its explicit key, is nn.dropout_train (dropout.py).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from kiln.ir.attrs import Attrs
 from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import TensorType, TupleType, Type
 from kiln.loops import oplib
-from kiln.loops.compute import Tensor, WriteFn, compute, extern
+from kiln.loops.compute import Tensor, WriteFn, compute, extern, reduce
 from kiln.loops.ir import (
     Allocate,
     Binary,
@@ -76,7 +80,7 @@ BATCH_NORM_INPUTS = ("data", "gamma", "beta", "moving_mean", "moving_var")
 
 
 class NormAttrs(Attrs):
-    """batch_norm's and layer_norm's attributes."""
+    """layer_norm's attributes."""
 
     __slots__ = ()
     axis: int
@@ -85,7 +89,19 @@ class NormAttrs(Attrs):
     scale: bool
 
 
-def _batch_norm_relation(arg_types: Sequence[Type], attrs: NormAttrs) -> Type | None:
+class BatchNormAttrs(Attrs):
+    """batch_norm's attributes: layer_norm's, and the training-mode extension."""
+
+    __slots__ = ()
+    axis: int
+    epsilon: float
+    center: bool
+    scale: bool
+    training: bool
+    momentum: float
+
+
+def _batch_norm_relation(arg_types: Sequence[Type], attrs: BatchNormAttrs) -> Type | None:
     args = tensor_args(arg_types, BATCH_NORM_INPUTS)
     if args is None:
         return None
@@ -94,11 +110,47 @@ def _batch_norm_relation(arg_types: Sequence[Type], attrs: NormAttrs) -> Type | 
     same_dtype(args, BATCH_NORM_INPUTS)
     axis = normalize_axis(attrs.axis, data.ndim)
     vector = _channel_vectors(data, axis, args[1:], BATCH_NORM_INPUTS[1:])
+    if attrs.training:
+        if not 0.0 <= attrs.momentum <= 1.0:
+            raise TypeCheckError(f"batch_norm momentum must lie in [0, 1], got {attrs.momentum}")
+        others = [d for i, d in enumerate(data.shape) if i != axis]
+        sizes = [d for d in others if isinstance(d, int)]
+        if len(sizes) == len(others) and int(np.prod(sizes, dtype=np.int64)) < 2:
+            raise TypeCheckError(
+                f"batch_norm in training mode needs more than one value per channel; data of "
+                f"shape {shape_str(data.shape)} has one along every axis but {axis}")
     return TupleType((data, vector, vector))
 
 
-def _batch_norm(arrays: list[np.ndarray], attrs: NormAttrs) -> tuple[np.ndarray, ...]:
+def _batch_axes(ndim: int, axis: int) -> tuple[int, ...]:
+    return tuple(a for a in range(ndim) if a != axis)
+
+
+def _batch_norm_training(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray,
+                         running_mean: np.ndarray, running_var: np.ndarray,
+                         attrs: BatchNormAttrs) -> tuple[np.ndarray, ...]:
+    axis = normalize_axis(attrs.axis, x.ndim)
+    axes = _batch_axes(x.ndim, axis)
+    count = x.size // x.shape[axis]
+    mean = x.mean(axis=axes)
+    centred = x - _along(mean, x.ndim, axis)
+    var = (centred * centred).mean(axis=axes)
+    out = centred * _along(1 / np.sqrt(var + attrs.epsilon), x.ndim, axis)
+    if attrs.scale:
+        out = out * _along(gamma, x.ndim, axis)
+    if attrs.center:
+        out = out + _along(beta, x.ndim, axis)
+    m = attrs.momentum
+    new_mean = (1 - m) * running_mean + m * mean
+    new_var = (1 - m) * running_var + m * (var * (count / (count - 1)))
+    dt = x.dtype.name
+    return as_array(out, dt), as_array(new_mean, dt), as_array(new_var, dt)
+
+
+def _batch_norm(arrays: list[np.ndarray], attrs: BatchNormAttrs) -> tuple[np.ndarray, ...]:
     x, gamma, beta, mean, var = (np.asarray(a) for a in arrays)
+    if attrs.training:
+        return _batch_norm_training(x, gamma, beta, mean, var, attrs)
     axis = normalize_axis(attrs.axis, x.ndim)
     scale = 1 / np.sqrt(var + attrs.epsilon)
     if attrs.scale:
@@ -109,13 +161,50 @@ def _batch_norm(arrays: list[np.ndarray], attrs: NormAttrs) -> tuple[np.ndarray,
     return as_array(out, x.dtype.name), mean.copy(), var.copy()
 
 
+def _batch_norm_training_grad(c: Call, g: Expr) -> list[Expr | None]:
+    # With the batch statistics mu and biased var per channel, rstd = (var + eps)^-1/2,
+    # xhat = (x - mu) * rstd and dxhat = g * gamma, over the n values of a channel:
+    #   dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
+    # and the running statistics add their own terms: new_mean = (1-m) rm + m mu gives
+    # dx += m g_mean / n; new_var = (1-m) rv + m var n/(n-1) gives dx += 2 m g_var (x-mu)/(n-1).
+    x, gamma, _, _, _ = c.args
+    g_out, g_mean, g_var = gh.fields(g, 3)
+    xt = gh.tensor_type(x)
+    attrs = BatchNormAttrs.view(c.attrs)
+    axis = normalize_axis(attrs.axis, xt.ndim)
+    dt = xt.dtype
+    n = gh.static_shape(x, "nn.batch_norm in training mode")
+    count = int(np.prod(n, dtype=np.int64)) // n[axis]
+    m = attrs.momentum
+
+    def per_channel(e: Expr) -> Expr:
+        return call("sum", e, axis=[axis], exclude=True)
+
+    def mean(e: Expr) -> Expr:  # per channel, broadcast back along the channel axis
+        return along(per_channel(e) * scalar(1 / count, dt), xt.ndim, axis)
+
+    centred = x - mean(x)
+    rstd = call("rsqrt", mean(centred * centred) + scalar(attrs.epsilon, dt))
+    xhat = centred * rstd
+    dxhat = g_out * along(gamma, xt.ndim, axis) if attrs.scale else g_out
+    dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
+    dx = dx + along(g_mean * scalar(m / count, dt), xt.ndim, axis)
+    dx = dx + centred * along(g_var * scalar(2 * m / (count - 1), dt), xt.ndim, axis)
+    dgamma = per_channel(g_out * xhat) if attrs.scale else None
+    dbeta = per_channel(g_out) if attrs.center else None
+    keep = scalar(1 - m, dt)
+    return [dx, dgamma, dbeta, g_mean * keep, g_var * keep]
+
+
 def _batch_norm_grad(c: Call, g: Expr) -> list[Expr | None]:
+    if BatchNormAttrs.view(c.attrs).training:
+        return _batch_norm_training_grad(c, g)
     # out = (x - mean) * inv * gamma + beta with inv = (var + eps)^-1/2, per channel; the
     # second and third results pass moving_mean and moving_var through unchanged.
     x, gamma, _, mean, var = c.args
     g_out, g_mean, g_var = gh.fields(g, 3)
     xt = gh.tensor_type(x)
-    attrs = NormAttrs.view(c.attrs)
+    attrs = BatchNormAttrs.view(c.attrs)
     axis = normalize_axis(attrs.axis, xt.ndim)
     dt = xt.dtype
 
@@ -140,7 +229,56 @@ def _copy(t: Tensor) -> Tensor:
     return compute(t.shape, t.dtype, lambda *i: t(*i))
 
 
-def _batch_norm_lower(inputs: list[Tensor], attrs: NormAttrs, out: Type) -> tuple[Tensor, ...]:
+def _batch_norm_training_lower(inputs: list[Tensor], attrs: BatchNormAttrs
+                               ) -> tuple[Tensor, ...]:
+    """Per channel, two reductions over the other axes (the mean, then the variance about it,
+    as the reference), then the normalized values and the updated running statistics."""
+    x, gamma, beta, running_mean, running_var = inputs
+    axis = attrs.axis % x.ndim
+    dt = x.dtype
+    extents = tuple(d for a, d in enumerate(x.shape) if a != axis)
+    count = int(np.prod(extents, dtype=np.int64))
+    zero = oplib.dtype_const(0, dt)
+
+    def element(c: tuple[LExpr, ...], r: tuple[LExpr, ...]) -> tuple[LExpr, ...]:
+        return (*r[:axis], c[0], *r[axis:])
+
+    def per_channel(acc: LExpr, c: tuple[LExpr, ...]) -> LExpr:
+        return Binary("div", acc, oplib.dtype_const(count, dt))
+
+    mean = reduce((x.shape[axis],), dt, extents, "add", lambda c, r: x(*element(c, r)), zero,
+                  per_channel)
+
+    def squared(c: tuple[LExpr, ...], r: tuple[LExpr, ...]) -> LExpr:
+        d = Binary("sub", x(*element(c, r)), mean(*c))
+        return Binary("mul", d, d)
+
+    var = reduce((x.shape[axis],), dt, extents, "add", squared, zero, per_channel)
+
+    def normalized(*i: LExpr) -> LExpr:
+        c = (i[axis],)
+        scale = Binary("div", oplib.dtype_const(1, dt),
+                       Unary("sqrt", Binary("add", var(*c), oplib.dtype_const(attrs.epsilon, dt))))
+        if attrs.scale:
+            scale = Binary("mul", scale, gamma(*c))
+        value = Binary("mul", Binary("sub", x(*i), mean(*c)), scale)
+        return Binary("add", value, beta(*c)) if attrs.center else value
+
+    m = attrs.momentum
+
+    def running(old: Tensor, batch: Tensor, factor: float) -> Tensor:
+        return compute(old.shape, dt, lambda c: Binary(
+            "add", Binary("mul", oplib.dtype_const(1 - m, dt), old(c)),
+            Binary("mul", oplib.dtype_const(m * factor, dt), batch(c))))
+
+    return (compute(x.shape, dt, normalized), running(running_mean, mean, 1.0),
+            running(running_var, var, count / (count - 1)))
+
+
+def _batch_norm_lower(inputs: list[Tensor], attrs: BatchNormAttrs, out: Type
+                      ) -> tuple[Tensor, ...]:
+    if attrs.training:
+        return _batch_norm_training_lower(inputs, attrs)
     # As the reference: scale = 1 / sqrt(var + eps) (* gamma); (x - mean) * scale (+ beta).
     x, gamma, beta, mean, var = inputs
     axis = attrs.axis % x.ndim
@@ -161,18 +299,25 @@ def _batch_norm_lower(inputs: list[Tensor], attrs: NormAttrs, out: Type) -> tupl
 batch_norm = register(
     "nn.batch_norm",
     inputs=BATCH_NORM_INPUTS,
-    attrs_type=NormAttrs,
+    attrs_type=BatchNormAttrs,
     attrs=(
         Attr("axis", 1, kind="int", doc="the channel axis"),
         Attr("epsilon", 1e-5, kind="float", doc="added to the variance"),
         Attr("center", True, kind="bool", doc="add beta"),
         Attr("scale", True, kind="bool", doc="multiply by gamma"),
+        Attr("training", False, kind="bool",
+             doc="kiln extension: normalize with the batch's statistics and update the "
+                 "running ones"),
+        Attr("momentum", 0.1, kind="float",
+             doc="kiln extension, training only: the weight of the batch's statistics in "
+                 "the running ones (torch's)"),
     ),
     relation=_batch_norm_relation,
     compute=_batch_norm,
     pattern=OpPattern.OPAQUE,
     doc="(x - mean) / sqrt(var + eps) * gamma + beta per channel, from the moving statistics; "
-    "a tuple (out, moving_mean, moving_var).",
+    "a tuple (out, moving_mean, moving_var). With training=True, from the batch's statistics, "
+    "and the moving ones come back updated with momentum (as torch).",
     gradient=_batch_norm_grad,
     lower=_batch_norm_lower,
 )
@@ -336,4 +481,4 @@ dropout = register(
                 lambda *i: oplib.dtype_const(1, inputs[0].dtype))),
 )
 
-__all__ = ["batch_norm", "dropout", "layer_norm"]
+__all__ = ["BatchNormAttrs", "batch_norm", "dropout", "layer_norm"]
