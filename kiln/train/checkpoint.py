@@ -4,7 +4,8 @@
     kiln.train.load_checkpoint(step, "run.npz")     # into a Step of the same model and optimizer
 
 The file is a zip of ``.npy`` members (numpy's ``np.savez`` layout, readable by ``np.load``):
-``param/<name>``, ``state/<name>/<slot>`` and ``meta`` (format version, steps taken). Loading
+``param/<name>``, ``state/<name>/<slot>``, ``buffer/<name>`` (running statistics of batch
+norms in training mode) and ``meta`` (format version, steps taken). Loading
 treats the file as hostile: no pickle, and every member's name, header, dtype and shape is
 checked against what the Step holds before its data is read (so a forged header cannot make
 it allocate or read more than the Step's own arrays); a missing, extra or malformed member is
@@ -37,13 +38,16 @@ def checkpoint_arrays(state: dict[str, Any]) -> dict[str, np.ndarray]:
     for name, slots in state["state"].items():
         for slot, s in slots.items():
             out[f"state/{name}/{slot}"] = np.ascontiguousarray(s, dtype=np.float32)
+    for name, b in state.get("buffers", {}).items():
+        out[f"buffer/{name}"] = np.ascontiguousarray(b)
     out[_META] = np.array([FORMAT_VERSION, int(state["steps_taken"])], np.int64)
     return out
 
 
 def save_checkpoint(step: Step, path: str | os.PathLike[str]) -> None:
-    """Write ``step``'s weights, optimizer state and step count to ``path`` (an .npz file,
-    written whole to a temporary name and then renamed, so a crash leaves the old one)."""
+    """Write ``step``'s weights, optimizer state, running statistics and step count to
+    ``path`` (an .npz file, written whole to a temporary name and then renamed, so a crash
+    leaves the old one)."""
     arrays = checkpoint_arrays(step.state_dict())
     path = os.fspath(path)
     tmp = f"{path}.tmp{os.getpid()}"
@@ -125,7 +129,11 @@ def read_checkpoint(step: Step, path: str | os.PathLike[str]) -> dict[str, Any]:
         if k.startswith("state/"):
             name, slot = k[len("state/"):].rsplit("/", 1)
             state.setdefault(name, {})[slot] = a
-    return {"params": params, "state": state, "steps_taken": int(meta[1])}
+    buffers = {k[len("buffer/"):]: a for k, a in got.items() if k.startswith("buffer/")}
+    out: dict[str, Any] = {"params": params, "state": state, "steps_taken": int(meta[1])}
+    if buffers:
+        out["buffers"] = buffers
+    return out
 
 
 def load_checkpoint(step: Step, path: str | os.PathLike[str]) -> None:

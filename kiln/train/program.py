@@ -6,15 +6,18 @@ the loss) and the indices of its trainable parameters, `step_function` builds
     fn (%x..., %w..., %frozen..., %state..., %lr, %step) {
       let %r = <first-order gradient of f with respect to %w, keeping f's value>;
       ... clipping by global norm, then the optimizer's update of each %w ...
-      (loss, (new %w...), (new %state...), grad_norm, outputs)   /* norm: NaN without clipping */
-    }
+      (loss, (new %w...), (new %state...), [(new stats...),] grad_norm, outputs)
+    }                                                   /* norm: NaN without clipping */
 
 an ordinary dataflow program, so kiln.build fuses and compiles all of it at once (the update
 of a weight fuses with the last kernel of its gradient where fusion allows). The weights and
 the state come back as results in the order they came in; the Step (kiln/train/step.py) makes
-each result write the buffer of the input it replaces.
+each result write the buffer of the input it replaces. The running statistics of batch norms
+in training mode that are parameters of f (kiln/train/buffers.py) are not differentiated: f
+is made to return their new values too, which come back in their own tuple (absent without
+any; `StepLayout.stats` says which parameters they update).
 
-`gradient_function` builds the first half alone — ``(loss, grads..., outputs)`` — and
+`gradient_function` builds the first half alone — ``(loss, grads..., [stats...,] outputs)`` — and
 `update_function` the second — ``(new %w..., new %state..., grad_norm)`` from ``%w, %grad,
 %state, %lr, %step`` — so that a data-parallel wrapper can all-reduce the
 gradients between the two (`Step(..., split=True)`).
@@ -32,6 +35,7 @@ from kiln.ir.expr import Expr, Function, Let, Tuple, TupleGetItem, Var, const
 from kiln.ir.module import IRModule
 from kiln.ir.ty import TensorType, TupleType, tensor_type
 from kiln.op import reshape
+from kiln.train.buffers import find_buffers, with_statistics
 from kiln.train.clip import clip_by_global_norm, global_norm
 from kiln.train.optimizers import Optimizer
 
@@ -44,6 +48,8 @@ class StepLayout:
     trainable: tuple[int, ...]  # of those, the trained ones
     num_state: int  # state tensors, after the loss function's parameters
     has_outputs: bool  # whether f returns more than the loss (returned as the last result)
+    # the parameters that are running statistics, returned updated (after the state or grads)
+    stats: tuple[int, ...] = ()
 
 
 def _scalar(name: str) -> Var:
@@ -63,24 +69,28 @@ def _loss_type_check(fn: Function) -> bool:
     return isinstance(result, TupleType)
 
 
-def _differentiate(fn: Function, mod: IRModule | None,
-                   trainable: Sequence[int]) -> tuple[Function, Var, list[Expr], Expr | None]:
+def _differentiate(fn: Function, mod: IRModule | None, trainable: Sequence[int]
+                   ) -> tuple[Function, Var, list[Expr], Expr | None, list[Expr], tuple[int, ...]]:
     """The first-order gradient function of ``fn``; a variable ``%r`` for its body's value;
-    the gradients and the other outputs (None when ``fn`` returns only the loss) as
-    projections of ``%r``."""
+    the gradients, the other outputs (None when ``fn`` returns only the loss) and the new
+    running statistics as projections of ``%r``; the parameters those statistics update."""
     is_tuple = _loss_type_check(fn)
-    g = grad(fn, mod=mod, mode="first_order", wrt=tuple(trainable), of=0 if is_tuple else None,
-             keeping=None)
+    stats = find_buffers(fn).stats
+    own = len(fn.body.checked_type.fields) if is_tuple else 1  # type: ignore[attr-defined]
+    if stats:
+        fn = _typed(with_statistics(fn, tuple(stats)), mod)
+    g = grad(fn, mod=mod, mode="first_order", wrt=tuple(trainable),
+             of=0 if is_tuple or stats else None, keeping=None)
     r = Var("r", g.body.checked_type, checked_type_=g.body.checked_type)
     value: Expr = TupleGetItem(r, 0)
     grads_tuple = TupleGetItem(r, 1)
     grads: list[Expr] = [TupleGetItem(grads_tuple, i) for i in range(len(trainable))]
     outputs: Expr | None = None
     if is_tuple:
-        fields = fn.body.checked_type.fields  # type: ignore[attr-defined]
-        rest = tuple(TupleGetItem(value, i) for i in range(1, len(fields)))
+        rest = tuple(TupleGetItem(value, i) for i in range(1, own))
         outputs = rest[0] if len(rest) == 1 else Tuple(rest)
-    return g, r, grads, outputs
+    new_stats: list[Expr] = [TupleGetItem(value, own + k) for k in range(len(stats))]
+    return g, r, grads, outputs, new_stats, tuple(i for i, _ in stats)
 
 
 def _state_vars(fn: Function, trainable: Sequence[int], opt: Optimizer) -> list[list[Var]]:
@@ -108,8 +118,8 @@ def step_function(fn: Function, trainable: Sequence[int], opt: Optimizer, *,
     docstring), and where its parameters and results are."""
     fn = _typed(fn, mod)
     _check_trainable(fn, trainable)
-    g, r, grads, outputs = _differentiate(fn, mod, trainable)
-    loss = _loss_of(r, outputs is not None)
+    g, r, grads, outputs, new_stats, stats = _differentiate(fn, mod, trainable)
+    loss = _loss_of(r, outputs is not None or bool(stats))
     state = _state_vars(fn, trainable, opt)
     lr, step = _scalar("lr"), _scalar("step")
     grads, norm = _clipped(grads, clip_grad_norm)
@@ -119,28 +129,35 @@ def step_function(fn: Function, trainable: Sequence[int], opt: Optimizer, *,
         p, s = opt.update(g.params[i], gi, si, lr, step)
         new_params.append(p)
         new_state.extend(s)
-    results: list[Expr] = [loss, Tuple(tuple(new_params)), Tuple(tuple(new_state)), norm]
+    results: list[Expr] = [loss, Tuple(tuple(new_params)), Tuple(tuple(new_state))]
+    if new_stats:
+        results.append(Tuple(tuple(new_stats)))
+    results.append(norm)
     if outputs is not None:
         results.append(outputs)
     flat_state = [v for vs in state for v in vs]
     body = Let(r, g.body, Tuple(tuple(results)))
     out = Function((*g.params, *flat_state, lr, step), body)
-    layout = StepLayout(len(fn.params), tuple(trainable), len(flat_state), outputs is not None)
+    layout = StepLayout(len(fn.params), tuple(trainable), len(flat_state), outputs is not None,
+                        stats)
     return _typed(out, mod), layout
 
 
 def gradient_function(fn: Function, trainable: Sequence[int], *,
                       mod: IRModule | None = None) -> tuple[Function, StepLayout]:
-    """The first half of a split step: ``(loss, (grads...)[, outputs])`` from the loss
-    function's parameters."""
+    """The first half of a split step: ``(loss, (grads...)[, (new stats...)][, outputs])``
+    from the loss function's parameters."""
     fn = _typed(fn, mod)
     _check_trainable(fn, trainable)
-    g, r, grads, outputs = _differentiate(fn, mod, trainable)
-    results: list[Expr] = [_loss_of(r, outputs is not None), Tuple(tuple(grads))]
+    g, r, grads, outputs, new_stats, stats = _differentiate(fn, mod, trainable)
+    results: list[Expr] = [_loss_of(r, outputs is not None or bool(stats)),
+                           Tuple(tuple(grads))]
+    if new_stats:
+        results.append(Tuple(tuple(new_stats)))
     if outputs is not None:
         results.append(outputs)
     out = Function(g.params, Let(r, g.body, Tuple(tuple(results))))
-    layout = StepLayout(len(fn.params), tuple(trainable), 0, outputs is not None)
+    layout = StepLayout(len(fn.params), tuple(trainable), 0, outputs is not None, stats)
     return _typed(out, mod), layout
 
 

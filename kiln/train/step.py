@@ -13,6 +13,12 @@ state are written into the memory of the inputs they replace, so after the first
 step allocates nothing (the native executor; the VM, for programs it cannot compile whole,
 returns new arrays that are copied into the Step's).
 
+A model with batch norms in training mode keeps their running statistics as parameters (given
+in ``params``, like torch's buffers): the step updates them in place, as it does the weights,
+and ``step.buffers`` holds them. A dropout key parameter (``nn.dropout_train(x, %key)``) is
+filled by the Step before each step from ``seed`` and the step count (kiln/train/buffers.py),
+so that a run is reproducible from its seed.
+
 ``split=True`` compiles the step as two executables, gradients then update, and calls
 ``grad_hook(grads)`` between them with the gradient arrays (the Step's, to change in place):
 where a data-parallel wrapper all-reduces them.
@@ -25,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.errors import Error
+from kiln.errors import Error, InternalError
 from kiln.infer import infer_types
 from kiln.ir.expr import Function
 from kiln.ir.module import IRModule
@@ -34,6 +40,7 @@ from kiln.runtime.build import Executable, build
 from kiln.runtime.native import NativeExecutor
 from kiln.ssa.memory import donation_hazards
 from kiln.target import Target
+from kiln.train.buffers import find_buffers
 from kiln.train.clip import check_max_norm
 from kiln.train.optimizers import Optimizer
 from kiln.train.program import gradient_function, step_function, update_function
@@ -137,15 +144,16 @@ class Step:
     its learning rate a number or a schedule (kiln/train/schedules.py) read before each step
     and given to the program as an input. ``clip_grad_norm``: the largest global 2-norm of
     the gradients (torch's ``clip_grad_norm_``), None for no clipping. ``split`` and
-    ``grad_hook``: see the module docstring. ``target``, ``opt_level`` and ``threads`` are
-    `kiln.build`'s.
+    ``grad_hook``: see the module docstring. ``seed``: where the dropout keys start (see the
+    module docstring). ``target``, ``opt_level`` and ``threads`` are `kiln.build`'s.
     """
 
     def __init__(self, model: IRModule | Function, params: Mapping[str, Any],
                  optimizer: Optimizer, *, trainable: Iterable[str] | None = None,
                  clip_grad_norm: float | None = None, split: bool = False,
-                 grad_hook: GradHook | None = None, target: Target | str = "llvm",
-                 opt_level: int = 3, threads: int | None = None) -> None:
+                 grad_hook: GradHook | None = None, seed: int = 0,
+                 target: Target | str = "llvm", opt_level: int = 3,
+                 threads: int | None = None) -> None:
         if not isinstance(optimizer, Optimizer):
             raise Error(f"optimizer must be a kiln.train optimizer (SGD, Adam, AdamW), not "
                         f"{type(optimizer).__name__}")
@@ -159,22 +167,50 @@ class Step:
                         f"take (its parameters: {', '.join(names)})")
         if len(set(names)) != len(names):
             raise Error("the loss function has two parameters of the same name")
-        chosen = ([n for n in names if n in params and np.asarray(params[n]).dtype == np.float32]
+        buffers = find_buffers(fn)
+        stat_names = [names[i] for i, _ in buffers.stats]
+        key_names = [names[i] for i in buffers.keys]
+        for n in stat_names:
+            if n not in params:
+                raise Error(f"params must give %{n}, a running statistic of a batch norm in "
+                            "training mode (torch starts the mean at 0, the variance at 1)")
+        for n in key_names:
+            if n in params:
+                raise Error(f"%{n} is a dropout key, which the Step fills before each step "
+                            "(from seed=): leave it out of params")
+        chosen = ([n for n in names if n in params and n not in stat_names
+                   and np.asarray(params[n]).dtype == np.float32]
                   if trainable is None else list(trainable))
         for n in chosen:
             if n not in params:
                 raise Error(f"trainable names {n!r}, which is not among the params given")
+            if n in stat_names:
+                raise Error(f"trainable names {n!r}, a running statistic of a batch norm in "
+                            "training mode (the step updates it from the batch, not by its "
+                            "gradient)")
         if not chosen:
             raise Error("nothing to train: no float32 weight among the params given")
         self.optimizer = optimizer
         self.clip_grad_norm = check_max_norm(clip_grad_norm)
         self.grad_hook = grad_hook
         self._trainable = [names.index(n) for n in sorted(set(chosen), key=names.index)]
-        frozen = {n: params[n] for n in params if names.index(n) not in self._trainable}
-        self._batch = [i for i, n in enumerate(names) if n not in params]
+        frozen = {n: params[n] for n in params
+                  if names.index(n) not in self._trainable and n not in stat_names}
+        self._batch = [i for i, n in enumerate(names) if n not in params and n not in key_names]
         self._names = names
         self._fn = fn
         types = [p.checked_type for p in fn.params]
+        self.seed = int(seed)
+        self._buffers: dict[str, np.ndarray] = {}
+        for n in stat_names:
+            t = types[names.index(n)]
+            assert isinstance(t, TensorType)
+            value = np.array(params[n], dtype=t.dtype, order="C", copy=True)
+            if value.shape != t.static_shape:
+                raise Error(f"params[{n!r}] has shape {value.shape}; the loss function's %{n} "
+                            f"is {t}")
+            self._buffers[n] = value
+        self._keys = {n: np.zeros(2, np.int64) for n in key_names}
         self._weights: dict[str, np.ndarray] = {}
         for i in self._trainable:
             t = types[i]
@@ -192,7 +228,9 @@ class Step:
         self._ran = False  # whether the gradient program has run (the loss is valid)
         # the global norm of the last step's gradients before clipping (NaN without clipping)
         self.grad_norm = float("nan")
-        kept = [i for i in range(len(names)) if i in self._trainable or i in self._batch]
+        kept = [i for i in range(len(names))
+                if i in self._trainable or names[i] not in params
+                or names[i] in self._buffers]
         self._in_types = {i: types[i] for i in kept}
 
         def compile_(f: Function, bound: Mapping[str, Any]) -> Executable:
@@ -203,27 +241,33 @@ class Step:
         state = [s for i in self._trainable for s in self._state[names[i]]]
         # the loss function's kept parameters, in order (the batch's places filled per call)
         front: list[np.ndarray | None] = [None if i in self._batch else
-                                          self._weights[names[i]] for i in kept]
+                                          self._held(names[i]) for i in kept]
         self._slots = [kept.index(i) for i in self._batch]
-        n_w, n_s = len(weights), len(state)
+        n_w, n_s, n_b = len(weights), len(state), len(stat_names)
         where = {i: kept.index(i) for i in self._trainable}
+        # the results that replace the running statistics, after the others of their tuple
+        stat_at = {k: kept.index(names.index(n)) for k, n in enumerate(stat_names)}
         if not split:
             sf, layout = step_function(fn, self._trainable, optimizer,
                                        clip_grad_norm=self.clip_grad_norm, mod=mod)
+            _check_layout(layout.stats, [names.index(n) for n in stat_names])
             exe = compile_(sf, frozen)
             inputs = [*front, *state, self._lr, self._step_no]
             donate = {1 + j: where[i] for j, i in enumerate(self._trainable)}
             donate.update({1 + n_w + k: len(front) + k for k in range(n_s)})
+            donate.update({1 + n_w + n_s + k: at for k, at in stat_at.items()})
             self._main = _Program(exe, inputs, donate)
             self._programs = [self._main]
             self._has_outputs = layout.has_outputs
-            self._norm_at = 1 + n_w + n_s
+            self._norm_at = 1 + n_w + n_s + n_b
             self._outputs_at = self._norm_at + 1
             self._grads: list[np.ndarray] = []
         else:
             gf, layout = gradient_function(fn, self._trainable, mod=mod)
+            _check_layout(layout.stats, [names.index(n) for n in stat_names])
             gexe = compile_(gf, frozen)
-            self._main = _Program(gexe, list(front), {})
+            self._main = _Program(gexe, list(front),
+                                  {1 + n_w + k: at for k, at in stat_at.items()})
             self._grads = self._main.outputs[1: 1 + n_w]
             uf = update_function([fn.params[i] for i in self._trainable], optimizer,
                                  clip_grad_norm=self.clip_grad_norm)
@@ -236,7 +280,14 @@ class Step:
             self._programs = [self._main, self._update]
             self._has_outputs = layout.has_outputs
             self._norm_at = -1
-            self._outputs_at = 1 + n_w
+            self._outputs_at = 1 + n_w + n_b
+
+    def _held(self, name: str) -> np.ndarray:
+        """The Step's array for a weight, a running statistic or a dropout key."""
+        for arrays in (self._weights, self._buffers, self._keys):
+            if name in arrays:
+                return arrays[name]
+        raise InternalError(f"the Step holds no array for %{name}")
 
     # -- running ---------------------------------------------------------------------
 
@@ -252,6 +303,9 @@ class Step:
             ins[slot] = self._checked(i, value)
         self._lr[...] = self.optimizer.rate(self.steps_taken) if lr is None else lr
         self._step_no[...] = self.steps_taken + 1
+        for j, key in enumerate(self._keys.values()):
+            key[0] = self.seed
+            key[1] = self.steps_taken * len(self._keys) + j
         self._main()
         self._ran = True
         if self.grad_hook is not None:
@@ -288,6 +342,12 @@ class Step:
         """The trained weights by name: the Step's own arrays, updated in place by each step
         (copy one to keep it)."""
         return dict(self._weights)
+
+    @property
+    def buffers(self) -> dict[str, np.ndarray]:
+        """The running statistics of the batch norms in training mode by name: the Step's own
+        arrays, updated in place by each step (torch's module buffers)."""
+        return dict(self._buffers)
 
     @property
     def optimizer_state(self) -> dict[str, list[np.ndarray]]:
@@ -340,13 +400,17 @@ class Step:
                    for p in self._programs)
 
     def state_dict(self) -> dict[str, Any]:
-        """Copies of the weights, the optimizer state and the step count."""
-        return {
+        """Copies of the weights, the optimizer state, the running statistics (where the
+        model has any) and the step count."""
+        out: dict[str, Any] = {
             "params": {n: w.copy() for n, w in self._weights.items()},
             "state": {n: {slot: s.copy() for slot, s in zip(self.optimizer.slots, ss)}
                       for n, ss in self._state.items()},
             "steps_taken": self.steps_taken,
         }
+        if self._buffers:
+            out["buffers"] = {n: b.copy() for n, b in self._buffers.items()}
+        return out
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Set the weights (and, where given, the optimizer state and step count) from a
@@ -365,12 +429,23 @@ class Step:
                     raise Error(f"{type(self.optimizer).__name__} keeps no {slot!r}")
                 _assign(self._state[name][self.optimizer.slots.index(slot)], value,
                         f"{name}.{slot}")
+        for name, value in state.get("buffers", {}).items():
+            if name not in self._buffers:
+                raise Error(f"{name!r} is not a running statistic of this step "
+                            f"({', '.join(self._buffers) or 'it has none'})")
+            _assign(self._buffers[name], value, name)
         if "steps_taken" in state:
             self.steps_taken = int(state["steps_taken"])
 
     def __repr__(self) -> str:
         return (f"<kiln.train.Step of {len(self._weights)} weights, {self.optimizer!r}, "
                 f"{self.steps_taken} steps taken>")
+
+
+def _check_layout(found: tuple[int, ...], expected: list[int]) -> None:
+    if list(found) != expected:
+        raise InternalError(f"the step program updates running statistics {found}, the Step "
+                            f"holds {expected}")
 
 
 def _assign(dst: np.ndarray, value: Any, name: str) -> None:

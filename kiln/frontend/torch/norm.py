@@ -1,8 +1,12 @@
 """Normalization and dropout at inference: batch norm from the running statistics, layer norm
 over one or more trailing axes, group norm, and dropout as the identity.
 
-Training-mode batch norm (``_native_batch_norm_legit_functional``) and dropout with
-``train=True`` have no converter: the importer then says to call ``model.eval()``.
+Training-mode batch norm (``_native_batch_norm_legit_functional``, what ``torch.export`` gives
+for a ``BatchNorm`` of a module in train mode) becomes ``nn.batch_norm(..., training=True)``
+with torch's momentum; its updated running statistics (results 3 and 4, which torch writes
+back into the buffers) are that call's results 1 and 2, which `kiln.train.Step` writes back
+into the running statistics' arrays. Dropout with ``train=True`` has no converter (it would
+need a key input): the importer then says to call ``model.eval()``.
 """
 
 from __future__ import annotations
@@ -35,6 +39,26 @@ def batch_norm(n: AtenCall, x: Expr, weight: Expr | None, bias: Expr | None, mea
     out = nn.batch_norm(x, gamma, beta, mean, var, axis=1, epsilon=float(eps), center=center,
                         scale=scale)
     return [out[0], Missing("saved mean of batch norm"), Missing("saved inverse std of batch norm")]
+
+
+@converter("aten._native_batch_norm_legit_functional.default")
+def batch_norm_functional(n: AtenCall, x: Expr, weight: Expr | None, bias: Expr | None,
+                          mean: Expr, var: Expr, training: bool, momentum: float,
+                          eps: float) -> list[Expr | Missing]:
+    """Batch norm of a module in train mode: the batch's statistics, and the running ones
+    updated (results 3 and 4)."""
+    if not training:
+        out = batch_norm(n, x, weight, bias, mean, var, momentum, eps)
+        return [*out, mean, var]
+    channels = n.shape(mean)[0]
+    if not isinstance(channels, int):
+        raise n.error("batch norm needs a static number of channels")
+    gamma, scale = _or_filled(n, weight, channels, 1.0)
+    beta, center = _or_filled(n, bias, channels, 0.0)
+    out = nn.batch_norm(x, gamma, beta, mean, var, axis=1, epsilon=float(eps), center=center,
+                        scale=scale, training=True, momentum=float(momentum))
+    return [out[0], Missing("saved mean of batch norm"),
+            Missing("saved inverse std of batch norm"), out[1], out[2]]
 
 
 @converter("aten._native_batch_norm_legit.no_stats")
@@ -112,15 +136,16 @@ def group_norm(n: AtenCall, x: Expr, weight: Expr | None, bias: Expr | None, bat
     return [y, Missing("mean of group norm"), Missing("inverse std of group norm")]
 
 
+# Dropout with p = 0 is the identity in either mode (a model in train mode may have one).
 @converter("aten.dropout.default", "aten.feature_dropout.default")
-def dropout(n: AtenCall, x: Expr, _p: float, train: bool | None) -> Expr:
-    if train:
+def dropout(n: AtenCall, x: Expr, p: float, train: bool | None) -> Expr:
+    if train and p:
         raise n.error("dropout in training mode is random; call model.eval() before importing")
     return x
 
 
 @converter("aten.native_dropout.default")
-def native_dropout(n: AtenCall, x: Expr, _p: float, train: bool | None) -> list[Expr | Missing]:
-    if train or train is None:
+def native_dropout(n: AtenCall, x: Expr, p: float, train: bool | None) -> list[Expr | Missing]:
+    if (train or train is None) and p:
         raise n.error("dropout in training mode is random; call model.eval() before importing")
     return [x, Missing("mask of dropout")]
