@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kiln.errors import Error
-from kiln.ir.expr import Call, Expr, Function, If, Let, Match, Op, Tuple, TupleGetItem, Var
+from kiln.ir.expr import Call, Expr, Function, If, Let, Match, Op, Tuple, TupleGetItem
 from kiln.ir.traverse import post_order
 from kiln.ir.ty import TupleType
 
@@ -89,10 +89,4 @@ def with_statistics(fn: Function, stats: tuple[tuple[int, Expr], ...]) -> Functi
     return Function(fn.params, body, type_params=fn.type_params, attrs=fn.attrs)
 
 
-def is_key(v: Var) -> bool:
-    """Whether a parameter's type is a dropout key's (int64 of shape (2,))."""
-    t = v.checked_type
-    return getattr(t, "dtype", None) == "int64" and getattr(t, "shape", None) == (2,)
-
-
-__all__ = ["Buffers", "find_buffers", "is_key", "with_statistics"]
+__all__ = ["Buffers", "find_buffers", "with_statistics"]

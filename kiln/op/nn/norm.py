@@ -19,7 +19,7 @@ from kiln.ir.attrs import Attrs
 from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import TensorType, TupleType, Type
 from kiln.loops import oplib
-from kiln.loops.compute import Tensor, WriteFn, compute, extern, reduce
+from kiln.loops.compute import Tensor, WriteFn, compute, extern
 from kiln.loops.ir import (
     Allocate,
     Binary,
@@ -229,40 +229,61 @@ def _copy(t: Tensor) -> Tensor:
     return compute(t.shape, t.dtype, lambda *i: t(*i))
 
 
+def _channel_mean(x: Tensor, axis: int, term: Callable[[tuple[LExpr, ...]], LExpr]) -> Tensor:
+    """The mean of ``term`` over every axis of ``x`` but ``axis``, per channel: a loop nest per
+    channel (parallel over channels when the work pays) whose innermost loop is marked
+    vectorized, which lets LLVM sum in lane-wise partial sums."""
+    dt = x.dtype
+    others = [a for a in range(x.ndim) if a != axis]
+    count = int(np.prod([x.shape[a] for a in others], dtype=np.int64))
+    zero = (Const(0),)
+
+    def channel(o: tuple[LExpr, ...], write: WriteFn) -> Stmt:
+        acc = Buffer("acc", (1,), dt, "local")
+        loop_vars = {a: LVar(f"r{a}") for a in others}
+        idx = tuple(o[0] if a == axis else loop_vars[a] for a in range(x.ndim))
+        body: Stmt = Store(acc, zero, Binary("add", Load(acc, zero), term(idx)))
+        for a in reversed(others):
+            kind = "vectorized" if a == others[-1] else "serial"
+            body = For(loop_vars[a], Const(0), Const(x.shape[a]), body, kind)
+        return Allocate(acc, Seq((
+            Store(acc, zero, oplib.dtype_const(0, dt)), body,
+            write(o, Binary("div", Load(acc, zero), oplib.dtype_const(count, dt))))))
+
+    return extern((x.shape[axis],), dt, lambda write: oplib.outer_nest(
+        (x.shape[axis],), lambda o: channel(o, write), 2 * count))
+
+
 def _batch_norm_training_lower(inputs: list[Tensor], attrs: BatchNormAttrs
                                ) -> tuple[Tensor, ...]:
-    """Per channel, two reductions over the other axes (the mean, then the variance about it,
-    as the reference), then the normalized values and the updated running statistics."""
+    """Per channel, the mean and then the variance about it (two passes, as the reference),
+    then the normalized values and the updated running statistics."""
     x, gamma, beta, running_mean, running_var = inputs
     axis = attrs.axis % x.ndim
     dt = x.dtype
-    extents = tuple(d for a, d in enumerate(x.shape) if a != axis)
-    count = int(np.prod(extents, dtype=np.int64))
-    zero = oplib.dtype_const(0, dt)
+    count = int(np.prod(x.shape, dtype=np.int64)) // x.shape[axis]
+    mean = _channel_mean(x, axis, lambda i: x(*i))
 
-    def element(c: tuple[LExpr, ...], r: tuple[LExpr, ...]) -> tuple[LExpr, ...]:
-        return (*r[:axis], c[0], *r[axis:])
-
-    def per_channel(acc: LExpr, c: tuple[LExpr, ...]) -> LExpr:
-        return Binary("div", acc, oplib.dtype_const(count, dt))
-
-    mean = reduce((x.shape[axis],), dt, extents, "add", lambda c, r: x(*element(c, r)), zero,
-                  per_channel)
-
-    def squared(c: tuple[LExpr, ...], r: tuple[LExpr, ...]) -> LExpr:
-        d = Binary("sub", x(*element(c, r)), mean(*c))
+    def squared(i: tuple[LExpr, ...]) -> LExpr:
+        d = Binary("sub", x(*i), mean(i[axis]))
         return Binary("mul", d, d)
 
-    var = reduce((x.shape[axis],), dt, extents, "add", squared, zero, per_channel)
+    var = _channel_mean(x, axis, squared)
+
+    def channel_scale(c: LExpr) -> LExpr:
+        inv = Binary("div", oplib.dtype_const(1, dt),
+                     Unary("sqrt", Binary("add", var(c), oplib.dtype_const(attrs.epsilon, dt))))
+        return Binary("mul", inv, gamma(c)) if attrs.scale else inv
+
+    # one square root and division per channel, not per element: written into a buffer
+    channels = x.shape[axis]
+    scale = extern((channels,), dt, lambda write: oplib.loop_nest(
+        (channels,), lambda o: write(o, channel_scale(o[0]))))
 
     def normalized(*i: LExpr) -> LExpr:
-        c = (i[axis],)
-        scale = Binary("div", oplib.dtype_const(1, dt),
-                       Unary("sqrt", Binary("add", var(*c), oplib.dtype_const(attrs.epsilon, dt))))
-        if attrs.scale:
-            scale = Binary("mul", scale, gamma(*c))
-        value = Binary("mul", Binary("sub", x(*i), mean(*c)), scale)
-        return Binary("add", value, beta(*c)) if attrs.center else value
+        c = i[axis]
+        value = Binary("mul", Binary("sub", x(*i), mean(c)), scale(c))
+        return Binary("add", value, beta(c)) if attrs.center else value
 
     m = attrs.momentum
 
