@@ -19,8 +19,8 @@ On a machine shared with other work every figure is noisy: compare within a run.
     .venv/bin/python benchmarks/quantization.py --quick     # 64x64 images, few rounds
     .venv/bin/python benchmarks/quantization.py --quick --profile   # + where int8 time goes
 
-``--profile`` prints ``exe.profile`` of the int8 model and, for its costliest kernels, the
-input shapes and the int8 GEMM schedule each was built with.
+``--profile`` prints ``exe.profile`` of the int8 model and of kiln's build of the QDQ file
+and, for their costliest kernels, the input shapes and the schedule each was built with.
 """
 
 from __future__ import annotations
@@ -135,6 +135,7 @@ def main() -> None:
           f"argmax {'equal' if got.argmax() == ref.argmax() else 'differs'}")
 
     if args.profile:
+        print("\nkiln int8 (kiln.quantize):")
         print_profile(i8, x)
 
     twin = torch_models.torch_resnet18(params)
@@ -145,6 +146,9 @@ def main() -> None:
     want = sess.run(None, {"data": x})[0]
     have = np.asarray(kq(x))
     print(f"kiln vs ORT on the QDQ file: max |diff| {np.abs(have - want).max():.3g}", flush=True)
+    if args.profile:
+        print("\nkiln on the QDQ file:")
+        print_profile(kq, x)
 
     med = rounds({
         "kiln float32": lambda: f32(x),

@@ -161,6 +161,26 @@ def _int_div(op: str) -> Callable[..., V]:
     return rule
 
 
+def _shift(b: B, x: V, y: V, k: str, left: bool) -> V:
+    """``x << y`` or ``x >> y`` (arithmetic when signed) as kiln defines them
+    (kiln/loops/evaluate.py `shift_right`): the amount clamped to [0, width - 1], and a
+    shift by the width or more giving 0 where the clamp would not (left, unsigned right)."""
+    element = x.type.element if isinstance(x.type, ir.VectorType) else x.type
+    width = element.width
+    zero, top = like(x.type, 0), like(x.type, width - 1)
+    if k == "sint":
+        amount = b.select(b.icmp_signed("<", y, zero), zero,
+                          b.select(b.icmp_signed(">", y, top), top, y))
+        past = b.icmp_signed(">", y, top)
+    else:
+        amount = b.select(b.icmp_unsigned(">", y, top), top, y)
+        past = b.icmp_unsigned(">", y, top)
+    if not left:
+        r = b.ashr(x, amount) if k == "sint" else b.lshr(x, amount)
+        return r if k == "sint" else b.select(past, zero, r)
+    return b.select(past, zero, b.shl(x, amount))
+
+
 def _int_pow(mc: ModuleContext, b: B, x: V, y: V, k: str, cy: object) -> V:
     if cy == 1:
         return x
@@ -229,6 +249,8 @@ _INT: dict[str, Callable[..., V]] = {
     "and": lambda mc, b, x, y, k, cy: b.and_(x, y),
     "or": lambda mc, b, x, y, k, cy: b.or_(x, y),
     "xor": lambda mc, b, x, y, k, cy: b.xor(x, y),
+    "shl": lambda mc, b, x, y, k, cy: _shift(b, x, y, k, left=True),
+    "shr": lambda mc, b, x, y, k, cy: _shift(b, x, y, k, left=False),
 }
 
 _BOOL: dict[str, Callable[..., V]] = {  # numpy's bool arithmetic is logical

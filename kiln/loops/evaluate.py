@@ -69,6 +69,28 @@ _UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 }
 
 
+def shift_left(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a << b`` of integers as kiln defines it: a shift by at least the width gives 0, a
+    negative shift none (kiln/op/elementwise.py, left_shift)."""
+    a, b = np.asarray(a), np.asarray(b)
+    bits = a.dtype.itemsize * 8
+    s = np.clip(b.astype(np.int64), 0, bits - 1).astype(a.dtype)
+    with np.errstate(over="ignore"):
+        return np.where(b.astype(np.int64) >= bits, np.zeros_like(a), np.left_shift(a, s))
+
+
+def shift_right(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a >> b`` of integers (arithmetic for signed ones): ``floor(a / 2**b)``, a shift by
+    at least the width leaving the sign (0 or -1), a negative shift none."""
+    a, b = np.asarray(a), np.asarray(b)
+    bits = a.dtype.itemsize * 8
+    s = np.clip(b.astype(np.int64), 0, bits - 1).astype(a.dtype)
+    out = np.right_shift(a, s)
+    if a.dtype.kind == "u":
+        out = np.where(b.astype(np.int64) >= bits, np.zeros_like(a), out)
+    return out
+
+
 def _truncdiv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     q = np.floor_divide(a, b)
     return q + ((q < 0) & (q * b != a))
@@ -89,6 +111,8 @@ _BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "and": lambda a, b: np.logical_and(a, b) if a.dtype == np.bool_ else np.bitwise_and(a, b),
     "or": lambda a, b: np.logical_or(a, b) if a.dtype == np.bool_ else np.bitwise_or(a, b),
     "xor": lambda a, b: np.logical_xor(a, b) if a.dtype == np.bool_ else np.bitwise_xor(a, b),
+    "shl": lambda a, b: shift_left(a, b),
+    "shr": lambda a, b: shift_right(a, b),
     "lt": np.less,
     "le": np.less_equal,
     "gt": np.greater,

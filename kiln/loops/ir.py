@@ -214,7 +214,7 @@ class Load(Expr):
 
 BINARY_OPS = frozenset(
     ["add", "sub", "mul", "div", "floordiv", "floormod", "truncdiv", "truncmod", "min", "max",
-     "pow", "and", "or", "xor", "lt", "le", "gt", "ge", "eq", "ne"]
+     "pow", "and", "or", "xor", "shl", "shr", "lt", "le", "gt", "ge", "eq", "ne"]
 )
 COMPARISONS = frozenset(["lt", "le", "gt", "ge", "eq", "ne"])
 

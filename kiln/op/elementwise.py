@@ -590,6 +590,31 @@ floor_mod = _binary(
 )
 
 
+def _shift_compute(left: bool) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    from kiln.loops.evaluate import shift_left, shift_right
+
+    return shift_left if left else shift_right
+
+
+left_shift = _binary(
+    "left_shift",
+    _shift_compute(True),
+    "Integer lhs shifted left by rhs bits (0 from the width on; a negative rhs: no shift).",
+    kind="int",
+    differentiable=False,
+    lower=oplib.binary("shl"),
+)
+right_shift = _binary(
+    "right_shift",
+    _shift_compute(False),
+    "Integer lhs shifted right by rhs bits, arithmetic when signed: floor(lhs / 2**rhs) "
+    "(from the width on: 0, or -1 for a negative lhs; a negative rhs: no shift).",
+    kind="int",
+    differentiable=False,
+    lower=oplib.binary("shr"),
+)
+
+
 def _compare(
     name: str, fn: Callable[[np.ndarray, np.ndarray], object], doc: str, op: str
 ) -> OpDef:
@@ -800,9 +825,9 @@ cast = register(
 # fmt: off
 __all__ = [
     "abs_", "add", "cast", "ceil", "clip", "cos", "divide", "equal", "erf", "exp", "floor",
-    "floor_divide", "floor_mod", "greater", "greater_equal", "less", "less_equal", "log",
-    "logical_and", "logical_not", "logical_or", "maximum", "minimum", "mod", "multiply",
-    "negative", "not_equal", "power", "round_", "rsqrt", "sigmoid", "sign", "sin", "sqrt",
-    "subtract", "tanh", "where",
+    "floor_divide", "floor_mod", "greater", "greater_equal", "left_shift", "less", "less_equal",
+    "log", "logical_and", "logical_not", "logical_or", "maximum", "minimum", "mod", "multiply",
+    "negative", "not_equal", "power", "right_shift", "round_", "rsqrt", "sigmoid", "sign",
+    "sin", "sqrt", "subtract", "tanh", "where",
 ]
 # fmt: on

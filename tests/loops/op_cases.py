@@ -116,6 +116,11 @@ for _name in ("divide", "mod", "floor_divide", "floor_mod"):
         ints(3, dtype="uint8", low=1, high=20))
     add(_name, BINARY[_name], arg(4, values=[7.5, -7.5, 1, 0]), arg(4, values=[2, 2, 0, 0]),
         label=f"{_name} float by 0")
+for _name, _shift in (("left_shift", op.left_shift), ("right_shift", op.right_shift)):
+    add(_name, _shift, ints(2, 4, dtype="int64", values=[-2**63, -5, 5, 2**62, 7, -7, 1, -1]),
+        ints(4, dtype="int64", values=[-1, 3, 63, 64]))
+    add(_name, _shift, ints(2, 3, dtype="uint8", low=0, high=255),
+        ints(3, dtype="uint8", values=[1, 7, 9]))
 add("power", op.power, ints(2, 3, low=-5, high=5), ints(3, low=0, high=7))
 add("power", op.power, ints(2, 3, dtype="int8", low=-5, high=5), ints(3, dtype="int8", low=0,
                                                                        high=9))

@@ -267,3 +267,37 @@ def test_cast_against_torch(src: str, dst: str) -> None:
 def test_cast_needs_a_dtype() -> None:
     with pytest.raises(kiln.Error, match="dtype"):
         kiln.op.cast(kiln.var("x", shape=(2,)), dtype="")
+
+
+def _shift_oracle(value: int, amount: int, bits: int, signed: bool, left: bool) -> int:
+    """A shift in Python's unbounded integers, wrapped back to ``bits`` (the oracle)."""
+    amount = max(amount, 0)
+    if left:
+        out = (value << amount) % (1 << bits) if amount < bits else 0
+    else:
+        out = value >> amount if signed or amount < bits else 0
+    if signed and out >= 1 << (bits - 1):
+        out -= 1 << bits
+    return out
+
+
+@covers("left_shift", "right_shift")
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "int32", "uint32", "int64"])
+def test_shifts_against_python_integers(dtype: str) -> None:
+    # every amount from negative (no shift) past the width (0, or the sign for >> of signed)
+    info = np.iinfo(dtype)
+    rng = np.random.default_rng(info.bits)
+    a = rng.integers(info.min, int(info.max) + 1, (4, 19)).astype(dtype)
+    lo = -2 if info.min < 0 else 0
+    b = rng.integers(lo, info.bits + 3, (4, 19)).astype(dtype)
+    a[0, :3] = (info.min, info.max // 2 + 1, info.max)
+    b[0, :3] = (info.bits - 1, info.bits, info.bits + 1)
+    for name, left in (("left_shift", True), ("right_shift", False)):
+        want = np.array([_shift_oracle(int(v), int(s), info.bits, info.min < 0, left)
+                         for v, s in zip(a.ravel(), b.ravel())]).reshape(a.shape)
+        check(name, [a, b], want.astype(dtype))
+
+
+def test_shifts_reject_floats() -> None:
+    with pytest.raises(kiln.TypeCheckError, match="integer"):
+        infer("right_shift", [TensorType((2,), "float32"), TensorType((2,), "float32")])

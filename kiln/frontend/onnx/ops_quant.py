@@ -31,10 +31,11 @@ from __future__ import annotations
 import numpy as np
 
 from kiln import op
-from kiln.frontend.onnx.context import NodeContext, cast, const_like, kiln_dtype
+from kiln.frontend.onnx.context import NodeContext, cast, kiln_dtype
 from kiln.frontend.onnx.ops_nn import convolve, matmul, spatial_shape, window_attrs
 from kiln.frontend.onnx.table import converter
 from kiln.ir.expr import Constant, Expr
+from kiln.op.qnn.quantize import round_half_even_expr as round_half_even
 
 
 def broadcast_param(ctx: NodeContext, i: int, axis: int, rank: int, length: int) -> Expr:
@@ -110,13 +111,6 @@ def dequantize_linear(ctx: NodeContext) -> Expr:
         x = op.subtract(x, cast(broadcast_param(ctx, 2, axis, rank, length), "float32"))
     y = op.multiply(x, cast(broadcast_param(ctx, 1, axis, rank, length), "float32"))
     return cast(y, out_dtype)
-
-
-def round_half_even(x: Expr, dtype: str) -> Expr:
-    """Round to nearest, halves to even (kiln's ``round`` takes them away from zero)."""
-    half = op.equal(op.abs(op.subtract(x, op.floor(x))), const_like(0.5, dtype))
-    even = op.multiply(op.round(op.multiply(x, const_like(0.5, dtype))), const_like(2.0, dtype))
-    return op.where(half, even, op.round(x))
 
 
 @converter("QuantizeLinear", since=10)

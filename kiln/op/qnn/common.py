@@ -183,7 +183,7 @@ def fixed_point_multiply_expr(x: Expr, ndim: int, in_scale: np.ndarray, out_scal
         half = op.where(op.greater_equal(v, const(0, "int64")), half,
                         param([(1 << (t[2] - 1)) - 1 for t in table]))
     v = op.add(v, half)
-    v = op.floor_divide(v, param([1 << t[2] for t in table]))  # an arithmetic right shift
+    v = op.right_shift(v, param([t[2] for t in table]))  # floor(v / 2**right)
     return op.cast(v, dtype="int32")
 
 

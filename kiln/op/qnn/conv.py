@@ -106,17 +106,20 @@ def _canonical(c: Call, types: Sequence[TensorType]) -> Expr:
     w, zw = to_int8(c.args[1], kernel, c.args[3])
     o, cg, kh, kw = kernel.static_shape
     top, left, bottom, right = attrs.padding
-    if top or left or bottom or right:
+    padding = [0, 0, 0, 0]
+    if is_zero(zx):  # zeros: the convolution's own padding (its kernel pads in place)
+        padding = [top, left, bottom, right]
+    elif top or left or bottom or right:
         x = kop.nn.pad(x, [[0, 0], [0, 0], [top, bottom], [left, right]],
                        kop.cast(zx, dtype="uint8" if mixed else "int8"))
     window = dict(strides=attrs.strides, dilation=attrs.dilation, groups=attrs.groups)
-    y: Expr = kop.nn.conv2d(x, w, padding=[0, 0, 0, 0], channels=attrs.channels,
+    y: Expr = kop.nn.conv2d(x, w, padding=padding, channels=attrs.channels,
                             kernel_size=attrs.kernel_size, out_dtype="int32", **window)
     zw_o = along_expr(zw, types[3], 1, 4) if types[3].ndim else zw  # (1, o, 1, 1) or scalar
     if not is_zero(zw):  # zp_w[o] * the sum of x under each window (of its group)
         # One channel of window sums; with groups, one per output channel (each sums its group).
         ones = Constant(np.ones((o if attrs.groups > 1 else 1, cg, kh, kw), np.int32))
-        sums = kop.nn.conv2d(kop.cast(x, dtype="int32"), ones, padding=[0, 0, 0, 0],
+        sums = kop.nn.conv2d(kop.cast(x, dtype="int32"), ones, padding=padding,
                              out_dtype="int32", **window)
         y = kop.subtract(y, kop.multiply(zw_o, sums))
     if not is_zero(zx):  # zp_x * the sum of each output channel's kernel

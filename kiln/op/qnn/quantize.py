@@ -93,13 +93,13 @@ def _quantize(arrays: list[np.ndarray], attrs: QuantizeAttrs) -> np.ndarray:
     return np.clip(v, lo, hi).astype(attrs.out_dtype)
 
 
-def round_half_even_expr(v: Expr) -> Expr:
-    """Round to nearest, halves to even, from core operators (kiln's round goes away)."""
-    f = kop.floor(v)
-    d = kop.subtract(v, f)  # exact
-    half = const(0.5, "float32")
-    even = kop.add(f, kop.floor_mod(f, const(2.0, "float32")))  # the even one of f, f + 1
-    return kop.where(kop.equal(d, half), even, kop.round(v))
+def round_half_even_expr(v: Expr, dtype: str = "float32") -> Expr:
+    """Round to nearest, halves to even, from core operators (kiln's round goes away): at
+    a half ``k + 0.5``, ``2 · round(v / 2)`` is the even one of k and k + 1 (``v · 0.5`` is
+    exact). Every step vectorizes (a float ``floor_mod`` would not: it is C's fmod)."""
+    half = kop.equal(kop.abs(kop.subtract(v, kop.floor(v))), const(0.5, dtype))
+    even = kop.multiply(kop.round(kop.multiply(v, const(0.5, dtype))), const(2.0, dtype))
+    return kop.where(half, even, kop.round(v))
 
 
 @canonical("qnn.quantize")
