@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from kiln.errors import Error
 from kiln.ir.expr import Call, Expr, Function, If, Let, Match, Op, Tuple, TupleGetItem
+from kiln.ir.module import IRModule
 from kiln.ir.traverse import post_order
 from kiln.ir.ty import TupleType
 
@@ -69,6 +70,19 @@ def find_buffers(fn: Function) -> Buffers:
     return Buffers(tuple(stats), tuple(keys))
 
 
+def check_other_functions(mod: IRModule | None) -> None:
+    """A `kiln.Error` if a function of ``mod`` other than @main calls a batch norm in
+    training mode: its running statistics would not be kept (the Step sees @main's)."""
+    if mod is None:
+        return
+    for gv in mod:
+        f = mod[gv]
+        if gv.name != "main" and isinstance(f, Function) and any(
+                _is_training_bn(n) for n in post_order(f.body)):
+            raise Error(f"@{gv.name} calls a batch norm in training mode: kiln.train "
+                        "keeps the running statistics of @main's only (inline the function)")
+
+
 def with_statistics(fn: Function, stats: tuple[tuple[int, Expr], ...]) -> Function:
     """``fn`` returning ``(loss, its other results..., new statistics...)``: the tail of its
     let chain becomes that tuple."""
@@ -89,4 +103,4 @@ def with_statistics(fn: Function, stats: tuple[tuple[int, Expr], ...]) -> Functi
     return Function(fn.params, body, type_params=fn.type_params, attrs=fn.attrs)
 
 
-__all__ = ["Buffers", "find_buffers", "with_statistics"]
+__all__ = ["Buffers", "check_other_functions", "find_buffers", "with_statistics"]

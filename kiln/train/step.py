@@ -40,7 +40,7 @@ from kiln.runtime.build import Executable, build
 from kiln.runtime.native import NativeExecutor
 from kiln.ssa.memory import donation_hazards
 from kiln.target import Target
-from kiln.train.buffers import find_buffers
+from kiln.train.buffers import check_other_functions, find_buffers
 from kiln.train.clip import check_max_norm
 from kiln.train.optimizers import Optimizer
 from kiln.train.program import gradient_function, step_function, update_function
@@ -167,6 +167,7 @@ class Step:
                         f"take (its parameters: {', '.join(names)})")
         if len(set(names)) != len(names):
             raise Error("the loss function has two parameters of the same name")
+        check_other_functions(mod)
         buffers = find_buffers(fn)
         stat_names = [names[i] for i, _ in buffers.stats]
         key_names = [names[i] for i in buffers.keys]

@@ -12,6 +12,7 @@ import kiln
 from kiln.ir.expr import Function, var
 from kiln.op import nn
 from kiln.train import SGD
+from kiln.train.program import step_function
 from tests.train.helpers import relative_error
 
 N, C, H, W, F_, K = 8, 3, 6, 6, 4, 5
@@ -194,3 +195,37 @@ def test_a_torch_module_in_train_mode_imports_and_trains_as_in_torch() -> None:
         assert abs(step(xs[s], ys[s]) - loss.item()) <= 1e-4 * loss.item(), s
     for n in ("running_mean", "running_var"):
         assert relative_error(step.buffers[f"p_1_{n}"], getattr(model[1], n).numpy()) < 1e-4
+
+
+def test_a_let_bound_batch_norm_updates_its_statistics_once() -> None:
+    """A loss function in let form: the statistics are read through the let's variable."""
+    mod = kiln.parse("""
+def @main(%x: Tensor[(6, 3), float32], %g: Tensor[(3), float32], %b: Tensor[(3), float32],
+          %m: Tensor[(3), float32], %v: Tensor[(3), float32]) {
+  let %y = nn.batch_norm(%x, %g, %b, %m, %v, axis=1, training=True, momentum=0.25f);
+  let %z = %y.0;
+  sum(%z * %z)
+}""")
+    rng = np.random.default_rng(0)
+    m0, v0 = rng.standard_normal(3).astype("float32"), np.full(3, 2.0, "float32")
+    params = {"g": np.ones(3, "float32"), "b": np.zeros(3, "float32"), "m": m0, "v": v0}
+    step = kiln.train.Step(mod, params, SGD(lr=0.0))
+    x = rng.standard_normal((6, 3)).astype("float32")
+    step(x)
+    np.testing.assert_allclose(step.buffers["m"], 0.75 * m0 + 0.25 * x.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(step.buffers["v"], 0.75 * v0 + 0.25 * x.var(0, ddof=1),
+                               rtol=1e-6)
+    # the step program computes the batch norm once (its statistics through %y)
+    sf, layout = step_function(mod["main"], [1, 2], SGD(lr=0.0), mod=mod)
+    assert layout.stats == (3, 4)
+    assert kiln.astext(sf).count("nn.batch_norm") == 1
+
+
+def test_batch_norm_in_another_function_is_an_error() -> None:
+    mod = kiln.parse("""
+def @f(%x: Tensor[(4, 3), float32], %g: Tensor[(3), float32]) {
+  nn.batch_norm(%x, %g, %g, %g, %g, axis=1, training=True).0
+}
+def @main(%x: Tensor[(4, 3), float32], %g: Tensor[(3), float32]) { sum(@f(%x, %g)) }""")
+    with pytest.raises(kiln.Error, match="@f calls a batch norm in training mode"):
+        kiln.train.Step(mod, {"g": np.ones(3, "float32")}, SGD(lr=0.1))
