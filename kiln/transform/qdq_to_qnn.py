@@ -14,6 +14,10 @@ bias added before. A relu in between is the lower bound ``zy`` of the saturation
 The group is left as it is (float) unless: the scales and the output zero point are
 constants, x is quantized per tensor in 8 bits, w in 8 bits per tensor or per output
 channel, and the bias (if any) is int32 with zero point 0 in the scale sx * sw.
+
+``quantize(max_pool2d(dequantize(x, s, z)), s, z)`` — the same scale and zero point on both
+sides, as quantize_static writes around a MaxPool — is ``max_pool2d(x)`` on the 8-bit
+tensor, exactly (what ONNX Runtime runs too).
 """
 
 from __future__ import annotations
@@ -155,12 +159,34 @@ def _rule(inner: Pat, bias_op: tuple[str, bool] | None, relu: bool) -> Rule:
     return Rule(pattern, rewrite)
 
 
+def _pool(root: Expr, ctx: RewriteContext, **b: Any) -> Expr | None:
+    """A max pooling of the 8-bit tensor itself when the quantize undoes the dequantize
+    (the same scale and zero point: max commutes with the increasing dequantize, and
+    ``round((q - z)·s / s) = q - z`` exactly in float32 for 8-bit q)."""
+    q = root
+    assert isinstance(q, Call)  # the pattern's root is the quantize
+    vals = [_value(b[k], ctx) for k in ("sx", "zx", "sy", "zy")]
+    vx = ctx.tensor_type(b["xq"])
+    if any(v is None or v.size != 1 for v in vals) or vx is None:
+        return None
+    vsx, vzx, vsy, vzy = (np.asarray(v).reshape(()) for v in vals if v is not None)
+    if vx.dtype != QuantizeAttrs.view(q.attrs).out_dtype or vx.dtype not in EIGHT_BIT \
+            or np.float32(vsx) != np.float32(vsy) or not np.float32(vsx) > 0 \
+            or int(vzx) != int(vzy):
+        return None
+    pool = b["pool"]
+    return op.nn.max_pool2d(b["xq"], **{a.name: pool.attrs[a.name]
+                                        for a in get("nn.max_pool2d").attrs})
+
+
+POOL = Pat.op("qnn.quantize", Pat.op("nn.max_pool2d", x_dq, name="pool"), sy, zy)
+
 RULES = RewriteTable([
     _rule(inner, bias, relu)
     for inner, add in ((CONV, "nn.bias_add"), (DENSE_T, "add"), (DENSE, "add"))
     for bias in ((add, True), (add, False), None)
     for relu in (True, False)
-])
+] + [Rule(POOL, _pool)])
 
 
 @module_pass("qdq-to-qnn", opt_level=1)

@@ -251,3 +251,27 @@ def test_quantize_static_mlp_agrees_with_ort(fmt, tmp_path) -> None:
 def test_quantize_static_cnn_agrees_with_ort(fmt, per_channel, tmp_path) -> None:
     model = _quantized(_cnn(), (1, 3, 12, 12), fmt, tmp_path, per_channel)
     _compare_with_ort(model, (1, 3, 12, 12), "conv2d")
+
+
+def _cnn_pool() -> onnx.ModelProto:
+    """The CNN with a MaxPool (3×3, stride 2, padded) between its convolutions."""
+    model = _cnn()
+    nodes = list(model.graph.node)
+    pool = helper.make_node("MaxPool", ["r1"], ["m1"], kernel_shape=[3, 3], strides=[2, 2],
+                            pads=[1, 1, 1, 1])
+    nodes[2] = helper.make_node("Conv", ["m1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1])
+    graph = helper.make_graph(nodes[:2] + [pool] + nodes[2:], "cnn_pool",
+                              list(model.graph.input), list(model.graph.output),
+                              initializer=list(model.graph.initializer))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_quantize_static_max_pool_runs_on_the_8_bit_tensor(tmp_path) -> None:
+    # quantize(max_pool(dequantize(q))) with one scale and zero point is max_pool(q)
+    model = _quantized(_cnn_pool(), (1, 3, 12, 12), "QDQ", tmp_path, per_channel=True)
+    mod, params = from_onnx(model)
+    text = kiln.astext(kiln.optimize(mod, params=params))
+    pools = [line for line in text.splitlines() if "nn.max_pool2d(" in line]
+    assert pools and all(", uint8] */" in line for line in pools), pools
+    steps = _compare_with_ort(model, (1, 3, 12, 12), "conv2d")
+    assert steps.max() == 0, f"kiln differs from ORT by {steps.max():.2f} steps"
