@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeAlias
 
+import numpy as np
 from llvmlite import ir
 
 from kiln.codegen.llvmtypes import (
@@ -359,6 +360,8 @@ def cast(mc: ModuleContext, b: B, src: str, dst: str, x: V) -> V:
     if ks == "float":
         if kd == "float":
             return b.fpext(x, t) if bits(dst) > bits(src) else b.fptrunc(x, t)
+        if bits(dst) < 32 or dst == "int32":
+            return _saturating_to_int(b, src, dst, x, t)
         name = "fptosi" if kd == "sint" else "fptoui"
         fn = mc.declare(f"llvm.{name}.sat.{mangle(t)}.{mangle(x.type)}", t, [x.type])
         return b.call(fn, [x])
@@ -370,6 +373,28 @@ def cast(mc: ModuleContext, b: B, src: str, dst: str, x: V) -> V:
     if bits(dst) < bits(src):
         return b.trunc(x, t)
     return b.sext(x, t) if signed else b.zext(x, t)
+
+
+def _saturating_to_int(b: B, src: str, dst: str, x: V, t: ir.Type) -> V:
+    """float → int8/16/32 as ``llvm.fpto[su]i.sat`` defines it (saturated, NaN → 0), from
+    compares, selects and a plain conversion, which vectorize: this LLVM expands the
+    saturating intrinsics lane by lane."""
+    info = np.iinfo(dst)
+    real = np.dtype(src).type
+    lo = like(x.type, float(info.min))  # a power of two (or 0): exact
+    top = real(info.max)
+    if int(top) > info.max:  # int32's maximum rounds up to 2**31 in float32
+        top = np.nextafter(top, real(0))
+    hi = like(x.type, float(top))
+    y = b.select(b.fcmp_ordered("<", x, lo), lo, x)
+    y = b.select(b.fcmp_ordered(">", y, hi), hi, y)
+    y = b.select(b.fcmp_unordered("uno", x, x), like(x.type, 0.0), y)
+    i32 = with_element(x.type, ir.IntType(32))
+    v = b.fptosi(y, i32)
+    if int(top) < info.max:  # at or past 2**31: the maximum
+        v = b.select(b.fcmp_ordered(">=", x, like(x.type, float(info.max) + 1.0)),
+                     like(i32, int(info.max)), v)
+    return v if bits(dst) == 32 else b.trunc(v, t)
 
 
 def _round_to_odd_float32(mc: ModuleContext, b: B, x: V, f32: ir.Type) -> V:

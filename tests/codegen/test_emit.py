@@ -261,6 +261,24 @@ def test_float_to_int_out_of_range_saturates() -> None:
         np.testing.assert_array_equal(run_compiled(k, x)[0], np.array(expected, dtype=dst))
 
 
+@pytest.mark.parametrize("src", ["float32", "float64"])
+def test_float_to_narrow_int_saturates_at_every_boundary(src: str) -> None:
+    # int8/16/32 conversions are compares and selects around a plain conversion (they
+    # vectorize): truncation toward zero, saturation on both sides, NaN -> 0, checked
+    # against numpy's float64 arithmetic on a vector's lanes and a tail
+    edges = [np.nan, np.inf, -np.inf, 0.0, -0.0, 0.99, -0.99, 127.6, 128.0, -128.6, -129.0,
+             255.6, 256.0, 32767.6, 32768.0, -32768.7, 65535.4, 65536.0, 2147483520.0,
+             2147483648.0, -2147483648.0, -2147483904.0, 3e9, -3e9, 1e30, -7.9]
+    x = np.tile(np.array(edges, dtype=src), 3)
+    wide = np.nan_to_num(x.astype(np.float64), nan=0.0, posinf=1e300, neginf=-1e300)
+    for dst in ("int8", "uint8", "int16", "uint16", "int32"):
+        info = np.iinfo(dst)
+        want = np.clip(np.trunc(wide), info.min, info.max).astype(dst)
+        k = elementwise(f"narrow_{dst}", [src], dst, len(x), lambda v, dst=dst: Cast(dst, v),
+                        "vectorized")
+        np.testing.assert_array_equal(run_compiled(k, x)[0], want, err_msg=f"{src} -> {dst}")
+
+
 def test_constants_of_every_dtype() -> None:
     for dtype, value in [("uint64", 2**64 - 1), ("int64", -2**63), ("float16", 0.1),
                          ("float32", 0.1), ("float64", 0.1), ("bool", True), ("uint8", 255),
