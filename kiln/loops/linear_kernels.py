@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kiln.ir.dtype import dtype_of
 from kiln.loops import gemm as g
 from kiln.loops import oplib
 from kiln.loops.compute import BufferTensor, Tensor, WriteFn, extern
@@ -31,7 +32,7 @@ from kiln.loops.ir import (
     Var,
 )
 from kiln.loops.ir import Buffer as LBuffer
-from kiln.loops.schedule import lowering_target, worth_parallel
+from kiln.loops.schedule import lowering_target, worth_parallel, worth_parallel_stream
 from kiln.target import Target
 
 DOT_MAX_ROWS = 4  # dense with at most this many rows uses the dot-product kernel
@@ -73,7 +74,7 @@ def dense(x: Tensor, w: Tensor, out_shape: Sequence[int], dtype: str,
     lanes = tgt.lanes(dtype)
     if m <= DOT_MAX_ROWS and isinstance(x, BufferTensor) and isinstance(w, BufferTensor) \
             and k >= lanes:
-        parallel = _dot_parallel(m, n, k, tgt)
+        parallel = _dot_parallel(m, n, k, dtype, tgt)
         t = extern(shape, dtype, lambda write: dot_rows(
             x.buffer, w.buffer, lead, m, n, k, write, tgt))
         t.schedule = {"kernel": "dot", "parallel": parallel, "lanes": lanes}
@@ -146,17 +147,20 @@ def batch_matmul(x: Tensor, y: Tensor, out_shape: Sequence[int], dtype: str,
     return t
 
 
-def _dot_parallel(m: int, n: int, k: int, target: Target | None = None) -> bool:
-    # the rule of kiln/loops/schedule.py over the target's cores: a batch-1 layer of
-    # 784×512 stays on one thread
-    return n >= 2 and worth_parallel(m * n * k, lowering_target(target).cores)
+def _dot_parallel(m: int, n: int, k: int, dtype: str, target: Target | None = None) -> bool:
+    # the rules of kiln/loops/schedule.py: enough multiply-adds for the target's cores, or a
+    # weight too large for one core's L2, which every call streams from L3 at one core's
+    # bandwidth unless the cores share it
+    t = lowering_target(target)
+    return n >= 2 and (worth_parallel(m * n * k, t.cores)
+                       or worth_parallel_stream(n * k * dtype_of(dtype).itemsize, t))
 
 
 def dot_rows(x: LBuffer, w: LBuffer, lead: tuple[int, ...], m: int, n: int, k: int,
              write: WriteFn, target: Target | None = None) -> Stmt:
     """``out[i, j] = x[i, :] · w[j, :]`` with 4 vector accumulators along K (vectors of the
     target's width), then a horizontal sum and the scalar tail; parallel over j when the
-    weight is large."""
+    product is large or its weight at least a core's L2 (`_dot_parallel`)."""
     tgt = lowering_target(target)
     lanes = tgt.lanes(x.dtype)
     j, i = Var("j"), Var("i")
@@ -170,7 +174,7 @@ def dot_rows(x: LBuffer, w: LBuffer, lead: tuple[int, ...], m: int, n: int, k: i
 
     body = oplib.lane_fold(k, lanes, x.dtype, Const(0.0, x.dtype), step, "add", tail,
                            lambda v: write((*xrow, j), v))
-    kind = "parallel" if _dot_parallel(m, n, k, tgt) else "serial"
+    kind = "parallel" if _dot_parallel(m, n, k, x.dtype, tgt) else "serial"
     blocks = n // DOT_BLOCK_ROWS if k >= DOT_BLOCK_ACCS * lanes else 0
     if not blocks:
         return For(j, Const(0), Const(n), For(i, Const(0), Const(m), body), kind)
@@ -196,10 +200,14 @@ def _dot_block(x: LBuffer, w: LBuffer, xrow: tuple[Expr, ...], jb: Expr, k: int,
                write: WriteFn) -> Stmt:
     """``out[xrow, jb·R + r] = x[xrow, :] · w[jb·R + r, :]`` for the R = DOT_BLOCK_ROWS rows of
     block ``jb``: vector accumulators along K, then per row its accumulators added, its
-    lanes summed in order and the scalar tail — an order fixed by the shapes alone."""
+    lanes summed as a tree (halving the vector: on AVX-512 four extract-and-adds a row,
+    where a sum lane by lane took LLVM some 75 shuffles and adds per block of four rows) and
+    the scalar tail — an order fixed by the shapes alone."""
     dtype = x.dtype
     rows, accs = DOT_BLOCK_ROWS, DOT_BLOCK_ACCS
     acc = LBuffer("dotacc", (rows * accs, lanes), dtype, "local")
+    halves = {h: LBuffer(f"dothalf{h}", (rows, h), dtype, "local")
+              for h in (lanes >> s for s in range(1, lanes.bit_length()))}
     zero = Const(0, INDEX)
     width = accs * lanes
     chunks = k // width
@@ -230,12 +238,19 @@ def _dot_block(x: LBuffer, w: LBuffer, xrow: tuple[Expr, ...], jb: Expr, k: int,
         for u in range(1, accs):
             vec = Binary("add", vec, at(r * accs + u))
         stmts.append(put(r * accs, vec))
-        total: Expr = Load(acc, (Const(r * accs, INDEX), zero))
-        for lane in range(1, lanes):
-            total = Binary("add", total, Load(acc, (Const(r * accs, INDEX),
-                                                    Const(lane, INDEX))))
+        # lane l += lane l + h for h = lanes/2, ..., 1, each level in a buffer of its own
+        # (LLVM keeps them in registers; writing the levels over one buffer defeated that)
+        src, row, h = acc, Const(r * accs, INDEX), lanes // 2
+        while h:
+            stmts.append(Store(halves[h], (Const(r, INDEX), zero), Binary(
+                "add", Load(src, (row, zero), h), Load(src, (row, Const(h, INDEX)), h))))
+            src, row, h = halves[h], Const(r, INDEX), h // 2
+        total: Expr = Load(src, (row, zero))
         for q in range(chunks * width + vec_tail * lanes, k):
             qc = Const(q, INDEX)
             total = FMA(Load(x, (*xrow, qc)), Load(w, (wrow[r], qc)), total)
         stmts.append(write((*xrow, wrow[r]), total))
-    return Allocate(acc, Seq(tuple(stmts)))
+    out: Stmt = Seq(tuple(stmts))
+    for level in halves.values():
+        out = Allocate(level, out)
+    return Allocate(acc, out)

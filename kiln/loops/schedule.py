@@ -11,6 +11,9 @@ shapes, by work rather than element counts):
 - a product (gemm, conv2d as implicit GEMM, the dot kernel of batch-1 dense) only when it
   has at least `PARALLEL_MIN_WORK_PER_THREAD` multiply-adds (about 1 MFLOP, some 20–50 µs
   on one core) for each of the cores the process may use (`worth_parallel`);
+- a batch-1 dense (the dot kernel) also when its weight is at least a core's L2
+  (`worth_parallel_stream`): each call then streams the weight from L3 at one core's
+  bandwidth, and the cores together read it faster than one;
 - a memory-bound nest (elementwise, depthwise conv, copies) only from
   `PARALLEL_MIN_ELEMENTS` elements × work per element (some 20–50 µs on one core).
 
@@ -66,6 +69,15 @@ def worth_parallel(multiply_adds: int, threads: int) -> bool:
     """Whether a product of ``multiply_adds`` pays for a parallel region on ``threads``
     cores: at least `PARALLEL_MIN_WORK_PER_THREAD` for each of them."""
     return threads > 1 and multiply_adds >= threads * PARALLEL_MIN_WORK_PER_THREAD
+
+
+def worth_parallel_stream(weight_bytes: int, target: Target) -> bool:
+    """Whether a product that streams a weight of ``weight_bytes`` once per call (batch-1
+    dense) pays for a parallel region: when the weight is at least a core's L2, no call
+    finds it in that core's cache, and one core reads it from L3 at one core's bandwidth
+    (an LSTM step's 1024×256 float32 weight, 1 MiB: 12 µs on one Zen 5 core, from its
+    1 MiB L2), where each core reading its share of the rows takes a share of the time."""
+    return target.cores > 1 and weight_bytes >= target.l2
 
 
 @dataclass(frozen=True)

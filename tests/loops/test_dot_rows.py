@@ -9,6 +9,8 @@ For an AVX-512 Target the same kernel is compiled (not run) and uses zmm registe
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -63,9 +65,8 @@ def test_dot_rows_matches_numpy_and_one_thread(m: int, n: int, k: int) -> None:
 
 
 def test_dot_rows_blocks_rows_and_runs_parallel_only_when_large() -> None:
-    host = Target.host()
-    small = dot_kernel(1, 1024, 256, "dot_small", host)
-    large = dot_kernel(1, 4096, 1024, "dot_large", host)
+    two = dataclasses.replace(Target.host(), cores=2, l2=1 << 20)
+    one = dataclasses.replace(two, cores=1)
 
     def kinds(kernel: Kernel) -> list[str]:
         # the outer loops: the blocks of rows, then (a Seq) the rows left over
@@ -73,9 +74,12 @@ def test_dot_rows_blocks_rows_and_runs_parallel_only_when_large() -> None:
         outer = list(body.stmts) if isinstance(body, Seq) else [body]
         return [s.kind for s in outer if isinstance(s, For)]
 
-    assert kinds(dot_kernel(1, 10, 100, "dot_rest", host)) == ["serial", "serial"]
-    assert "parallel" not in kinds(small)
-    assert ("parallel" in kinds(large)) == (host.cores > 1)
+    assert kinds(dot_kernel(1, 10, 100, "dot_rest", two)) == ["serial", "serial"]
+    assert "parallel" not in kinds(dot_kernel(1, 256, 256, "dot_small", two))
+    # 1 MiB of weight (an LSTM step's): as large as a core's L2, so split over the cores
+    assert "parallel" in kinds(dot_kernel(1, 1024, 256, "dot_lstm", two))
+    assert "parallel" not in kinds(dot_kernel(1, 1024, 256, "dot_lstm1", one))
+    assert "parallel" in kinds(dot_kernel(1, 4096, 1024, "dot_large", two))
 
 
 def test_dot_rows_for_avx512_uses_zmm() -> None:

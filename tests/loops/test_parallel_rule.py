@@ -2,8 +2,10 @@
 split across threads agrees with numpy and with itself on one thread.
 
 The rule: a product goes on the thread pool only with `PARALLEL_MIN_WORK_PER_THREAD`
-multiply-adds per core, so a batch-1 784×512 layer stays serial (a parallel region there
-cost more than it saved, and much more on a loaded machine).
+multiply-adds per core (a parallel region below that cost more than it saved, and much
+more on a loaded machine), except batch-1 dense, whose weight is read once per call: it is
+split over the cores as soon as the weight is at least a core's L2 (it then streams from
+L3 at one core's bandwidth).
 """
 
 from __future__ import annotations
@@ -18,7 +20,12 @@ from kiln import op
 from kiln.codegen import threads
 from kiln.loops import gemm as g
 from kiln.loops import linear_kernels as lk
-from kiln.loops.schedule import PARALLEL_MIN_WORK_PER_THREAD, NestSchedule, worth_parallel
+from kiln.loops.schedule import (
+    PARALLEL_MIN_WORK_PER_THREAD,
+    NestSchedule,
+    worth_parallel,
+    worth_parallel_stream,
+)
 from kiln.op import nn
 from kiln.target import Target
 
@@ -44,12 +51,27 @@ def test_gemm_default_parallel_by_work(batch: int, m: int, n: int, k: int,
     assert g.GemmSchedule.default(batch, m, n, k, threads=1).parallel is None
 
 
-def test_dot_kernel_batch1_stays_serial() -> None:
-    two = dataclasses.replace(Target.host(), cores=2)
-    assert not lk._dot_parallel(1, 512, 784, two)
-    assert not lk._dot_parallel(1, 1024, 256, two)  # an LSTM step's recurrent product
-    assert lk._dot_parallel(1, 4096, 1024, two)
-    assert not lk._dot_parallel(1, 4096, 1024, dataclasses.replace(two, cores=1))
+def test_dot_kernel_batch1_parallel_by_work_or_weight_size() -> None:
+    two = dataclasses.replace(Target.host(), cores=2, l2=1 << 20)
+    # under a core's L2 and little work: serial
+    assert not lk._dot_parallel(1, 512, 256, "float32", two)
+    assert not lk._dot_parallel(1, 256, 1000, "float32", two)
+    # an LSTM step's recurrent product (1 MiB of weight) and a batch-1 784×512 layer: every
+    # call streams the weight from L3, which two cores read twice as fast
+    assert lk._dot_parallel(1, 1024, 256, "float32", two)
+    assert lk._dot_parallel(1, 512, 784, "float32", two)
+    assert not lk._dot_parallel(1, 1024, 256, "float32", dataclasses.replace(two, l2=2 << 20))
+    assert lk._dot_parallel(1, 4096, 1024, "float32", two)
+    one = dataclasses.replace(two, cores=1)
+    assert not lk._dot_parallel(1, 4096, 1024, "float32", one)
+    assert not lk._dot_parallel(1, 1024, 256, "float32", one)
+
+
+def test_worth_parallel_stream_compares_the_weight_with_l2() -> None:
+    two = dataclasses.replace(Target.host(), cores=2, l2=1 << 20)
+    assert worth_parallel_stream(1 << 20, two)
+    assert not worth_parallel_stream((1 << 20) - 1, two)
+    assert not worth_parallel_stream(1 << 30, dataclasses.replace(two, cores=1))
 
 
 def test_nests_go_parallel_only_with_several_cores() -> None:
