@@ -275,7 +275,7 @@ def unary(mc: ModuleContext, b: B, op: str, dtype: str, x: V) -> V:
         return _float_unary(mc, b, op, dtype, x)
     if op == "not":
         return b.xor(x, like(x.type, -1))
-    if op in ("floor", "ceil", "round") or (k != "sint" and op == "abs"):
+    if op in ("floor", "ceil", "round", "nearbyint") or (k != "sint" and op == "abs"):
         return x
     if k == "bool":
         if op == "sign":
@@ -309,6 +309,8 @@ def _float_unary(mc: ModuleContext, b: B, op: str, dtype: str, x: V) -> V:
             return b.fdiv(like(x.type, 1.0), mc.call(b, "sqrt", x))
         case "floor" | "ceil" | "round":
             return mc.call(b, op, x)
+        case "nearbyint":  # the default rounding mode: halves to even, one vrndscale
+            return mc.call(b, "nearbyint", x)
         case "sign":
             zero = like(x.type, 0.0)
             y = b.select(b.fcmp_ordered("<", x, zero), like(x.type, -1.0), zero)

@@ -65,6 +65,7 @@ _UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "floor": np.floor,
     "ceil": np.ceil,
     "round": _round_half_away,
+    "nearbyint": np.rint,  # halves to even
     "sign": np.sign,
 }
 

@@ -242,7 +242,7 @@ class Binary(Expr):
 
 UNARY_OPS = frozenset(
     ["neg", "not", "abs", "sqrt", "rsqrt", "exp", "log", "tanh", "sigmoid", "erf", "sin", "cos",
-     "floor", "ceil", "round", "sign"]
+     "floor", "ceil", "round", "nearbyint", "sign"]
 )
 # Unary operations that are not core arithmetic: lowerings write them, and the
 # decompose-math pass (decompose_math.py) rewrites them into core operations before a

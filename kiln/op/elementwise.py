@@ -379,6 +379,14 @@ round_ = _unary(
     differentiable=False,
     lower=_float_or_identity("round"),
 )
+nearbyint = _unary(
+    "nearbyint",
+    np.rint,
+    "Nearest integer; halves round to even (TVM's tir.nearbyint; numpy's and ONNX's round).",
+    kind="numeric",
+    differentiable=False,
+    lower=_float_or_identity("nearbyint"),
+)
 sign = _unary(
     "sign",
     np.sign,
@@ -827,7 +835,7 @@ __all__ = [
     "abs_", "add", "cast", "ceil", "clip", "cos", "divide", "equal", "erf", "exp", "floor",
     "floor_divide", "floor_mod", "greater", "greater_equal", "left_shift", "less", "less_equal",
     "log", "logical_and", "logical_not", "logical_or", "maximum", "minimum", "mod", "multiply",
-    "negative", "not_equal", "power", "right_shift", "round_", "rsqrt", "sigmoid", "sign",
-    "sin", "sqrt", "subtract", "tanh", "where",
+    "nearbyint", "negative", "not_equal", "power", "right_shift", "round_", "rsqrt", "sigmoid",
+    "sign", "sin", "sqrt", "subtract", "tanh", "where",
 ]
 # fmt: on

@@ -78,8 +78,8 @@ if TYPE_CHECKING:
 # --- FLOPs from the loop IR ------------------------------------------------------------------
 
 _BINARY_FLOPS = frozenset(["add", "sub", "mul", "div", "min", "max", "pow"])
-_UNARY_FLOPS = frozenset(["neg", "abs", "sqrt", "rsqrt", "floor", "ceil", "round", "sign",
-                          *TRANSCENDENTAL_OPS])  # transcendentals only if not decomposed
+_UNARY_FLOPS = frozenset(["neg", "abs", "sqrt", "rsqrt", "floor", "ceil", "round", "nearbyint",
+                          "sign", *TRANSCENDENTAL_OPS])  # transcendentals only if not decomposed
 
 
 def _node_flops(e: Expr) -> int:

@@ -30,7 +30,7 @@ from kiln import op
 from kiln.ir.expr import Call, Constant, Expr, Op
 from kiln.ir.module import IRModule
 from kiln.op.qnn.common import qrange
-from kiln.op.qnn.quantize import QuantizeAttrs, round_half_even_expr
+from kiln.op.qnn.quantize import QuantizeAttrs
 from kiln.op.registry import get
 from kiln.transform.pass_manager import PassContext, module_pass
 from kiln.transform.pattern import Pat, RewriteContext, RewriteTable, Rule
@@ -136,7 +136,7 @@ def _fuse(root: Expr, ctx: RewriteContext, b: dict[str, Any]) -> Expr | None:
         f = Constant(factor if factor.size > 1 else factor.reshape(()))
     qattrs = QuantizeAttrs.view(q.attrs)
     v: Expr = op.multiply(op.cast(acc, dtype="float32"), f)
-    v = round_half_even_expr(v) if qattrs.rounding == "HALF_TO_EVEN" else op.round(v)
+    v = op.nearbyint(v) if qattrs.rounding == "HALF_TO_EVEN" else op.round(v)
     z = int(values["zy"].reshape(()))
     v = op.add(v, Constant(np.asarray(z, np.float32)))
     lo, hi = qrange(qattrs.out_dtype)

@@ -216,7 +216,7 @@ def test_min_max_propagate_nan_like_numpy() -> None:
 def test_float_unary(dtype: str) -> None:
     x = np.concatenate([[np.nan, np.inf, -np.inf, 0.0, -0.0, 0.5, -0.5, 2.5, -2.5, 1e-3],
                         RNG.standard_normal(54) * 3]).astype(dtype)
-    for op in ["neg", "abs", "sqrt", "rsqrt", "floor", "ceil", "round", "sign"]:
+    for op in ["neg", "abs", "sqrt", "rsqrt", "floor", "ceil", "round", "nearbyint", "sign"]:
         k = elementwise(f"fu_{op}", [dtype], dtype, len(x), lambda v, op=op: Unary(op, v),
                         "vectorized")
         with np.errstate(all="ignore"):

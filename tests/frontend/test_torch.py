@@ -402,6 +402,9 @@ OPS: dict[str, tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]] = {
     "to_int32": (lambda x: (x * 3).to(torch.int32), lambda: (r(3, 4),)),
     "to_int64_float": (lambda x: (x * 3).long().float() + 0.5, lambda: (r(3, 4),)),
     "to_bool": (lambda x: x.round().bool(), lambda: (r(3, 4),)),
+    "round_halves_to_even": (lambda x: torch.round(x * 2.0) + torch.round(x - 0.5),
+                             lambda: (torch.arange(-6, 6, dtype=torch.float32).reshape(3, 4)
+                                      * 0.75,)),
     "float64": (lambda x: (x.double() * 2).sum(dim=1), lambda: (r(3, 4),)),
     "int_arith": (lambda a, b: a * b + a // 2 - b % 3, lambda: (ints(3, 4) + 1, ints(3, 4) + 1)),
     "int_div_true": (lambda a: a / 2, lambda: (ints(3, 4),)),

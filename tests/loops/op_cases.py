@@ -116,6 +116,8 @@ for _name in ("divide", "mod", "floor_divide", "floor_mod"):
         ints(3, dtype="uint8", low=1, high=20))
     add(_name, BINARY[_name], arg(4, values=[7.5, -7.5, 1, 0]), arg(4, values=[2, 2, 0, 0]),
         label=f"{_name} float by 0")
+add("nearbyint", op.nearbyint, arg(9, values=[0.5, 1.5, 2.5, -0.5, -2.5, 0.49, np.nan, -np.inf, 3]))
+add("nearbyint", op.nearbyint, ints(2, 3))
 for _name, _shift in (("left_shift", op.left_shift), ("right_shift", op.right_shift)):
     add(_name, _shift, ints(2, 4, dtype="int64", values=[-2**63, -5, 5, 2**62, 7, -7, 1, -1]),
         ints(4, dtype="int64", values=[-1, 3, 63, 64]))

@@ -301,3 +301,16 @@ def test_shifts_against_python_integers(dtype: str) -> None:
 def test_shifts_reject_floats() -> None:
     with pytest.raises(kiln.TypeCheckError, match="integer"):
         infer("right_shift", [TensorType((2,), "float32"), TensorType((2,), "float32")])
+
+
+@covers("nearbyint")
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_nearbyint_rounds_halves_to_even(dtype: str) -> None:
+    # Python's round() (halves to even) on every value: the oracle
+    x = np.concatenate([[0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 0.49, -0.51, 1000.5, -999.5, 0.0, -0.0],
+                        np.random.default_rng(7).standard_normal(40) * 50]).astype(dtype)
+    want = np.array([round(float(v)) for v in x], dtype=dtype)
+    check("nearbyint", [x], want)
+    check("nearbyint", [np.array([np.nan, np.inf, -np.inf], dtype)],
+          np.array([np.nan, np.inf, -np.inf], dtype))
+    check("nearbyint", [np.array([-3, 4], "int32")], np.array([-3, 4], "int32"))

@@ -19,7 +19,6 @@ import numpy as np
 
 from kiln import op
 from kiln.frontend.onnx.context import NodeContext, cast, const_like
-from kiln.frontend.onnx.ops_quant import round_half_even
 from kiln.frontend.onnx.table import converter
 from kiln.ir.expr import Constant, Expr
 
@@ -100,7 +99,7 @@ def grid_sample(ctx: NodeContext) -> Expr:
             op.divide(op.subtract(op.multiply(op.add(g, c(1.0)), c(size)), c(1.0)), c(2.0)))
         lo, hi = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
         if mode == "nearest":
-            pos = round_half_even(pos, gdtype)
+            pos = op.nearbyint(pos)  # halves to even
         if padding == "border":
             outside = op.logical_or(op.less(pos, c(lo)), op.greater(pos, c(hi)))
             pos = op.where(outside, op.clip(pos, a_min=0.0, a_max=float(size - 1)), pos)

@@ -58,11 +58,8 @@ def reciprocal(ctx: NodeContext) -> Expr:
 
 @converter("Round", since=11)
 def round_half_even(ctx: NodeContext) -> Expr:
-    # ONNX rounds halves to even; kiln's round takes them away from zero.
-    x = ctx.x(0)
-    half = op.equal(op.abs(op.subtract(x, op.floor(x))), scalar(ctx, 0.5))
-    even = op.multiply(op.round(op.multiply(x, scalar(ctx, 0.5))), scalar(ctx, 2.0))
-    return op.where(half, even, op.round(x))
+    # ONNX rounds halves to even (kiln's round takes them away from zero)
+    return op.nearbyint(ctx.x(0))
 
 
 @converter("Tan", since=7)

@@ -35,7 +35,6 @@ from kiln.frontend.onnx.context import NodeContext, cast, kiln_dtype
 from kiln.frontend.onnx.ops_nn import convolve, matmul, spatial_shape, window_attrs
 from kiln.frontend.onnx.table import converter
 from kiln.ir.expr import Constant, Expr
-from kiln.op.qnn.quantize import round_half_even_expr as round_half_even
 
 
 def broadcast_param(ctx: NodeContext, i: int, axis: int, rank: int, length: int) -> Expr:
@@ -131,7 +130,7 @@ def quantize_linear(ctx: NodeContext) -> Expr:
     compute = "float64" if out_dtype in ("int32", "uint32") else "float32"
     scale = cast(broadcast_param(ctx, 1, axis, rank, length), ctx.dtype(0))
     q = cast(op.divide(ctx.x(0), scale), compute)
-    q = round_half_even(q, compute)
+    q = op.nearbyint(q)
     if ctx.has(2):
         q = op.add(q, cast(broadcast_param(ctx, 2, axis, rank, length), compute))
     info = np.iinfo(out_dtype)
@@ -173,7 +172,7 @@ def requantize_like_ort(ctx: NodeContext, acc: Expr, factor: Expr, zero: int,
     """ONNX Runtime's requantization of int32 sums: round_half_even(float32(acc) * factor)
     + zero point (input ``zero``), saturated to ``out_dtype``."""
     y: Expr = op.multiply(cast(acc, "float32"), factor)
-    y = round_half_even(y, "float32")
+    y = op.nearbyint(y)
     if ctx.has(zero):
         y = op.add(y, cast(op.reshape(ctx.x(zero), newshape=[]), "float32"))
     info = np.iinfo(out_dtype)
@@ -201,7 +200,7 @@ def qlinear_matmul(ctx: NodeContext) -> Expr:
     if ctx.has(7):
         y = op.add(y, cast(ctx.x(7), "float64"))
     info = np.iinfo(out_dtype)
-    y = op.clip(round_half_even(y, "float64"), a_min=float(info.min), a_max=float(info.max))
+    y = op.clip(op.nearbyint(y), a_min=float(info.min), a_max=float(info.max))
     return cast(y, out_dtype)
 
 
@@ -275,7 +274,7 @@ def qlinear_conv(ctx: NodeContext) -> Expr:
     if ctx.has(7):
         y = op.add(y, cast(op.reshape(ctx.x(7), newshape=[]), "float64"))
     info = np.iinfo(out_dtype)
-    y = op.clip(round_half_even(y, "float64"), a_min=float(info.min), a_max=float(info.max))
+    y = op.clip(op.nearbyint(y), a_min=float(info.min), a_max=float(info.max))
     return cast(y, out_dtype)
 
 
@@ -296,7 +295,7 @@ def _centered_int32(ctx: NodeContext, i: int, zero: int) -> Expr:
 
 def _saturate(ctx: NodeContext, y: Expr, zero: int, out_dtype: str) -> Expr:
     """round_half_even(y) + zero point (input ``zero``), saturated: ORT's last step."""
-    y = round_half_even(y, "float32")
+    y = op.nearbyint(y)
     if ctx.has(zero):
         y = op.add(y, cast(_scalar(ctx, zero), "float32"))
     info = np.iinfo(out_dtype)

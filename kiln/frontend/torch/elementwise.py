@@ -39,6 +39,7 @@ from kiln.op import (
     minimum,
     mod,
     multiply,
+    nearbyint,
     negative,
     not_equal,
     power,
@@ -51,7 +52,6 @@ from kiln.op import (
     tanh,
     where,
 )
-from kiln.op import round as round_away
 
 
 def _arith(n: AtenCall, a: object, b: object) -> tuple[Expr, Expr]:
@@ -181,12 +181,7 @@ def trunc(n: AtenCall, x: Expr) -> Expr:
 def round_(n: AtenCall, x: Expr) -> Expr:
     if not dtype_of(n.out.dtype).is_float:
         return x
-    # kiln's round takes halves away from zero; torch's goes to the even neighbour.
-    dtype = n.out.dtype
-    r = round_away(x)
-    tie = equal(abs(subtract(x, _trunc(x))), n.tensor(0.5, dtype))
-    odd = equal(floor_mod(r, n.tensor(2.0, dtype)), n.tensor(1.0, dtype))
-    return where(logical_and(tie, odd), subtract(r, sign(x)), r)
+    return nearbyint(x)  # torch's round goes to the even neighbour (kiln's round: away)
 
 
 @converter("aten.reciprocal.default")

@@ -21,7 +21,7 @@ from kiln import op as kop
 from kiln.errors import TypeCheckError
 from kiln.ir.attrs import Attrs
 from kiln.ir.dtype import dtype_of
-from kiln.ir.expr import Call, Expr, const
+from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import TensorType, Type
 from kiln.op import grad_helpers as gh
 from kiln.op.common import normalize_axis, tensor_arg
@@ -93,15 +93,6 @@ def _quantize(arrays: list[np.ndarray], attrs: QuantizeAttrs) -> np.ndarray:
     return np.clip(v, lo, hi).astype(attrs.out_dtype)
 
 
-def round_half_even_expr(v: Expr, dtype: str = "float32") -> Expr:
-    """Round to nearest, halves to even, from core operators (kiln's round goes away): at
-    a half ``k + 0.5``, ``2 · round(v / 2)`` is the even one of k and k + 1 (``v · 0.5`` is
-    exact). Every step vectorizes (a float ``floor_mod`` would not: it is C's fmod)."""
-    half = kop.equal(kop.abs(kop.subtract(v, kop.floor(v))), const(0.5, dtype))
-    even = kop.multiply(kop.round(kop.multiply(v, const(0.5, dtype))), const(2.0, dtype))
-    return kop.where(half, even, kop.round(v))
-
-
 @canonical("qnn.quantize")
 def _quantize_canonical(c: Call, types: Sequence[TensorType]) -> Expr:
     attrs = QuantizeAttrs.view(c.attrs)
@@ -109,7 +100,7 @@ def _quantize_canonical(c: Call, types: Sequence[TensorType]) -> Expr:
     a = _axis(data, attrs.axis)
     x, scale, zp = c.args
     v: Expr = kop.divide(x, along_expr(scale, types[1], a, data.ndim))
-    v = round_half_even_expr(v) if attrs.rounding == "HALF_TO_EVEN" else kop.round(v)
+    v = kop.nearbyint(v) if attrs.rounding == "HALF_TO_EVEN" else kop.round(v)
     if not is_zero(zp):
         v = kop.add(v, kop.cast(along_expr(zp, types[2], a, data.ndim), dtype="float32"))
     lo, hi = qrange(attrs.out_dtype)
