@@ -16,7 +16,7 @@ arithmetic per element.
 
 ``vpdpbusd`` multiplies unsigned by signed bytes. uint8 data with an int8 weight (or int8
 data with a uint8 weight) use it as they are. int8 data with an int8 weight is shifted into
-uint8 (``x + 128``, the planes' padding the shifted zero, 128), and each output channel's
+uint8 (``x + 128``, the planes' padding shifted alike), and each output channel's
 sum loses ``128 · Σ W[o]``, the weight row's sum packed beside its panels: exact modulo 2³²
 as the int32 sums. Without VNNI the lanes hold the int16 values (``vpmaddwd``).
 
@@ -38,7 +38,14 @@ from kiln.loops.ir import Buffer as LBuffer
 from kiln.loops.schedule import lowering_target
 from kiln.target import Target
 
-SHIFTED_ZERO = -0x7F7F7F80  # 0x80808080: four bytes of 128, the shifted zero, as an int32
+
+def padding_word(value: int, group: int, shift: bool) -> int:
+    """The int32 of the planes' padding: ``group`` lanes of ``value`` (bytes, shifted by
+    +128 when the data is; or int16), as a signed 32-bit value."""
+    lane = ((value + 128) & 255 if shift else value & 255) if group == 4 else value & 0xFFFF
+    bits = 32 // group
+    word = sum(lane << (bits * k) for k in range(group))
+    return word - (1 << 32) if word >= 1 << 31 else word
 
 
 def conv_form(data_dtype: str, weight_dtype: str, target: Target | None = None
@@ -95,9 +102,10 @@ def plan(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
 def conv2d_prepacked(x: Tensor, wp: LBuffer, strides: Sequence[int], padding: Sequence[int],
                      dilation: Sequence[int], out_shape: Sequence[int],
                      kernel: Sequence[int], weight_dtype: str, group: int,
-                     target: Target | None = None) -> Tensor | None:
-    """The convolution of ``x`` (NCHW, 8-bit) by the panels ``wp`` (module docstring), int32;
-    None where `plan` gives no plan or one whose panels are not ``wp``'s."""
+                     pad_value: int = 0, target: Target | None = None) -> Tensor | None:
+    """The convolution of ``x`` (NCHW, 8-bit, padded with ``pad_value``) by the panels
+    ``wp`` (module docstring), int32; None where `plan` gives no plan or one whose panels
+    are not ``wp``'s."""
     tgt = lowering_target(target)
     groups, _, kq1, mr = wp.shape
     nimg, oc, oh, ow = (int(d) for d in out_shape)
@@ -162,7 +170,8 @@ def conv2d_prepacked(x: Tensor, wp: LBuffer, strides: Sequence[int], padding: Se
             "parallel" if oc * n >= PLANES_PARALLEL_MIN and tgt.cores > 1 else "serial")
         p = Var("p")
         table = For(p, Const(0), Const(kq), Store(taps, (p,), tap_of(p)))
-        fill = geo.fill(quad, img, planes, tgt, used=used, pad=SHIFTED_ZERO if shift else 0)
+        fill = geo.fill(quad, img, planes, tgt, used=used,
+                        pad=padding_word(pad_value, group, shift))
         images = For(img, Const(0), Const(nimg), Allocate(planes, Allocate(result, Seq((
             fill, gemm, out)))))
         return Allocate(taps, Seq((table, images)))

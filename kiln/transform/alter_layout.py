@@ -22,6 +22,8 @@ K blocking); the lowering checks it, and reads the panels like any tensor if the
 
 from __future__ import annotations
 
+import numpy as np
+
 from kiln.ir.expr import Call, Constant, Expr, Function, Op, const
 from kiln.ir.module import IRModule
 from kiln.ir.traverse import children, post_order, with_children
@@ -102,15 +104,42 @@ def _int8_conv_packed(node: Expr) -> Expr | None:
     if (conv.data_layout, conv.kernel_layout, conv.out_layout or "NCHW") != \
             ("NCHW", "OIHW", "NCHW"):
         return None
-    plan = int8_conv.plan(xt.static_shape, w.data.shape, conv.strides, conv.padding[:2],
+    attrs = {name: node.attrs[name] for name in node.attrs}
+    data, data_shape, padding, pad_value = x, xt.static_shape, tuple(conv.padding), 0
+    folded = _constant_pad(x, conv.padding)
+    if folded is not None:  # the pad becomes the convolution's own
+        data, padding, pad_value = folded
+        dt = data.checked_type_
+        assert isinstance(dt, TensorType)  # the pad's data, typed as the pad is
+        data_shape = dt.static_shape
+    plan = int8_conv.plan(data_shape, w.data.shape, conv.strides, padding[:2],
                           conv.dilation, conv.groups, ot.static_shape, xt.dtype, w.dtype)
     if plan is None:
         return None
     o, _, kh, kw = w.data.shape
-    attrs = {name: node.attrs[name] for name in node.attrs}
-    attrs.update(channels=o, kernel_size=(kh, kw), weight_dtype=w.dtype, group=plan.group)
+    attrs.update(channels=o, kernel_size=(kh, kw), weight_dtype=w.dtype, group=plan.group,
+                 padding=padding, pad_value=pad_value)
     packed = pack_int8_conv_weight(w.data, conv.groups, plan.schedule.mr, plan.group)
-    return conv2d_int8_packed(x, const(packed), **attrs)
+    return conv2d_int8_packed(data, const(packed), **attrs)
+
+
+def _constant_pad(x: Expr, padding: tuple[int, ...]
+                  ) -> tuple[Expr, tuple[int, int, int, int], int] | None:
+    """(data, padding, value) when ``x`` is an ``nn.pad`` of the spatial axes only, by a
+    constant, feeding a convolution that pads nothing itself (qnn.conv2d's canonical form
+    pads a quantized input with its zero point that way)."""
+    if any(padding) or not (isinstance(x, Call) and isinstance(x.op, Op)
+                            and x.op.name == "nn.pad" and isinstance(x.args[1], Constant)):
+        return None
+    from kiln.op.nn.transform import PadAttrs
+
+    widths = [tuple(int(v) for v in p) for p in PadAttrs.view(x.attrs).pad_width]
+    value = np.asarray(x.args[1].data)
+    if len(widths) != 4 or widths[0] != (0, 0) or widths[1] != (0, 0) or value.size != 1 \
+            or min(widths[2] + widths[3]) < 0 or PadAttrs.view(x.attrs).pad_mode != "constant":
+        return None
+    (top, bottom), (left, right) = widths[2], widths[3]
+    return x.args[0], (top, left, bottom, right), int(value.reshape(()))
 
 
 def _conv_packed(node: Expr) -> Expr | None:
@@ -157,9 +186,10 @@ def alter(func: Function) -> Function:
         replaced = (_packed(node) or _int8_packed(node) or _int8_conv_packed(node)
                     or _conv_packed(node))
         if replaced is not None:
-            # both are calls: the dense or conv2d rebuilt, and the packed call made for it
-            assert isinstance(rebuilt, Call) and isinstance(replaced, Call)
-            replaced = Call(replaced.op, (rebuilt.args[0], replaced.args[1]),
+            # the packed call made for the original: its data (the original's, or what a
+            # pad folded into it padded) as rebuilt
+            assert isinstance(replaced, Call)
+            replaced = Call(replaced.op, (done[id(replaced.args[0])], replaced.args[1]),
                             replaced.attrs, span=node.span)
         done[id(node)] = rebuilt if replaced is None else replaced
     new = done[id(func)]

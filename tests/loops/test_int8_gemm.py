@@ -612,3 +612,46 @@ def conv_out(xs: tuple, ws: tuple, strides: tuple, padding: tuple, dilation: tup
     sizes = [(xs[2 + d] + padding[d] + padding[d + 2] - (ws[2 + d] - 1) * dilation[d] - 1)
              // strides[d] + 1 for d in (0, 1)]
     return (xs[0], ws[0], *sizes)
+
+
+@pytest.mark.parametrize("spec", [pytest.param(s, marks=slow_unless(s == "llvm"))
+                                  for s in (*RUNNABLE, AVX512_VNNI)])
+def test_zero_point_padding_folds_into_the_packed_conv(spec: str) -> None:
+    # qnn.conv2d pads a quantized input with its zero point (nn.pad); alter-layout makes the
+    # pad the packed convolution's own (pad_value), so no padded copy is written
+    t = Target.parse(spec)
+    for da, dw, zx in [("uint8", "int8", 7), ("int8", "int8", -3), ("uint8", "uint8", 200)]:
+        xs, ws = (1, 5, 7, 6), (4, 5, 3, 3)
+        x = kiln.var("x", shape=xs, dtype=da)
+        w = rand(ws, dw)
+        body = kiln.op.qnn.conv2d(x, kiln.const(w), kiln.const(zx, "int32"),
+                                  kiln.const(0, "int32"), kiln.const(np.float32(0.1)),
+                                  kiln.const(np.float32(0.2)), padding=(1, 2), channels=4,
+                                  kernel_size=(3, 3), out_dtype="int32")
+        with target_scope(t):
+            text = kiln.astext(kiln.optimize(kiln.IRModule.from_expr(kiln.Function([x],
+                                                                                   body))))
+        assert "pad_value=" in text, text[:1500]
+        # (a uint8 weight's zero point needs the window sums of the padded input too)
+        assert ("nn.pad(" in text) == (dw == "uint8"), text[:1500]
+        a = rand(xs, da)
+        shifted = a.astype(np.int64) - zx  # the definition: (x - zx) * w, padded with zx
+        want = conv_reference(shifted, w, (1, 1), (1, 2, 1, 2), (1, 1))
+        if t.is_host:
+            np.testing.assert_array_equal(build([x], body, t)(a), want)
+        else:  # the lowering for a VNNI Target, in the loop evaluator
+            with target_scope(t):
+                kernel, args = kernel_and_constants([x], body, t)
+            np.testing.assert_array_equal(evaluate(kernel, *[a if v is None else v
+                                                            for v in args])[0], want)
+
+
+def kernel_and_constants(params: list[kiln.Var], body: kiln.Expr, t: Target
+                         ) -> tuple[Kernel, list[np.ndarray | None]]:
+    """The one primitive of a fused function lowered for ``t``, and its call's arguments:
+    the constants' values, None for the function's parameter."""
+    fused = kiln.infer_types(kiln.optimize(kiln.IRModule.from_expr(kiln.Function(params, body))))
+    call = next(c for c in post_order(fused["main"]) if isinstance(c, kiln.Call)
+                and isinstance(c.op, kiln.Function) and c.op.attrs.get("Primitive"))
+    args = [np.asarray(a.data) if isinstance(a, kiln.Constant) else None for a in call.args]
+    return lower_primitive(call.op, "k", target=t), args

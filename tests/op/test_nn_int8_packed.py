@@ -92,3 +92,20 @@ def test_conv2d_int8_packed_rejects_a_mismatched_weight() -> None:
         infer("nn.conv2d_int8_packed", [TensorType((1, 5, 4, 4), "uint8"),
                                         TensorType((1, 1, 19, 14), "int32")],
               channels=4, kernel_size=(3, 3), group=4)
+
+
+@covers("nn.conv2d_int8_packed")
+def test_conv2d_int8_packed_pads_with_its_pad_value() -> None:
+    from kiln.op.nn.int8_packed import pack_int8_conv_weight
+
+    rng = np.random.default_rng(5)
+    x, w = rand8(rng, (1, 3, 5, 4), "uint8"), rand8(rng, (6, 3, 3, 3), "int8")
+    padded = np.pad(x, ((0, 0), (0, 0), (2, 1), (1, 2)), constant_values=77)
+    want = conv_int64(padded, w, 1, 0).astype(np.int32)
+    check("nn.conv2d_int8_packed", [x, pack_int8_conv_weight(w, 1, 4, 4)], want,
+          padding=(2, 1, 1, 2), channels=6, kernel_size=(3, 3), out_dtype="int32",
+          weight_dtype="int8", group=4, pad_value=77)
+    with pytest.raises(kiln.TypeCheckError, match="pad_value 300 is not a uint8"):
+        infer("nn.conv2d_int8_packed", [TensorType((1, 3, 5, 4), "uint8"),
+                                        TensorType((1, 2, 28, 4), "int32")],
+              channels=6, kernel_size=(3, 3), out_dtype="int32", pad_value=300)

@@ -18,7 +18,10 @@ as the A operand of the convolution's int8 GEMM (kiln/loops/int8_conv.py). Input
 are taken ``g`` (``group``) at a time at one kernel tap: lane group ``p = (c·kh + ky)·kw +
 kx`` (``c`` < KQ / (kh·kw) = ⌈channels of a group / g⌉) of row ``i`` of M tile ``t`` packs
 ``W[t·MR + i, g·c + q, ky, kx]`` for q < g, zero past the weight; ``Wp[., t, KQ, i]`` is the
-row's sum over all its taps (the correction for an input shifted by +128).
+row's sum over all its taps (the correction for an input shifted by +128). Its
+``pad_value`` (a kiln attribute; 0 by default, as for nn.conv2d) is what the data is padded
+with: alter-layout folds an ``nn.pad`` of a constant (a quantized input's zero point) into
+the convolution, whose kernel then pads as it copies its input, for nothing.
 """
 
 from __future__ import annotations
@@ -201,6 +204,7 @@ class Conv2DInt8PackedAttrs(Conv2DAttrs):
     __slots__ = ()
     weight_dtype: str
     group: int
+    pad_value: int
 
 
 def _conv_relation(arg_types: Sequence[Type], attrs: Conv2DInt8PackedAttrs) -> Type | None:
@@ -219,6 +223,9 @@ def _conv_relation(arg_types: Sequence[Type], attrs: Conv2DInt8PackedAttrs) -> T
         raise TypeCheckError(f"group must be 2 or 4, got {attrs.group}")
     if attrs.out_dtype != "int32":
         raise TypeCheckError(f"out_dtype must be int32, got {attrs.out_dtype!r}")
+    info = np.iinfo(data.dtype)
+    if not info.min <= attrs.pad_value <= info.max:
+        raise TypeCheckError(f"pad_value {attrs.pad_value} is not a {data.dtype} value")
     if attrs.channels is None or attrs.kernel_size is None:
         raise TypeCheckError("nn.conv2d_int8_packed needs its channels and kernel_size")
     require_rank(data, "data (NCHW)", 4)
@@ -248,6 +255,11 @@ def _conv_compute(arrays: list[np.ndarray], attrs: Conv2DInt8PackedAttrs) -> np.
     assert channels is not None and kernel is not None  # the relation requires both
     w = unpack_int8_conv_weight(wp, channels, x.shape[1] // attrs.groups, kernel,
                                 attrs.weight_dtype, attrs.group)
+    if attrs.pad_value:
+        top, left, bottom, right = attrs.padding
+        x = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)),
+                   constant_values=attrs.pad_value)
+        attrs = attrs.with_(padding=(0, 0, 0, 0))
     return _conv2d([x, w], attrs)
 
 
@@ -263,9 +275,13 @@ def _conv_lower(inputs: list, attrs: Conv2DInt8PackedAttrs, out_type: Type) -> T
     if isinstance(wp, BufferTensor) and min(x.shape) > 0:
         t = int8_conv.conv2d_prepacked(x, wp.buffer, attrs.strides, attrs.padding[:2],
                                        attrs.dilation, out.static_shape, kernel,
-                                       attrs.weight_dtype, attrs.group)
+                                       attrs.weight_dtype, attrs.group, attrs.pad_value)
         if t is not None:
             return t
+    if attrs.pad_value:  # the padding made explicit for the plain convolution below
+        top, left, bottom, right = attrs.padding
+        x = _padded(x, (top, left, bottom, right), Const(attrs.pad_value, x.dtype))
+        attrs = attrs.with_(padding=(0, 0, 0, 0))
     groups, _, _, mr = wp.shape
     kh, kw = kernel
     cg, og, g = x.shape[1] // groups, channels // groups, attrs.group
@@ -280,12 +296,25 @@ def _conv_lower(inputs: list, attrs: Conv2DInt8PackedAttrs, out_type: Type) -> T
     return _conv2d_lower([x, w], attrs, out_type)
 
 
+def _padded(x: Tensor, pads: tuple[int, int, int, int], value: LExpr) -> Tensor:
+    """NCHW ``x`` padded by (top, left, bottom, right) with ``value``."""
+    from kiln.loops.compute import compute
+
+    top, left, bottom, right = pads
+    n, c, h, w = x.shape
+    spans = [None, None, (-top, h - 1 + bottom), (-left, w - 1 + right)]
+    return compute((n, c, h + top + bottom, w + left + right), x.dtype,
+                   lambda i, ch, y, xx: oplib.guarded_read(x, [i, ch, y - top, xx - left],
+                                                           spans, value))
+
+
 def _conv_attrs() -> tuple[Attr, ...]:
     from kiln.op.nn.conv import conv2d
 
     return (*conv2d.attrs,
             Attr("weight_dtype", "int8", kind="dtype", doc="the packed weight's int8 or uint8"),
-            Attr("group", 4, kind="int", doc="values per int32 lane: 4 bytes or 2 int16"))
+            Attr("group", 4, kind="int", doc="values per int32 lane: 4 bytes or 2 int16"),
+            Attr("pad_value", 0, kind="int", doc="what the data is padded with (kiln's)"))
 
 
 conv2d_int8_packed = register(
