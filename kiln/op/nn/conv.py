@@ -406,16 +406,15 @@ def _conv2d_grad(c: Call, g: Expr) -> list[Expr | None]:
         data_adjoint = _data_adjoint_as_conv2d(g, data, weight, attrs, (kh, kw), (oh, ow))
     else:
         data_adjoint = _data_adjoint(g, weight, data, (oh, ow), (kh, kw), attrs, "nn.conv2d")
-    if plain:
-        weight_adjoint = _weight_adjoint_as_conv2d(g, data, weight, attrs, (kh, kw), (oh, ow))
-    else:
-        weight_adjoint = _weight_adjoint(g, data, weight, attrs, "nn.conv2d")
-    return [data_adjoint, weight_adjoint]
+    return [data_adjoint, _weight_adjoint(g, data, weight, attrs, "nn.conv2d")]
 
 
-# Where they can, conv2d's adjoints are nn.conv2d itself, whose kernels are scheduled for
-# speed: those of nn.conv2d_transpose and nn.conv2d_backward_weight are several times slower
-# (5 to 20 times at a small CNN's and ResNet's shapes).
+# Where it can, conv2d's data adjoint is nn.conv2d itself, whose kernels are scheduled for
+# speed: nn.conv2d_transpose's plain reduction is several times slower (5 to 20 times at a
+# small CNN's and ResNet's shapes). The weight's adjoint is nn.conv2d_backward_weight, whose
+# float32 lowering is a blocked GEMM over the data's phase planes
+# (kiln/loops/conv_grad_kernels.py): at ResNet-18's shapes, batch 8, 5 to 14 times faster
+# than the convolution of the transposed data with the transposed adjoint it replaced.
 
 
 def _data_adjoint_as_conv2d(g: Expr, data: Expr, weight: Expr, attrs: WindowAttrs,
@@ -450,27 +449,6 @@ def _data_adjoint_as_conv2d(g: Expr, data: Expr, weight: Expr, attrs: WindowAttr
     return call("nn.conv2d", spread, call("transpose", flipped, axes=[1, 0, 2, 3]),
                 padding=(kh - 1 - top, kw - 1 - left, max(after_h, 0), max(after_w, 0)),
                 channels=c, kernel_size=kernel)
-
-
-def _weight_adjoint_as_conv2d(g: Expr, data: Expr, weight: Expr, attrs: WindowAttrs,
-                              kernel: tuple[int, int], out_hw: tuple[int, int]) -> Expr:
-    """With no dilation and one group: the data convolved with the adjoint as the kernel,
-    batch and channels swapped in both (the batch is what the sum runs over), the kernel
-    dilated by the forward stride, the result's channels swapped back. Rows and columns past
-    the kernel's size (windows the forward convolution never reached) are cut off."""
-    kh, kw = kernel
-    c = gh.static_shape(data, "nn.conv2d")[1]
-    o = gh.static_shape(weight, "nn.conv2d")[0]
-    _, _, h, w = gh.static_shape(data, "nn.conv2d")
-    oh, ow = out_hw
-    top, left, bottom, right = padding4(attrs.padding, "padding")
-    sh, sw = pair(attrs.strides, "strides")
-    swapped = call("nn.conv2d", call("transpose", data, axes=[1, 0, 2, 3]),
-                   call("transpose", g, axes=[1, 0, 2, 3]),
-                   padding=(top, left, bottom, right), dilation=(sh, sw), channels=o)
-    if (h + top + bottom - sh * (oh - 1), w + left + right - sw * (ow - 1)) != (kh, kw):
-        swapped = call("strided_slice", swapped, begin=[0, 0, 0, 0], end=[c, o, kh, kw])
-    return call("transpose", swapped, axes=[1, 0, 2, 3])
 
 
 def _conv2d_transpose_relation(
@@ -744,10 +722,17 @@ def _backward_weight_grad(c: Call, g: Expr) -> list[Expr | None]:
 def _conv2d_backward_weight_lower(
     inputs: list[Tensor], attrs: Conv2DBackwardWeightAttrs, out_type: Type
 ) -> Tensor:
+    from kiln.loops import conv_grad_kernels
+
     out = oplib.out_tensor_type(out_type)
     # weight[o, c, i, j] = sum over (batch, output rows, output columns) of
     # grad[b, o, y, x] * data[b, group(o) * cg + c, y * stride + i * dilation - pad, ...]
     g, x = inputs
+    top, left, _, _ = padding4(attrs.padding, "padding")
+    if conv_grad_kernels.usable(g, x, attrs.groups, out.dtype):  # float32: a blocked GEMM
+        return conv_grad_kernels.backward_weight(
+            g, x, out.static_shape[2:], pair(attrs.strides, "strides"), (top, left),
+            pair(attrs.dilation, "dilation"), out.dtype)
     n, o_all, oh, ow = g.shape
     og = o_all // attrs.groups
     _, cg, kh, kw = out.static_shape

@@ -1,0 +1,153 @@
+"""The blocked weight gradient of conv2d (kiln/loops/conv_grad_kernels.py), compiled, against
+PyTorch's ``torch.nn.grad.conv2d_weight`` in float64.
+
+Strided (phase planes), ResNet's 7×7 stride-2 first layer, 1×1 stride 2, dilated, padded
+unevenly, K longer than the GEMM's kc, output channels that fill no whole tile, more stride
+phases than the planes take (im2col), alone and with fused producers and consumers; one and
+two threads give identical results; AVX-512 and AVX2 code.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.codegen import threads
+from kiln.loops.schedule import target_scope
+from kiln.op import nn
+from kiln.runtime.compiler import native_available
+from kiln.target import Target
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.skipif(not native_available(), reason="needs llvmlite")
+
+RNG = np.random.default_rng(11)
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+                  ) -> None:
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path_factory.getbasetemp() / "kiln-cache"))
+
+
+def reference(g: np.ndarray, x: np.ndarray, kernel: tuple, strides: tuple, padding: tuple,
+              dilation: tuple) -> np.ndarray:
+    """dW by torch, in float64, the data padded by numpy (kiln's padding may be uneven)."""
+    top, left, bottom, right = padding
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (top, bottom), (left, right)))
+    shape = (g.shape[1], x.shape[1], *kernel)
+    return torch.nn.grad.conv2d_weight(torch.from_numpy(xp), shape,
+                                       torch.from_numpy(g.astype(np.float64)),
+                                       stride=strides, dilation=dilation).numpy()
+
+
+def out_size(size: int, pad: int, k: int, s: int, d: int) -> int:
+    return (size + pad - d * (k - 1) - 1) // s + 1
+
+
+def inputs(xs: tuple, o: int, kernel: tuple, strides: tuple, padding: tuple, dilation: tuple
+           ) -> tuple[np.ndarray, np.ndarray]:
+    top, left, bottom, right = padding
+    oh = out_size(xs[2], top + bottom, kernel[0], strides[0], dilation[0])
+    ow = out_size(xs[3], left + right, kernel[1], strides[1], dilation[1])
+    g = RNG.standard_normal((xs[0], o, oh, ow)).astype(np.float32)
+    return g, RNG.standard_normal(xs).astype(np.float32)
+
+
+# (N, C, H, W), O, (kh, kw), strides, padding (top, left, bottom, right), dilation
+CASES = [
+    ((2, 3, 9, 11), 5, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+    ((1, 4, 10, 10), 7, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),  # ResNet's strided 3×3
+    ((2, 3, 23, 23), 16, (7, 7), (2, 2), (3, 3, 3, 3), (1, 1)),  # ResNet's first layer
+    ((2, 12, 10, 10), 20, (1, 1), (2, 2), (0, 0, 0, 0), (1, 1)),  # the downsampling 1×1
+    ((1, 6, 12, 12), 6, (3, 3), (1, 1), (2, 2, 2, 2), (2, 2)),  # dilated
+    ((2, 5, 9, 8), 9, (3, 2), (2, 1), (1, 0, 2, 1), (1, 2)),  # uneven everything
+    ((3, 40, 6, 6), 33, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),  # K = 108 images' pixels > kc
+    ((1, 3, 16, 16), 8, (4, 4), (4, 4), (0, 0, 0, 0), (1, 1)),  # 16 phases: im2col rows
+]
+# every case for this machine, a few also without AVX-512 (AVX2 code: other tiles)
+RUNS = [(*case, "llvm") for case in CASES] + [
+    (*case, "llvm -mattr=-avx512f") for case in (CASES[1], CASES[2], CASES[5])]
+
+
+def build(xs: tuple, o: int, kernel: tuple, strides: tuple, padding: tuple, dilation: tuple,
+          target: Target) -> kiln.Executable:
+    g, _ = inputs(xs, o, kernel, strides, padding, dilation)
+    gv = kiln.var("g", shape=g.shape, dtype="float32")
+    x = kiln.var("x", shape=xs, dtype="float32")
+    body = nn.conv2d_backward_weight(gv, x, kernel_size=kernel, strides=strides,
+                                     padding=padding, dilation=dilation, channels=o)
+    return kiln.build(kiln.IRModule.from_expr(kiln.Function((gv, x), body)), target=target)
+
+
+@pytest.mark.parametrize("xs,o,kernel,strides,padding,dilation,spec", RUNS)
+def test_backward_weight(xs: tuple, o: int, kernel: tuple, strides: tuple, padding: tuple,
+                         dilation: tuple, spec: str) -> None:
+    target = Target.parse(spec)
+    g, x = inputs(xs, o, kernel, strides, padding, dilation)
+    with target_scope(target):
+        exe = build(xs, o, kernel, strides, padding, dilation, target)
+    want = reference(g, x, kernel, strides, padding, dilation)
+    k = g.shape[0] * g.shape[2] * g.shape[3]
+    np.testing.assert_allclose(exe(g, x), want, rtol=1e-4, atol=2e-5 * k)
+
+
+def test_the_blocked_kernel_lowers_it() -> None:
+    from kiln.runtime.backend import lower
+
+    xs, o = (2, 8, 12, 12), 16
+    g = kiln.var("g", shape=(2, o, 6, 6), dtype="float32")
+    x = kiln.var("x", shape=xs, dtype="float32")
+    body = nn.conv2d_backward_weight(g, x, kernel_size=(3, 3), strides=(2, 2), padding=(1, 1))
+    low = lower(kiln.IRModule.from_expr(kiln.Function((g, x), body)), "llvm", 3, {},
+                upto="lower-kernels")
+    kinds = {d.kernel.attrs["schedules"][0][1].get("kernel")
+             for d in low.program.kernels.values() if d.kernel is not None}
+    assert kinds == {"conv2d backward weight"}
+
+
+def test_fused_producer_consumer_and_threads() -> None:
+    # the relu's adjoint fused before (where(x > 0, g, 0)), an SGD update after, large
+    # enough to run in parallel: one and two threads bit for bit
+    xs, o = (2, 32, 20, 20), 48
+    g, x = inputs(xs, o, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1))
+    pre = RNG.standard_normal(g.shape).astype(np.float32)
+    w = RNG.standard_normal((o, 32, 3, 3)).astype(np.float32)
+    gv, xv, pv, wv = (kiln.var(n, shape=a.shape, dtype="float32")
+                      for n, a in (("g", g), ("x", x), ("p", pre), ("w", w)))
+    masked = kiln.op.where(kiln.op.greater(pv, kiln.const(np.float32(0))), gv,
+                           kiln.op.zeros_like(gv))
+    dw = nn.conv2d_backward_weight(masked, xv, kernel_size=(3, 3), padding=(1, 1))
+    body = kiln.op.subtract(wv, kiln.op.multiply(kiln.const(np.float32(0.1)), dw))
+    exe = kiln.build(kiln.IRModule.from_expr(kiln.Function((gv, xv, pv, wv), body)))
+    results = []
+    for count in (1, 2):
+        with threads(count):
+            results.append(exe(g, x, pre, w))
+    np.testing.assert_array_equal(results[0], results[1])
+    want = w - 0.1 * reference(np.where(pre > 0, g, 0), x, (3, 3), (1, 1), (1, 1, 1, 1),
+                               (1, 1))
+    np.testing.assert_allclose(results[0], want, rtol=1e-4, atol=1e-3)
+
+
+def test_conv2d_gradient_uses_it_and_matches_torch_autograd() -> None:
+    # kiln.grad of a strided convolution's loss: the weight's gradient is
+    # nn.conv2d_backward_weight, compiled, equal to torch's autograd
+    xs, ws = (2, 6, 11, 11), (10, 6, 3, 3)
+    x = RNG.standard_normal(xs).astype(np.float32)
+    w = RNG.standard_normal(ws).astype(np.float32)
+    xv = kiln.var("x", shape=xs, dtype="float32")
+    wv = kiln.var("w", shape=ws, dtype="float32")
+    y = nn.conv2d(xv, wv, strides=(2, 2), padding=(1, 1))
+    loss = kiln.op.sum(kiln.op.multiply(y, y))
+    grad = kiln.grad(kiln.Function((xv, wv), loss), mode="first_order")
+    assert "nn.conv2d_backward_weight" in kiln.astext(grad)
+    exe = kiln.build(kiln.IRModule.from_expr(grad))
+    _, (dx, dw) = exe(x, w)
+    tx = torch.from_numpy(x.astype(np.float64)).requires_grad_()
+    tw = torch.from_numpy(w.astype(np.float64)).requires_grad_()
+    (torch.nn.functional.conv2d(tx, tw, stride=2, padding=1) ** 2).sum().backward()
+    assert tw.grad is not None and tx.grad is not None
+    np.testing.assert_allclose(dw, tw.grad.numpy(), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-4, atol=1e-3)
