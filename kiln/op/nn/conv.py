@@ -9,7 +9,7 @@ import numpy as np
 
 from kiln.errors import Error, TypeCheckError
 from kiln.ir.attrs import Attrs
-from kiln.ir.expr import Call, Expr, const
+from kiln.ir.expr import Call, Expr, Tuple, const
 from kiln.ir.ty import ANY, Dim, TensorType, Type
 from kiln.loops import oplib
 from kiln.loops.compute import Indices, Tensor, compute, reduce
@@ -401,54 +401,88 @@ def _conv2d_grad(c: Call, g: Expr) -> list[Expr | None]:
     _, _, oh, ow = gh.static_shape(c, "nn.conv2d")
     _, _, kh, kw = gh.static_shape(weight, "nn.conv2d")
     plain = pair(attrs.dilation, "dilation") == (1, 1) and attrs.groups == 1
-    top, left, bottom, right = padding4(attrs.padding, "padding")
-    if plain and max(top, bottom) <= kh - 1 and max(left, right) <= kw - 1:
-        data_adjoint = _data_adjoint_as_conv2d(g, data, weight, attrs, (kh, kw), (oh, ow))
+    if plain:
+        data_adjoint = _data_adjoint_by_phases(g, data, weight, attrs, (kh, kw), (oh, ow))
     else:
         data_adjoint = _data_adjoint(g, weight, data, (oh, ow), (kh, kw), attrs, "nn.conv2d")
     return [data_adjoint, _weight_adjoint(g, data, weight, attrs, "nn.conv2d")]
 
 
-# Where it can, conv2d's data adjoint is nn.conv2d itself, whose kernels are scheduled for
-# speed: nn.conv2d_transpose's plain reduction is several times slower (5 to 20 times at a
-# small CNN's and ResNet's shapes). The weight's adjoint is nn.conv2d_backward_weight, whose
+# Where it can (no dilation, one group), conv2d's data adjoint is nn.conv2d itself, one per
+# stride phase, whose kernels are scheduled for speed: nn.conv2d_transpose's plain reduction
+# is several times slower (5 to 20 times at a small CNN's and ResNet's shapes). The weight's
+# adjoint is nn.conv2d_backward_weight, whose
 # float32 lowering is a blocked GEMM over the data's phase planes
 # (kiln/loops/conv_grad_kernels.py): at ResNet-18's shapes, batch 8, 5 to 14 times faster
 # than the convolution of the transposed data with the transposed adjoint it replaced.
 
 
-def _data_adjoint_as_conv2d(g: Expr, data: Expr, weight: Expr, attrs: WindowAttrs,
+def _phase(p: int, pad: int, s: int, k: int, size: int, out: int) -> tuple[list[int], int, int]:
+    """Along one axis, for the data's rows ``p``, ``p + s``, ... (stride phase ``p`` of a
+    convolution of stride ``s``, kernel ``k``, padding ``pad`` before, ``size`` in, ``out``
+    out): the kernel taps that reach them, flipped (row a takes adjoint row a + q - t through
+    tap r + s·t, r ≡ p + pad mod s), and the padding of the adjoint before and after them for
+    a stride-1 convolution giving that phase's rows (either may be negative: rows to drop)."""
+    r = (p + pad) % s
+    taps = list(range(r, k, s))
+    rows = -(-(size - p) // s)
+    q = (p + pad - r) // s
+    before = len(taps) - 1 - q
+    return taps[::-1], before, rows + len(taps) - 1 - before - out
+
+
+def _data_adjoint_by_phases(g: Expr, data: Expr, weight: Expr, attrs: WindowAttrs,
                             kernel: tuple[int, int], out_hw: tuple[int, int]) -> Expr:
-    """With no dilation, one group and padding below the kernel: the adjoint, spread out by
-    the stride (zeros between its elements), convolved with the weight flipped in space and
-    its channels swapped (IOHW read as OIHW), padded by the kernel less one less the forward
-    padding before and what brings it back to data's size after."""
+    """With no dilation and one group: each stride phase (py, px) of the data (rows py,
+    py + sh, ...) takes only the kernel taps congruent to it, so its adjoint is a stride-1
+    convolution of the adjoint with that sub-kernel, flipped in space and its channels
+    swapped (IOHW read as OIHW); the phases are then interleaved (stacked and reshaped).
+    Stride 1 is one phase: the whole kernel flipped. The adjoint spread out by the stride
+    and convolved with the whole kernel did sh·sw times the multiply-adds, most of them on
+    the spread's zeros; a phase no tap reaches (a 1×1 kernel's odd rows) is zeros."""
     kh, kw = kernel
-    top, left, bottom, right = padding4(attrs.padding, "padding")
+    top, left, _, _ = padding4(attrs.padding, "padding")
     sh, sw = pair(attrs.strides, "strides")
     n, c, h, w = gh.static_shape(data, "nn.conv2d")
-    o = gh.static_shape(weight, "nn.conv2d")[0]
-    oh, ow = out_hw  # (the adjoint ``g`` has no checked type: the forward call's sizes)
-    spread = g
-    if (sh, sw) != (1, 1):  # (oh, ow) -> (oh * sh, ow * sw), each element followed by zeros
-        spread = call("reshape", g, newshape=[n, o, oh, 1, ow, 1])
-        spread = call("nn.pad", spread, gh.scalar(0, gh.dtype(data)),
-                      pad_width=[(0, 0), (0, 0), (0, 0), (0, sh - 1), (0, 0), (0, sw - 1)])
-        spread = call("reshape", spread, newshape=[n, o, oh * sh, ow * sw])
-    # after the spread adjoint: data's size less what the convolution gives without it
-    after_h = h - (oh * sh + (kh - 1 - top) - kh + 1)
-    after_w = w - (ow * sw + (kw - 1 - left) - kw + 1)
-    if after_h < 0 or after_w < 0:  # trailing zeros of the spread past data's edge
-        spread = call("strided_slice", spread, begin=[0, 0, 0, 0],
-                      end=[n, o, oh * sh + min(after_h, 0), ow * sw + min(after_w, 0)])
-    flipped = weight
-    for axis, k in ((2, kh), (3, kw)):
-        if k > 1:
-            flipped = call("take", flipped, const(np.arange(k - 1, -1, -1, dtype="int32")),
-                           axis=axis)
-    return call("nn.conv2d", spread, call("transpose", flipped, axes=[1, 0, 2, 3]),
-                padding=(kh - 1 - top, kw - 1 - left, max(after_h, 0), max(after_w, 0)),
-                channels=c, kernel_size=kernel)
+    oh, ow = out_hw
+    dt = gh.dtype(data)
+    rows = [_phase(py, top, sh, kh, h, oh) for py in range(sh)]
+    cols = [_phase(px, left, sw, kw, w, ow) for px in range(sw)]
+    size_h, size_w = -(-h // sh), -(-w // sw)  # every phase padded to the first's size
+
+    def part(py: int, px: int) -> Expr:
+        (ty, by, ay), (tx, bx, ax) = rows[py], cols[px]
+        ph, pw = -(-(h - py) // sh), -(-(w - px) // sw)
+        begin, end = (max(-by, 0), max(-bx, 0)), (oh + min(ay, 0), ow + min(ax, 0))
+        if not ty or not tx or begin[0] >= end[0] or begin[1] >= end[1] or not ph or not pw:
+            return call("zeros", shape=(n, c, size_h, size_w), dtype=dt)
+        adj = g
+        if begin != (0, 0) or end != (oh, ow):
+            adj = call("strided_slice", g, begin=[0, 0, *begin], end=[n, gh.static_shape(
+                weight, "nn.conv2d")[0], *end])
+        sub = weight
+        for axis, taps, k in ((2, ty, kh), (3, tx, kw)):
+            if taps != list(range(k)):
+                sub = call("take", sub, const(np.array(taps, dtype="int32")), axis=axis)
+        out = call("nn.conv2d", adj, call("transpose", sub, axes=[1, 0, 2, 3]),
+                   padding=(max(by, 0), max(bx, 0), max(ay, 0), max(ax, 0)), channels=c,
+                   kernel_size=(len(ty), len(tx)))
+        if (ph, pw) != (size_h, size_w):
+            out = call("nn.pad", out, gh.scalar(0, dt), pad_width=[
+                (0, 0), (0, 0), (0, size_h - ph), (0, size_w - pw)])
+        return out
+
+    if (sh, sw) == (1, 1):
+        return part(0, 0)
+    # [n, c, a, b] of phase (py, px) is data's [n, c, a·sh + py, b·sw + px]
+    lines = [call("reshape", call("stack", Tuple(tuple(part(py, px) for px in range(sw))),
+                                  axis=4), newshape=[n, c, size_h, size_w * sw])
+             for py in range(sh)]
+    full = call("reshape", call("stack", Tuple(tuple(lines)), axis=3),
+                newshape=[n, c, size_h * sh, size_w * sw])
+    if (size_h * sh, size_w * sw) != (h, w):
+        full = call("strided_slice", full, begin=[0, 0, 0, 0], end=[n, c, h, w])
+    return full
 
 
 def _conv2d_transpose_relation(
