@@ -26,6 +26,7 @@ from kiln.loops.schedule import (
     worth_parallel,
     worth_parallel_stream,
 )
+from kiln.loops.tunable import ScheduleOverrides, overrides_scope
 from kiln.op import nn
 from kiln.target import Target
 
@@ -106,4 +107,41 @@ def test_split_conv_agrees_with_numpy_and_one_thread(c: int, o: int, size: int) 
     with threads(2):
         two = exe(x)
     np.testing.assert_allclose(two, expect, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(one, two)
+
+
+@pytest.mark.parametrize(("m", "tile", "even"), [
+    (32, (14, 28), (8, 16)),    # the LSTM's input projection over 32 steps
+    (64, (14, 42), (11, 33)),   # batch 64
+    (128, (14, 70), (14, 70)),  # 70 + 58: within an eighth of even, left alone
+])
+def test_prepacked_dense_split_over_m_gives_threads_even_rows(
+        m: int, tile: tuple[int, int], even: tuple[int, int]) -> None:
+    # with the weight prepacked, splitting M copies nothing; the register tile (14 rows on
+    # AVX-512) cut 32 rows as 28 + 4 and 64 as 42 + 22: a shorter tile evens them out
+    two = dataclasses.replace(Target.parse("llvm -mcpu=znver4"), cores=2)
+    s = g.GemmSchedule.default(1, m, 1024, 256, b_prepacked=True, target=two)
+    assert (s.mr, s.mc, s.parallel) == (*tile, "m")
+    out = lk._even_rows(s, m, two)
+    assert (out.mr, out.mc, out.parallel) == (*even, "m")
+    assert lk._even_rows(s, m, dataclasses.replace(two, cores=1)) == s
+    assert s.key is not None
+    with overrides_scope(ScheduleOverrides({s.key: g.tile_knobs(s)}, "a log")):
+        assert lk._even_rows(s, m, two) == s  # a tuning log's knobs stay as they are
+
+
+def test_prepacked_dense_with_even_rows_agrees_with_numpy_and_one_thread() -> None:
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((32, 256)).astype(np.float32)
+    w = (rng.standard_normal((1024, 256)) * 0.1).astype(np.float32)
+    xv = kiln.var("x", shape=(32, 256), dtype="float32")
+    wv = kiln.var("w", shape=(1024, 256), dtype="float32")
+    exe = kiln.build(kiln.IRModule.from_expr(kiln.Function([xv, wv], nn.dense(xv, wv))),
+                     params={"w": w})
+    with threads(1):
+        one = exe(x)
+    with threads(2):
+        two = exe(x)
+    np.testing.assert_allclose(two, x.astype(np.float64) @ w.T.astype(np.float64),
+                               rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(one, two)
