@@ -84,12 +84,9 @@ def _int8_packed(node: Expr) -> Expr | None:
                              k=k, weight_dtype=w.dtype, group=group)
 
 
-def _int8_conv_packed(node: Expr) -> Expr | None:
-    """``nn.conv2d_int8_packed`` for an 8-bit conv2d call that qualifies (module docstring)."""
-    from kiln.loops import int8_conv
-    from kiln.op.nn.conv import Conv2DAttrs
-    from kiln.op.nn.int8_packed import conv2d_int8_packed, pack_int8_conv_weight
-
+def _conv_of_constant(node: Expr) -> tuple[Expr, Constant, TensorType, TensorType] | None:
+    """(data, weight, data type, result type) of an ``nn.conv2d`` call of static shapes with
+    a constant weight; None for anything else."""
     if not (isinstance(node, Call) and isinstance(node.op, Op) and node.op.name == "nn.conv2d"):
         return None
     x, w = node.args
@@ -97,6 +94,19 @@ def _int8_conv_packed(node: Expr) -> Expr | None:
     if not isinstance(w, Constant) or not isinstance(xt, TensorType) or not xt.is_static \
             or not isinstance(ot, TensorType) or not ot.is_static:
         return None
+    return x, w, xt, ot
+
+
+def _int8_conv_packed(node: Expr) -> Expr | None:
+    """``nn.conv2d_int8_packed`` for an 8-bit conv2d call that qualifies (module docstring)."""
+    from kiln.loops import int8_conv
+    from kiln.op.nn.conv import Conv2DAttrs
+    from kiln.op.nn.int8_packed import conv2d_int8_packed, pack_int8_conv_weight
+
+    parts = _conv_of_constant(node)
+    if parts is None or not isinstance(node, Call):  # (it is a call if parts is not None)
+        return None
+    x, w, xt, ot = parts
     if w.dtype not in ("int8", "uint8") or xt.dtype not in ("int8", "uint8") \
             or ot.dtype != "int32":
         return None
@@ -148,13 +158,10 @@ def _conv_packed(node: Expr) -> Expr | None:
     from kiln.op.nn.conv import Conv2DAttrs
     from kiln.op.nn.packed import conv2d_packed, pack_conv_weight
 
-    if not (isinstance(node, Call) and isinstance(node.op, Op) and node.op.name == "nn.conv2d"):
+    parts = _conv_of_constant(node)
+    if parts is None or not isinstance(node, Call):  # (it is a call if parts is not None)
         return None
-    x, w = node.args
-    xt, ot = x.checked_type_, node.checked_type_
-    if not isinstance(w, Constant) or not isinstance(xt, TensorType) or not xt.is_static \
-            or not isinstance(ot, TensorType) or not ot.is_static:
-        return None
+    x, w, xt, ot = parts
     if w.dtype != "float32" or xt.dtype != "float32" or ot.dtype != "float32":
         return None
     o, cg, kh, kw = w.data.shape

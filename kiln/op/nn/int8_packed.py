@@ -81,6 +81,17 @@ def _lane(word: LExpr, q: LExpr, group: int, dtype: str) -> LExpr:
     return v
 
 
+def _check_packed(data: TensorType, weight: TensorType, weight_dtype: str, group: int) -> None:
+    """The checks every packed 8-bit operator makes of its data, panels and attributes."""
+    if data.dtype not in EIGHT_BIT or weight_dtype not in EIGHT_BIT:
+        raise TypeCheckError(f"data ({data.dtype}) and weight_dtype ({weight_dtype}) "
+                             "must be int8 or uint8")
+    if weight.dtype != "int32":
+        raise TypeCheckError(f"the packed weight must be int32 panels, not {weight.dtype}")
+    if group not in (2, 4):
+        raise TypeCheckError(f"group must be 2 or 4, got {group}")
+
+
 class DenseInt8PackedAttrs(Attrs):
     __slots__ = ()
     units: int
@@ -94,13 +105,7 @@ def _relation(arg_types: Sequence[Type], attrs: DenseInt8PackedAttrs) -> Type | 
     if args is None:
         return None
     data, weight = args
-    if data.dtype not in EIGHT_BIT or attrs.weight_dtype not in EIGHT_BIT:
-        raise TypeCheckError(f"data ({data.dtype}) and weight_dtype ({attrs.weight_dtype}) "
-                             "must be int8 or uint8")
-    if weight.dtype != "int32":
-        raise TypeCheckError(f"the packed weight must be int32 panels, not {weight.dtype}")
-    if attrs.group not in (2, 4):
-        raise TypeCheckError(f"group must be 2 or 4, got {attrs.group}")
+    _check_packed(data, weight, attrs.weight_dtype, attrs.group)
     require_rank(weight, "packed weight (tiles, groups + 1, lanes)", 3)
     if data.ndim < 1:
         raise TypeCheckError("data must have at least one dimension, but is a scalar")
@@ -214,13 +219,7 @@ def _conv_relation(arg_types: Sequence[Type], attrs: Conv2DInt8PackedAttrs) -> T
     if args is None:
         return None
     data, weight = args
-    if data.dtype not in EIGHT_BIT or attrs.weight_dtype not in EIGHT_BIT:
-        raise TypeCheckError(f"data ({data.dtype}) and weight_dtype ({attrs.weight_dtype}) "
-                             "must be int8 or uint8")
-    if weight.dtype != "int32":
-        raise TypeCheckError(f"the packed weight must be int32 panels, not {weight.dtype}")
-    if attrs.group not in (2, 4):
-        raise TypeCheckError(f"group must be 2 or 4, got {attrs.group}")
+    _check_packed(data, weight, attrs.weight_dtype, attrs.group)
     if attrs.out_dtype != "int32":
         raise TypeCheckError(f"out_dtype must be int32, got {attrs.out_dtype!r}")
     info = np.iinfo(data.dtype)
