@@ -6,7 +6,10 @@ One process, one machine, medians of ``--repeat`` calls, interleaved round by ro
   what ``qnn.dense`` lowers to), the weight an argument (packed every call) and a constant
   (``params=``: packed once at compile time by alter-layout, nn.dense_int8_packed),
 - kiln int8 uint8 × int8 → int32 (nn.dense takes one input dtype, so the same product as a
-  1×1 ``nn.conv2d`` of uint8 data and int8 weight: C[oc, pixel] over K channels),
+  1×1 ``nn.conv2d`` of uint8 data and int8 weight: C[oc, pixel] over K channels), the weight
+  an argument (the im2col GEMM, both operands packed every call) and a constant
+  (nn.conv2d_int8_packed: the input read in place from channel-group planes,
+  kiln/loops/int8_conv.py),
 - kiln float32 dense and numpy (OpenBLAS) float32 ``@`` of the same shape.
 
 GFLOP/s count 2·M·N·K operations (a multiply and an add) for every product. The script prints
@@ -77,7 +80,10 @@ def main() -> None:
     xs = kiln.var("x", shape=(n, n), dtype="int8")
     ws = kiln.var("w", shape=(n, n), dtype="int8")
     s8 = build([xs, ws], nn.dense(xs, ws, out_dtype="int32"))
-    xu = kiln.var("x", shape=(1, n, n, 1), dtype="uint8")  # K channels of N pixels
+    # K channels of N pixels, as square an image as N allows (32x32 for 1024)
+    side = next(d for d in range(int(n ** 0.5), 0, -1) if n % d == 0)
+    image = (1, n, side, n // side)
+    xu = kiln.var("x", shape=image, dtype="uint8")
     wu = kiln.var("w", shape=(n, n, 1, 1), dtype="int8")  # M out channels
     u8 = build([xu, wu], nn.conv2d(xu, wu, out_dtype="int32"))
     xf = kiln.var("x", shape=(n, n), dtype="float32")
@@ -86,7 +92,7 @@ def main() -> None:
 
     a8 = rng.integers(-128, 128, (n, n)).astype(np.int8)
     b8 = rng.integers(-128, 128, (n, n)).astype(np.int8)
-    au = rng.integers(0, 256, (1, n, n, 1)).astype(np.uint8)
+    au = rng.integers(0, 256, image).astype(np.uint8)
     af = rng.standard_normal((n, n)).astype(np.float32)
     bf = rng.standard_normal((n, n)).astype(np.float32)
     bft = np.ascontiguousarray(bf.T)
@@ -95,15 +101,18 @@ def main() -> None:
     assert np.array_equal(s8(a8, b8), want.astype(np.int32)), "int8 x int8 result differs"
     s8c = build([xs, ws], nn.dense(xs, ws, out_dtype="int32"), {"w": b8})
     assert np.array_equal(s8c(a8), want.astype(np.int32)), "prepacked result differs"
-    want_u = b8.astype(np.int64) @ au[0, :, :, 0].astype(np.int64)
-    assert np.array_equal(u8(au, b8.reshape(n, n, 1, 1))[0, :, :, 0],
-                          want_u.astype(np.int32)), "uint8 x int8 result differs"
+    want_u = (b8.astype(np.int64) @ au.reshape(n, n).astype(np.int64)).astype(np.int32)
+    assert np.array_equal(u8(au, b8.reshape(n, n, 1, 1)).reshape(n, n), want_u), \
+        "uint8 x int8 result differs"
     wu_arr = b8.reshape(n, n, 1, 1)
+    u8c = build([xu, wu], nn.conv2d(xu, wu, out_dtype="int32"), {"w": wu_arr})
+    assert np.array_equal(u8c(au).reshape(n, n), want_u), "packed uint8 x int8 conv differs"
 
     med = timings({
         "kiln int8 x int8 dense": lambda: s8(a8, b8),
         "kiln int8 x int8, constant weight": lambda: s8c(a8),
         "kiln uint8 x int8 (1x1 conv)": lambda: u8(au, wu_arr),
+        "kiln uint8 x int8 conv, constant weight": lambda: u8c(au),
         "kiln float32 dense": lambda: f32(af, bf),
         "numpy float32 @": lambda: af @ bft,
     }, args.repeat)
@@ -120,7 +129,7 @@ def main() -> None:
     base = flops / med["kiln float32 dense"]
     for name, t in med.items():
         rate = flops / t
-        print(f"  {name:32s} {t * 1e3:8.2f} ms {rate / 1e9:8.1f} GFLOP/s "
+        print(f"  {name:40s} {t * 1e3:8.2f} ms {rate / 1e9:8.1f} GFLOP/s "
               f"{rate / base:5.2f}x kiln float32")
     if args.profile:
         print(s8.profile(a8, b8))
