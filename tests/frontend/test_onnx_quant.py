@@ -275,3 +275,22 @@ def test_quantize_static_max_pool_runs_on_the_8_bit_tensor(tmp_path) -> None:
     assert pools and all(", uint8] */" in line for line in pools), pools
     steps = _compare_with_ort(model, (1, 3, 12, 12), "conv2d")
     assert steps.max() == 0, f"kiln differs from ORT by {steps.max():.2f} steps"
+
+
+def test_quantize_dynamic_mlp_equals_ort(tmp_path) -> None:
+    # quantize_dynamic: DynamicQuantizeLinear (through its ONNX function body: the scale and
+    # zero point computed at run time) feeding MatMulInteger — integer sums, equal to ORT's
+    from onnxruntime import quantization as q
+
+    src, dst = tmp_path / "float.onnx", tmp_path / "dynamic.onnx"
+    onnx.save(_mlp(), src)
+    q.quantize_dynamic(str(src), str(dst), weight_type=q.QuantType.QInt8, reduce_range=REDUCE)
+    model = onnx.load(str(dst))
+    assert "DynamicQuantizeLinear" in {n.op_type for n in model.graph.node}
+    mod, params = from_onnx(model)
+    text = kiln.astext(kiln.optimize(mod, params=params))
+    assert any("dense" in line and "int32]" in line for line in text.splitlines())
+    exe = kiln.build(mod, params=params)
+    for _ in range(3):
+        x = RNG.standard_normal((4, 37)).astype("float32")
+        np.testing.assert_array_equal(np.asarray(exe(x)), _session(model).run(None, {"x": x})[0])
