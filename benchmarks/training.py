@@ -11,6 +11,11 @@ allocates after the first (tracemalloc).
     .venv/bin/python benchmarks/training.py                 # MLP, small CNN, 2-layer encoder
     .venv/bin/python benchmarks/training.py --full          # + ResNet-18 b8, 4-layer encoder
     .venv/bin/python benchmarks/training.py --models mlp --repeat 50 --threads 1
+    .venv/bin/python benchmarks/training.py --models resnet18-b2 --repeat 6 --profile
+
+``--profile`` also prints the per-kernel profile of the step's program (`Executable.profile`,
+docs/runtime.md "Profiling"); ``resnet18-64`` and ``resnet18-b2`` are ResNet-18 on smaller
+inputs, quicker to build and profile than the full one.
 """
 
 from __future__ import annotations
@@ -93,11 +98,12 @@ class Case:
 
 def resnet18() -> nn.Module:
     """ResNet-18 (kiln.testing's PyTorch twin of kiln.testing.models.resnet18: its output
-    goes through a softmax, which the loss then takes the log-softmax of)."""
+    goes through a softmax, which the loss then takes the log-softmax of); its weights do not
+    depend on the batch or the image size (global pooling before the classifier)."""
     from kiln.testing import models
     from kiln.testing.torch_models import torch_resnet18
 
-    return torch_resnet18(models.resnet18(batch=8, image=224, classes=1000)[1])
+    return torch_resnet18(models.resnet18(batch=1, image=224, classes=1000)[1])
 
 
 CASES = {
@@ -107,6 +113,10 @@ CASES = {
     "encoder": Case("2-layer transformer encoder (d 64, 4 heads), batch 8, seq 32",
                     lambda: Encoder(64, 4, 2), (8, 32, 64)),
     "resnet18": Case("ResNet-18, batch 8, 3x224x224", resnet18, (8, 3, 224, 224), 1000),
+    # the same network on small images: its layers' shapes scaled down, quick to build and
+    # to profile (--profile)
+    "resnet18-64": Case("ResNet-18, batch 2, 3x64x64", resnet18, (2, 3, 64, 64), 1000),
+    "resnet18-b2": Case("ResNet-18, batch 2, 3x224x224", resnet18, (2, 3, 224, 224), 1000),
     "encoder4": Case("4-layer transformer encoder (d 256, 4 heads), batch 8, seq 128",
                      lambda: Encoder(256, 4, 4), (8, 128, 256)),
 }
@@ -121,7 +131,8 @@ def optimizers(name: str, model: nn.Module) -> tuple[kiln.train.Optimizer, Any]:
             torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
 
 
-def run(case: Case, optimizer: str, repeat: int, threads: int | None) -> None:
+def run(case: Case, optimizer: str, repeat: int, threads: int | None,
+        profile: bool = False) -> None:
     torch.manual_seed(0)
     model = case.make().eval()
     rng = np.random.default_rng(0)
@@ -163,6 +174,9 @@ def run(case: Case, optimizer: str, repeat: int, threads: int | None) -> None:
     print(f"  kiln.train.Step   {k:9.3f} ms   (import and build {built:.1f} s; "
           f"{allocated} bytes traced per step, {step.results_allocated} result arrays)")
     print(f"  torch eager       {t:9.3f} ms   torch/kiln {t / k:.2f}x")
+    if profile:  # the step's program, on the inputs of its last call
+        for program in step._programs:
+            print(program.exe.profile(*program.inputs, repeat=max(3, repeat // 2)))
 
 
 def main() -> None:
@@ -172,6 +186,8 @@ def main() -> None:
                         help="also ResNet-18 (batch 8) and a 4-layer encoder (seq 128)")
     parser.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
     parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--profile", action="store_true",
+                        help="also print the step's per-kernel profile (exe.profile)")
     parser.add_argument("--threads", type=int, default=None,
                         help="threads for both kiln and torch (default: each its own default)")
     args = parser.parse_args()
@@ -184,7 +200,7 @@ def main() -> None:
           f"optimizer "
           f"{args.optimizer}; median of {args.repeat} steps each, interleaved")
     for name in names:
-        run(CASES[name], args.optimizer, args.repeat, args.threads)
+        run(CASES[name], args.optimizer, args.repeat, args.threads, args.profile)
 
 
 if __name__ == "__main__":
