@@ -28,11 +28,11 @@ vectorized along each output row; the padding columns are never written out.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kiln.loops import int8_gemm as q
 from kiln.loops.compute import Tensor, WriteFn, extern
-from kiln.loops.conv_kernels import MAX_PHASES, PLANES_PARALLEL_MIN, Planes
+from kiln.loops.conv_kernels import CHUNKS_PER_THREAD, MAX_PHASES, PLANES_PARALLEL_MIN, Planes
 from kiln.loops.ir import INDEX, Allocate, Binary, Const, Expr, For, Load, Seq, Stmt, Store, Var
 from kiln.loops.ir import Buffer as LBuffer
 from kiln.loops.schedule import lowering_target
@@ -96,7 +96,23 @@ def plan(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
                                weight_dtype, b_dtype, target=tgt)
     if (4 if s.form == "vnni" else 2) != group or s.shift:
         return None  # not reached: conv_form chose the lanes of this schedule's form
-    return Int8ConvPlan(geo, s, group, shift)
+    return Int8ConvPlan(geo, _finer(s, oc, geo.columns, tgt), group, shift)
+
+
+def _finer(s: q.Int8Schedule, m: int, n: int, target: Target) -> q.Int8Schedule:
+    """``s`` parallel over the axis with more tiles, in about `CHUNKS_PER_THREAD` blocks a
+    thread, as the float convolution's: neither operand is packed per block, so small blocks
+    cost nothing, and a thread that is descheduled holds up a small share of the product,
+    not half of it (one block a thread was the schedule's choice)."""
+    if s.parallel not in ("m", "n"):
+        return s
+    mt, nt = -(-m // s.mr), -(-n // s.nr)
+    chunks = CHUNKS_PER_THREAD * target.cores
+    if nt >= mt:
+        return replace(s, parallel="n", nc=max(1, min(s.nc // s.nr, -(-nt // chunks))) * s.nr,
+                       m_blocks=1)
+    return replace(s, parallel="m", mc=max(1, min(s.mc // s.mr, -(-mt // chunks))) * s.mr,
+                   m_blocks=1)
 
 
 def conv2d_prepacked(x: Tensor, wp: LBuffer, strides: Sequence[int], padding: Sequence[int],
