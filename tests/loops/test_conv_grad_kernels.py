@@ -66,10 +66,14 @@ CASES = [
     ((2, 5, 9, 8), 9, (3, 2), (2, 1), (1, 0, 2, 1), (1, 2)),  # uneven everything
     ((3, 40, 6, 6), 33, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),  # K = 108 images' pixels > kc
     ((1, 3, 16, 16), 8, (4, 4), (4, 4), (0, 0, 0, 0), (1, 1)),  # 16 phases: im2col rows
+    # channels in whole tiles of B: read in place from a channels-last copy
+    ((2, 64, 10, 10), 33, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),
+    ((1, 32, 12, 11), 6, (3, 2), (1, 2), (2, 1, 0, 2), (2, 1)),  # uneven, dilated
+    ((3, 32, 8, 8), 14, (1, 1), (2, 2), (0, 0, 0, 0), (1, 1)),
 ]
 # every case for this machine, a few also without AVX-512 (AVX2 code: other tiles)
 RUNS = [(*case, "llvm") for case in CASES] + [
-    (*case, "llvm -mattr=-avx512f") for case in (CASES[2], CASES[5])]
+    (*case, "llvm -mattr=-avx512f") for case in (CASES[2], CASES[5], CASES[8])]
 
 
 def build(xs: tuple, o: int, kernel: tuple, strides: tuple, padding: tuple, dilation: tuple,
@@ -94,18 +98,21 @@ def test_backward_weight(xs: tuple, o: int, kernel: tuple, strides: tuple, paddi
     np.testing.assert_allclose(exe(g, x), want, rtol=1e-4, atol=2e-5 * k)
 
 
-def test_the_blocked_kernel_lowers_it() -> None:
+@pytest.mark.parametrize("channels,layout", [(8, None), (64, "channels last"),
+                                             (256, None)])
+def test_the_blocked_kernel_lowers_it(channels: int, layout: str | None) -> None:
     from kiln.runtime.backend import lower
 
-    xs, o = (2, 8, 12, 12), 16
+    xs, o = (2, channels, 12, 12), 16
     g = kiln.var("g", shape=(2, o, 6, 6), dtype="float32")
     x = kiln.var("x", shape=xs, dtype="float32")
     body = nn.conv2d_backward_weight(g, x, kernel_size=(3, 3), strides=(2, 2), padding=(1, 1))
     low = lower(kiln.IRModule.from_expr(kiln.Function((g, x), body)), "llvm", 3, {},
                 upto="lower-kernels")
-    kinds = {d.kernel.attrs["schedules"][0][1].get("kernel")
-             for d in low.program.kernels.values() if d.kernel is not None}
-    assert kinds == {"conv2d backward weight"}
+    found = [d.kernel.attrs["schedules"][0][1] for d in low.program.kernels.values()
+             if d.kernel is not None]
+    assert [(a.get("kernel"), a.get("input")) for a in found] == [
+        ("conv2d backward weight", layout)]
 
 
 def test_fused_producer_consumer_and_threads() -> None:
