@@ -28,16 +28,22 @@ def _or_filled(n: AtenCall, v: Expr | None, size: int, value: float) -> tuple[Ex
     return const(np.full((size,), value, dtype=n.out.dtype)), False
 
 
-@converter("aten._native_batch_norm_legit_no_training.default")
-def batch_norm(n: AtenCall, x: Expr, weight: Expr | None, bias: Expr | None, mean: Expr,
-               var: Expr, _momentum: float, eps: float) -> list[Expr | Missing]:
+def _batch_norm(n: AtenCall, x: Expr, weight: Expr | None, bias: Expr | None, mean: Expr,
+                var: Expr, eps: float, **mode: object) -> Expr:
+    """kiln's nn.batch_norm of torch's arguments (``mode``: training and momentum)."""
     channels = n.shape(mean)[0]
     if not isinstance(channels, int):
         raise n.error("batch norm needs a static number of channels")
     gamma, scale = _or_filled(n, weight, channels, 1.0)
     beta, center = _or_filled(n, bias, channels, 0.0)
-    out = nn.batch_norm(x, gamma, beta, mean, var, axis=1, epsilon=float(eps), center=center,
-                        scale=scale)
+    return nn.batch_norm(x, gamma, beta, mean, var, axis=1, epsilon=float(eps), center=center,
+                         scale=scale, **mode)
+
+
+@converter("aten._native_batch_norm_legit_no_training.default")
+def batch_norm(n: AtenCall, x: Expr, weight: Expr | None, bias: Expr | None, mean: Expr,
+               var: Expr, _momentum: float, eps: float) -> list[Expr | Missing]:
+    out = _batch_norm(n, x, weight, bias, mean, var, eps)
     return [out[0], Missing("saved mean of batch norm"), Missing("saved inverse std of batch norm")]
 
 
@@ -50,13 +56,8 @@ def batch_norm_functional(n: AtenCall, x: Expr, weight: Expr | None, bias: Expr 
     if not training:
         out = batch_norm(n, x, weight, bias, mean, var, momentum, eps)
         return [*out, mean, var]
-    channels = n.shape(mean)[0]
-    if not isinstance(channels, int):
-        raise n.error("batch norm needs a static number of channels")
-    gamma, scale = _or_filled(n, weight, channels, 1.0)
-    beta, center = _or_filled(n, bias, channels, 0.0)
-    out = nn.batch_norm(x, gamma, beta, mean, var, axis=1, epsilon=float(eps), center=center,
-                        scale=scale, training=True, momentum=float(momentum))
+    out = _batch_norm(n, x, weight, bias, mean, var, eps, training=True,
+                      momentum=float(momentum))
     return [out[0], Missing("saved mean of batch norm"),
             Missing("saved inverse std of batch norm"), out[1], out[2]]
 
