@@ -203,19 +203,22 @@ def _rejoin(indices: tuple[Expr, ...], strides: tuple[int, ...]) -> list[tuple[E
     positions are visibly consecutive addresses: a vectorized loop over them stores a
     vector instead of scattering lanes."""
     pairs = list(zip(indices, strides))
-    out: list[tuple[Expr, int]] = []
-    k = 0
-    while k < len(pairs):
-        (hi, s_hi) = pairs[k]
-        if k + 1 < len(pairs):
-            lo, s_lo = pairs[k + 1]
-            if (isinstance(hi, Binary) and isinstance(lo, Binary) and hi.op == "floordiv"
-                    and lo.op == "floormod" and hi.a is lo.a and isinstance(hi.b, Const)
-                    and isinstance(lo.b, Const) and hi.b.value == lo.b.value
-                    and s_hi == s_lo * hi.b.value):
-                out.append((hi.a, s_lo))
-                k += 2
-                continue
-        out.append((hi, s_hi))
-        k += 1
-    return out
+    while True:  # joined pairs may join again: e // (b·c), (e % (b·c)) // c, e % c
+        out: list[tuple[Expr, int]] = []
+        k = 0
+        while k < len(pairs):
+            (hi, s_hi) = pairs[k]
+            if k + 1 < len(pairs):
+                lo, s_lo = pairs[k + 1]
+                if (isinstance(hi, Binary) and isinstance(lo, Binary) and hi.op == "floordiv"
+                        and lo.op == "floormod" and hi.a is lo.a and isinstance(hi.b, Const)
+                        and isinstance(lo.b, Const) and hi.b.value == lo.b.value
+                        and s_hi == s_lo * hi.b.value):
+                    out.append((hi.a, s_lo))
+                    k += 2
+                    continue
+            out.append((hi, s_hi))
+            k += 1
+        if len(out) == len(pairs):
+            return out
+        pairs = out

@@ -31,6 +31,7 @@ from kiln.errors import Error, InternalError
 from kiln.ir.expr import Call, Constant, Function, Op, Tuple, TupleGetItem, Var
 from kiln.ir.traverse import post_order
 from kiln.ir.ty import FuncType, TensorType, TupleType, Type
+from kiln.loops.collapse import collapsed_nest, collapsible_axes
 from kiln.loops.compute import (
     BufferTensor,
     ComputeTensor,
@@ -211,7 +212,16 @@ class _Lowering:
                     if need.tensor is master:
                         break  # read other than elementwise: plain loops below
                     self.materialize(need.tensor)
-        return self.attempt(lambda: loop_nest(t.shape, lambda idx: Store(out, idx, t(*idx))))
+        return self.attempt(lambda: self._nest(t, out))
+
+    def _nest(self, t: Tensor, out: Buffer) -> Stmt:
+        """Loops over ``t``'s shape storing it into ``out``; trailing axes too short to
+        vectorize run as one where the reads allow it (kiln/loops/collapse.py)."""
+        count = collapsible_axes(t.shape, lambda idx: t(*idx))
+        new_epoch()  # the probe's reads mention its variables
+        if count:
+            return collapsed_nest(t.shape, lambda idx: Store(out, idx, t(*idx)), count)
+        return loop_nest(t.shape, lambda idx: Store(out, idx, t(*idx)))
 
     def epilogue_master(self, t: Tensor) -> MaterializedTensor | None:
         """The first unmaterialized reduce/extern tensor of ``t``'s shape that ``t`` reads

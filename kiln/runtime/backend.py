@@ -308,6 +308,7 @@ def symbolic_kernel(decl: KernelDecl, pattern: SizePattern, target: Target | str
     sizes passed at run time (kiln/loops/generalize.py); None where it must be specialized
     per shape instead: a GEMM-like operator (`SPECIALIZED_OPS`), or a lowering that depends
     on the sizes other than through loop extents and buffer shapes."""
+    from kiln.loops.collapse import axes_kept
     from kiln.loops.generalize import STAND_INS_A, STAND_INS_B, generalize
     from kiln.loops.ir import Var as LVar
 
@@ -327,8 +328,9 @@ def symbolic_kernel(decl: KernelDecl, pattern: SizePattern, target: Target | str
             return None  # the stand-in sizes do not type (a size fixed by the computation)
         low = Lowered(Program(kernels={concrete.name: concrete}), target, opt_level)
         ctx = PassContext.current()
-        for name in KERNEL_PIPELINE[:-1]:
-            low = ctx.run_pass(get_pass(name), low)
+        with axes_kept():  # loop extents that are sizes, not products of them
+            for name in KERNEL_PIPELINE[:-1]:
+                low = ctx.run_pass(get_pass(name), low)
         k = low.program.kernels[concrete.name].kernel
         if k is None:
             return None
