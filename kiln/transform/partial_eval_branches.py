@@ -47,6 +47,11 @@ from kiln.transform.partial_eval_values import (
 _YES, _NO, _UNKNOWN = "yes", "no", "unknown"
 
 
+class UndefinedSharing(Error):
+    """An effectful node shared in graph form between a residual branch and the code after
+    it: the partial evaluator cannot say whether its effect happens there."""
+
+
 class _Effects:
     """What the arms of one residual branch did: references whose knowledge changed, whether
     unknown code ran, and shared nodes (of the frame) first evaluated in an arm."""
@@ -200,7 +205,7 @@ def check_reevaluation(e: Expr, scope: Scope) -> None:
         if isinstance(x, (RefCreate, RefRead, RefWrite)) or (
             isinstance(x, Call) and not isinstance(x.op, (Op, Constructor))
         ):
-            raise Error(
+            raise UndefinedSharing(
                 "partial-evaluate: an expression with effects (on references, or a call that "
                 "may have them) is shared in graph form between a branch and the code after "
                 "it, so whether its effect happens there is not defined; bind it with a let",

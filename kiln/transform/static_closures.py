@@ -12,7 +12,8 @@ This pass runs the partial evaluator only on modules that use closures or refere
 keeps its result only when it is first order and free of them (no local function, no
 reference, no constructor or match, no call of a global that is not a kernel) and not much
 larger than the input; otherwise — recursion over data, a loop whose count is an input, fuel
-spent — the module is returned unchanged, for the VM.
+spent, an effect shared in graph form that the evaluator cannot place — the module is
+returned unchanged, for the VM.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from kiln.ir.expr import Call, Expr, Function, GlobalVar, Match, RefCreate, RefR
 from kiln.ir.module import IRModule
 from kiln.ir.traverse import post_order
 from kiln.transform.partial_eval import DEFAULT_FUEL, partial_evaluate
+from kiln.transform.partial_eval_branches import UndefinedSharing
 from kiln.transform.pass_manager import PassContext, is_primitive, module_pass
 
 # The partial evaluator's result may grow (closures inlined at each call); beyond this
@@ -68,7 +70,10 @@ def SpecializeClosures(mod: IRModule, ctx: PassContext) -> IRModule:
     fuel = ctx.config.get("partial-evaluate.fuel", DEFAULT_FUEL)
     if isinstance(fuel, bool) or not isinstance(fuel, int) or fuel < 0:
         return mod  # partial-evaluate itself reports a bad fuel when it runs as a pass
-    out = partial_evaluate(mod, fuel)
+    try:
+        out = partial_evaluate(mod, fuel)
+    except UndefinedSharing:
+        return mod  # effects shared in graph form: the VM runs them as the program says
     kernels = {gv.name for gv, fn in out.functions.items() if is_primitive(fn)}
     if not _first_order(out, kernels):
         return mod
