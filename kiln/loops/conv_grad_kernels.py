@@ -110,11 +110,8 @@ def backward_weight(grad: Tensor, data: Tensor, kernel: Sequence[int], strides: 
         return geo.tap(col // (kh * kw), (col // kw) % kh, col % kw)
 
     def b(bt: Expr, kk: Expr, col: Expr) -> Expr:  # B[pixel kk, tap col]
-        # the pixel's offset, the same for the whole row of B the packing copies: clamped
-        # into [0, last] so that the verifier bounds the read (it cannot see the table)
-        at = Binary("max", Binary("min", Load(pixels, (kk,)), Const(last, INDEX)),
-                    Const(0, INDEX))
-        return Load(planes, (tap_offset(col) + at,))
+        # the pixel's offset, the same for the whole row of B the packing copies
+        return Load(planes, (tap_offset(col) + _pixel_offset(pixels, kk, last),))
 
     def a_panel(bt: Expr, tile: Expr, kk: Expr, i: Expr) -> Expr:
         return Load(dyp, (tile, kk, i))
@@ -191,9 +188,7 @@ def _channels_last(grad: Tensor, data: Tensor, kernel: tuple[int, int],
         return ((q // kw) * (dh * wp) + (q % kw) * dw) * c + c0
 
     def b_panel(bt: Expr, t: Expr, kk: Expr, lane: Expr) -> Expr:
-        at = Binary("max", Binary("min", Load(pixels, (kk,)), Const(last, INDEX)),
-                    Const(0, INDEX))
-        return Load(image, (at + tap_base(t) + lane,), lanes)
+        return Load(image, (_pixel_offset(pixels, kk, last) + tap_base(t) + lane,), lanes)
 
     def a_panel(bt: Expr, t: Expr, kk: Expr, row: Expr) -> Expr:
         return Load(dyp, (t, kk, row))
@@ -236,6 +231,13 @@ def _channels_last(grad: Tensor, data: Tensor, kernel: tuple[int, int],
     t = extern((o, c, kh, kw), dtype, emit)
     t.schedule = {**s.attrs(), "kernel": "conv2d backward weight", "input": "channels last"}
     return t
+
+
+def _pixel_offset(pixels: Buffer, kk: Expr, last: int) -> Expr:
+    """Pixel ``kk``'s offset from the table made once per call, clamped into [0, last] so
+    that the verifier bounds the read (it cannot see the table's values)."""
+    return Binary("max", Binary("min", Load(pixels, (kk,)), Const(last, INDEX)),
+                  Const(0, INDEX))
 
 
 def _zero_rows(buf: Buffer, start: int) -> list[Stmt]:
