@@ -4,8 +4,9 @@ split across threads agrees with numpy and with itself on one thread.
 The rule: a product goes on the thread pool only with `PARALLEL_MIN_WORK_PER_THREAD`
 multiply-adds per core (a parallel region below that cost more than it saved, and much
 more on a loaded machine), except batch-1 dense, whose weight is read once per call: it is
-split over the cores as soon as the weight is at least a core's L2 (it then streams from
-L3 at one core's bandwidth).
+split over the cores as soon as the weight is at least a quarter of a core's L2 and 512 KiB
+(the model's other weights evict it between calls, so it streams from L3 at one core's
+bandwidth).
 """
 
 from __future__ import annotations
@@ -54,14 +55,17 @@ def test_gemm_default_parallel_by_work(batch: int, m: int, n: int, k: int,
 
 def test_dot_kernel_batch1_parallel_by_work_or_weight_size() -> None:
     two = dataclasses.replace(Target.host(), cores=2, l2=1 << 20)
-    # under a core's L2 and little work: serial
-    assert not lk._dot_parallel(1, 512, 256, "float32", two)
-    assert not lk._dot_parallel(1, 256, 1000, "float32", two)
+    # under 512 KiB of weight and little work: serial
+    assert not lk._dot_parallel(1, 256, 256, "float32", two)
+    assert not lk._dot_parallel(1, 100, 1000, "float32", two)
     # an LSTM step's recurrent product (1 MiB of weight) and a batch-1 784×512 layer: every
     # call streams the weight from L3, which two cores read twice as fast
     assert lk._dot_parallel(1, 1024, 256, "float32", two)
     assert lk._dot_parallel(1, 512, 784, "float32", two)
-    assert not lk._dot_parallel(1, 1024, 256, "float32", dataclasses.replace(two, l2=2 << 20))
+    assert not lk._dot_parallel(1, 1024, 256, "float32", dataclasses.replace(two, l2=8 << 20))
+    # with a 2 MiB L2 (Sapphire Rapids) the 1 MiB weight still splits: a quarter of the L2
+    assert lk._dot_parallel(1, 1024, 256, "float32", dataclasses.replace(two, l2=2 << 20))
+    assert not lk._dot_parallel(1, 256, 256, "float32", dataclasses.replace(two, l2=1 << 20))
     assert lk._dot_parallel(1, 4096, 1024, "float32", two)
     one = dataclasses.replace(two, cores=1)
     assert not lk._dot_parallel(1, 4096, 1024, "float32", one)
@@ -69,9 +73,13 @@ def test_dot_kernel_batch1_parallel_by_work_or_weight_size() -> None:
 
 
 def test_worth_parallel_stream_compares_the_weight_with_l2() -> None:
-    two = dataclasses.replace(Target.host(), cores=2, l2=1 << 20)
+    two = dataclasses.replace(Target.host(), cores=2, l2=4 << 20)
     assert worth_parallel_stream(1 << 20, two)
     assert not worth_parallel_stream((1 << 20) - 1, two)
+    # never below 512 KiB, however small the L2
+    small = dataclasses.replace(two, l2=1 << 20)
+    assert worth_parallel_stream(1 << 19, small)
+    assert not worth_parallel_stream((1 << 19) - 1, small)
     assert not worth_parallel_stream(1 << 30, dataclasses.replace(two, cores=1))
 
 
