@@ -104,8 +104,8 @@ class _Walk:
     def const(self, a: Const, b: Const) -> Expr:
         if a.dtype != b.dtype or a.lanes != b.lanes or type(a.value) is not type(b.value):
             raise _Differs
-        if a.value == b.value:
-            return a
+        if a.value == b.value or (a.value != a.value and b.value != b.value):
+            return a  # equal (NaN, which a log's expansion holds, equal to itself too)
         d = (self.sizes.get((int(a.value), int(b.value)))
              if a.dtype == INDEX and a.lanes == 1 else None)
         if d is None:

@@ -360,13 +360,20 @@ def zeros_if_empty(rule: LowerFn) -> LowerFn:
 def lane_fold(n: int, lanes: int, dtype: str, init: Expr,
               vector_step: Callable[[Expr, Expr], Expr], combine: str,
               scalar_step: Callable[[Expr, Expr], Expr],
-              use: Callable[[Expr], Stmt]) -> Stmt:
+              use: Callable[[Expr], Stmt], loops: bool = False) -> Stmt:
     """A fold over ``n`` positions in vectors of ``lanes``: four vector accumulators
     (``vector_step(acc, p)`` folds the ``lanes`` positions from ``p`` into ``acc``), then the
     four and their lanes combined with ``combine`` ("add", "max", "min"), then the scalar
     tail (``scalar_step(total, q)``); ``use(value)`` is the statement that uses the result.
     The order is fixed by the shapes, so the result does not depend on threads. The dot
-    product of batch-1 dense (kiln/loops/linear_kernels.py) and softmax's row maximum."""
+    product of batch-1 dense (kiln/loops/linear_kernels.py) and softmax's row maximum.
+
+    With ``loops``, the vector and scalar tails are loops whose bounds are expressions of
+    ``n`` left unfolded (``n // L * L``), the same operations in the same order: the fold
+    lowered at two sizes then differs only by ``n``, so a kernel of symbolic ``n`` can be
+    made of it (kiln/loops/generalize.py), and the verifier proves it for every ``n``."""
+    if loops:
+        return _lane_fold_loops(n, lanes, dtype, init, vector_step, combine, scalar_step, use)
     acc = Buffer("fold", (4, lanes), dtype, "local")
     chunks = n // (4 * lanes)
     vec_tail = (n - chunks * 4 * lanes) // lanes
@@ -393,3 +400,44 @@ def lane_fold(n: int, lanes: int, dtype: str, init: Expr,
         total = scalar_step(total, Const(q, INDEX))
     value = Var("folded", dtype)
     return Allocate(acc, Seq((*stmts, LetStmt(value, total, use(value)))))
+
+
+def _lane_fold_loops(n: int, lanes: int, dtype: str, init: Expr,
+                     vector_step: Callable[[Expr, Expr], Expr], combine: str,
+                     scalar_step: Callable[[Expr, Expr], Expr],
+                     use: Callable[[Expr], Stmt]) -> Stmt:
+    """`lane_fold` with its tails as loops over unfolded expressions of ``n`` (see there)."""
+    acc = Buffer("fold", (4, lanes), dtype, "local")
+    size, block, vec = Const(n, INDEX), Const(4 * lanes, INDEX), Const(lanes, INDEX)
+    zero = Const(0, INDEX)
+    # Binary, not the folding operators: n // (4L), (n % 4L) // L and n // L * L stay
+    # expressions of the constant n, for a symbolic n to take its place
+    chunks = Binary("floordiv", size, block)
+    vec_tail = Binary("floordiv", Binary("floormod", size, block), vec)
+    scalar_start = Binary("mul", Binary("floordiv", size, vec), vec)
+
+    def at(u: Expr) -> Load:
+        return Load(acc, (u, zero), lanes)
+
+    def put(u: Expr, value: Expr) -> Store:
+        return Store(acc, (u, zero), value)
+
+    p0, t, q = Var("p0"), Var("t"), Var("q")
+    units = [Const(u, INDEX) for u in range(4)]
+    first = (0, 0)
+    stmts: list[Stmt] = [put(u, Broadcast(init, lanes)) for u in units]
+    stmts.append(For(p0, zero, chunks, Seq(tuple(
+        put(u, vector_step(at(u), p0 * (4 * lanes) + u.value * lanes)) for u in units))))
+    stmts.append(For(t, zero, vec_tail, put(t, vector_step(
+        at(t), Binary("add", Binary("mul", chunks, block), t * lanes)))))
+    stmts.append(put(units[0], Binary(combine, Binary(combine, at(units[0]), at(units[1])),
+                                      Binary(combine, at(units[2]), at(units[3])))))
+    total: Expr = Load(acc, tuple(Const(i, INDEX) for i in first))
+    for lane in range(1, lanes):
+        total = Binary(combine, total, Load(acc, (zero, Const(lane, INDEX))))
+    cell = tuple(Const(i, INDEX) for i in first)
+    stmts.append(Store(acc, cell, total))
+    stmts.append(For(q, scalar_start, Binary("sub", size, scalar_start),
+                     Store(acc, cell, scalar_step(Load(acc, cell), q))))
+    value = Var("folded", dtype)
+    return Allocate(acc, Seq((*stmts, LetStmt(value, Load(acc, cell), use(value)))))

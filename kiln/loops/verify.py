@@ -8,9 +8,12 @@ Other checks: variables are used in scope, operands agree in dtype and lanes, in
 never written, local buffers are used only inside their allocation, parallel loops do not nest.
 
 A symbolic kernel (`Kernel.dims`: sizes passed at run time) is proven in bounds for every
-value of its dims: a dim ranges over [0, `DIM_MAX`], and an axis of symbolic size ``d`` may
-only be indexed by a loop variable of a loop ``for v in [0, d)`` (the symbolic bound
-``v ≤ d - 1``), read one lane at a time. Local buffers have static shapes. The caller checks
+value of its dims: a dim ranges over [0, `DIM_MAX`], and an index of an axis of symbolic
+size ``d`` must be at least 0 by the interval analysis and, lanes included, at most
+``d - 1`` by the symbolic bounds of kiln/loops/symbolic_bounds.py (linear in the dims and
+their floor quotients by constants: a loop ``for v in [0, d)``, or a vector loop over
+``[0, d // L)`` at ``v * L`` with its tail over ``[d // L * L, d)``). Local buffers have
+static shapes. The caller checks
 that the dims it passes are the arrays' sizes (kiln/runtime/symbolic.py).
 
 A failure is an `InternalError`: a bug in kiln's lowering, never the user's.
@@ -19,6 +22,7 @@ A failure is an `InternalError`: a bug in kiln's lowering, never the user's.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 
 from kiln.errors import InternalError
 from kiln.ir.dtype import dtype_of
@@ -49,6 +53,7 @@ from kiln.loops.ir import (
     operands,
 )
 from kiln.loops.printer import expr_text
+from kiln.loops.symbolic_bounds import Bounds, Dim, Form, at_most
 
 MAX_UNROLL = 256
 DIM_MAX = 2**40  # what a symbolic kernel's dim may be, as far as the interval analysis knows
@@ -99,6 +104,21 @@ class _Verifier:
             self.ranges[id(d)] = Interval(0, DIM_MAX)
         # id(loop var) -> id(dim) d: the loop runs over [0, d), so the variable is ≤ d - 1
         self.below: dict[int, int] = {}
+        # loops that never run (extent ≤ 0: a tail of a size that has none): their accesses
+        # are not checked against bounds, which their variables' empty ranges cannot give
+        self.dead: set[int] = set()
+        # symbolic upper bounds of indices, for the other accesses to symbolic axes
+        self.symbolic = Bounds(self.dims, self._interval)
+
+    def _interval(self, e: Expr) -> tuple[int | None, int | None]:
+        iv = self.bound(e)
+        return iv.lo, iv.hi
+
+    def _below_dim(self, idx: Expr, extra: int, dim: Var) -> bool:
+        """Whether ``idx + extra <= dim - 1`` wherever the access runs, by symbolic bounds."""
+        d = Form.of({Dim(id(dim), dim.name): Fraction(1)})
+        return any(at_most(u + Form.number(extra + 1) - d, DIM_MAX)
+                   for u in self.symbolic.upper(idx))
 
     def fail(self, message: str) -> InternalError:
         return InternalError(f"loop IR of kernel {self.kernel.name}: {message}")
@@ -205,6 +225,11 @@ class _Verifier:
                     lo = ib.lo if ia.lo is None else ia.lo if ib.lo is None else max(ia.lo, ib.lo)
                     hi = None if ia.hi is None or ib.hi is None else max(ia.hi, ib.hi)
                     return Interval(lo, hi)
+                if (op in ("floordiv", "floormod") and ia.lo is not None and ia.lo == ia.hi
+                        and ib.lo is not None and ib.lo == ib.hi and ib.lo > 0):
+                    # constants (a lowering's n // L, n % L left unfolded): exact
+                    v = ia.lo // ib.lo if op == "floordiv" else ia.lo % ib.lo
+                    return Interval(v, v)
                 if op in ("floordiv", "truncdiv") and ib.lo == ib.hi and ib.lo and ib.lo > 0:
                     c = ib.lo
                     if op == "truncdiv" and (ia.lo is None or ia.lo < 0):
@@ -231,16 +256,20 @@ class _Verifier:
         for axis, idx in enumerate(indices):
             if not dtype_of(idx.dtype).is_integer or idx.lanes != 1:
                 raise self.fail(f"index {expr_text(idx)} of {buf.name} is not a scalar integer")
+            if self.dead:
+                continue
             iv = self.bound(idx)
             extra = lanes - 1 if axis == buf.ndim - 1 else 0
             dim = buf.shape[axis]
             if isinstance(dim, Var):
-                if (iv.lo is None or iv.lo < 0 or extra or not isinstance(idx, Var)
-                        or self.below.get(id(idx)) != id(dim)):
+                loop_var = (not extra and isinstance(idx, Var)
+                            and self.below.get(id(idx)) == id(dim))
+                if (iv.lo is None or iv.lo < 0
+                        or not (loop_var or self._below_dim(idx, extra, dim))):
                     raise self.fail(
                         f"cannot prove the {what} of {buf.name}{list(buf.shape)} in bounds: "
                         f"index {expr_text(idx)} of axis {axis}, of symbolic size {dim.name}, "
-                        f"is not the variable of a loop over [0, {dim.name})"
+                        f"is not provably in [0, {dim.name} - 1]"
                         + (f" (+{extra} lanes)" if extra else ""))
                 continue
             if iv.lo is None or iv.hi is None or iv.lo < 0 or iv.hi + extra >= buf.shape[axis]:
@@ -271,6 +300,8 @@ class _Verifier:
             if isinstance(item, Var):
                 self.ranges.pop(id(item), None)
                 self.below.pop(id(item), None)
+                self.dead.discard(id(item))
+                self.symbolic.unbind(item)
                 continue
             if isinstance(item, Buffer):
                 self.buffers.discard(id(item))
@@ -295,8 +326,19 @@ class _Verifier:
                     lo, n = self.bound(start), self.bound(ext)
                     hi = _op(lo.hi, n.hi, lambda a, b: a + b - 1)
                     self.ranges[id(v)] = Interval(lo.lo, hi)
+                    if n.hi is not None and n.hi <= 0:
+                        self.dead.add(id(v))
                     if id(ext) in self.dims and lo.hi is not None and lo.hi <= 0:
                         self.below[id(v)] = id(ext)
+                    if self.dims:  # the last iteration, start + extent - 1
+                        one = Form.number(1)
+                        if isinstance(ext, Binary) and ext.op == "sub" and ext.b is start:
+                            # for v in [s, e) written as [s, s + (e - s)): at most e - 1
+                            last = [u - one for u in self.symbolic.upper(ext.a)]
+                        else:
+                            last = [s + x - one for s in self.symbolic.upper(start)
+                                    for x in self.symbolic.upper(ext)]
+                        self.symbolic.bind(v, last)
                     self.memo.clear()
                     stack.append(v)
                     stack.append((body, in_parallel or loop_kind == "parallel"))
@@ -316,6 +358,8 @@ class _Verifier:
                         raise self.fail(f"let {v.name}: {v.dtype} bound to a {val.dtype} value")
                     self.ranges[id(v)] = (self.bound(val) if dtype_of(v.dtype).is_integer
                                           else UNBOUNDED)
+                    if self.dims and dtype_of(v.dtype).is_integer and v.lanes == 1:
+                        self.symbolic.bind(v, self.symbolic.upper(val))
                     stack.append(v)
                     stack.append((body, in_parallel))
                 case Allocate(buffer=buf, body=body):

@@ -13,6 +13,7 @@ refuses (`kiln.Error`) arrays whose shapes do not agree with the kernel's or wit
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,10 +27,53 @@ def _shape_text(b: Buffer) -> str:
     return "[" + ", ".join(d.name if isinstance(d, Var) else str(d) for d in b.shape) + "]"
 
 
+# per kernel: for each parameter its dtype, rank, output-ness and each axis's size (an
+# int) or dim (its position in kernel.dims, as a str key), and where each dim is first read
+_Plan = tuple[tuple[tuple[np.dtype, int, bool, tuple[int | str, ...]], ...],
+              tuple[tuple[int, int], ...]]
+_PLANS: weakref.WeakKeyDictionary[Kernel, _Plan] = weakref.WeakKeyDictionary()
+
+
+def _plan(kernel: Kernel) -> _Plan:
+    plan = _PLANS.get(kernel)
+    if plan is None:
+        slot = {id(d): str(k) for k, d in enumerate(kernel.dims)}
+        params = tuple((np.dtype(b.dtype), b.ndim, k >= len(kernel.inputs),
+                        tuple(slot[id(d)] if isinstance(d, Var) else int(d) for d in b.shape))
+                       for k, b in enumerate(kernel.params))
+        first: dict[int, tuple[int, int]] = {}
+        for k, (_, _, _, sizes) in enumerate(params):
+            for axis, d in enumerate(sizes):
+                if isinstance(d, str):
+                    first.setdefault(int(d), (k, axis))
+        plan = _PLANS[kernel] = (params, tuple(first.get(k, (-1, -1))
+                                               for k in range(len(kernel.dims))))
+    return plan
+
+
 def bind_dims(kernel: Kernel, arrays: Sequence[Any]) -> tuple[int, ...]:
     """The values of ``kernel.dims`` that ``arrays`` (inputs then outputs) have, every
     array checked: a C-contiguous, aligned ndarray of the buffer's dtype and rank, its
     static sizes equal, its symbolic sizes agreeing across arrays; outputs writable."""
+    # The common case, fast (the VM calls a kernel per instruction): every check passes.
+    params_plan, first = _plan(kernel)
+    if len(arrays) == len(params_plan) and all(k >= 0 for k, _ in first):
+        values = [arrays[k].shape[axis] if type(arrays[k]) is np.ndarray
+                  and arrays[k].ndim > axis else -1 for k, axis in first]
+        for (dtype, ndim, is_out, sizes), a in zip(params_plan, arrays):
+            if (type(a) is not np.ndarray or a.dtype != dtype or a.ndim != ndim
+                    or not a.flags.c_contiguous or not a.flags.aligned
+                    or (is_out and not a.flags.writeable)
+                    or any((values[int(d)] if isinstance(d, str) else d) != n
+                           for d, n in zip(sizes, a.shape))):
+                break
+        else:
+            return tuple(values)
+    return _bind_dims_slowly(kernel, arrays)
+
+
+def _bind_dims_slowly(kernel: Kernel, arrays: Sequence[Any]) -> tuple[int, ...]:
+    """`bind_dims` checking each array in turn, for the message of what is wrong."""
     params = kernel.params
     if len(arrays) != len(params):
         raise Error(f"kernel {kernel.name} takes {len(params)} arrays, got {len(arrays)}")

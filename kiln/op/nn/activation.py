@@ -148,6 +148,11 @@ def _log_softmax_grad(c: Call, g: Expr) -> list[Expr | None]:
 
 Index = tuple[LExpr, ...]
 
+# How many of a row's exponentials softmax keeps for its last pass (a local buffer, 4 KiB
+# of float32). Below the stand-in sizes that symbolic kernels are lowered at (1009 and up,
+# kiln/loops/generalize.py), so that the buffer has this one shape there too.
+KEPT_EXPS = 1008
+
 
 def _softmax_lower(log: bool) -> oplib.LowerFn:
     """softmax / log_softmax: for each row along the axis, a pass for the maximum, a pass for
@@ -165,40 +170,54 @@ def _softmax_lower(log: bool) -> oplib.LowerFn:
             # which lets it split the maximum and the sum into lane-wise partial results);
             # the exponentials are kept in a row buffer for the last pass, and it multiplies
             # by the reciprocal of the sum.
-            def scan(body: Callable[[Index, LExpr], Stmt]) -> Stmt:
+            def scan(body: Callable[[Index, LExpr], Stmt], start: LExpr | None = None,
+                     stop: LExpr | None = None) -> Stmt:
+                # over [start, stop): [0, n) by default; the extent stop - start unfolded
                 k = LVar("k")
-                return For(k, Const(0), Const(n), body((*o[:axis], k, *o[axis:]), k),
+                end = Const(n) if stop is None else stop
+                first_k = Const(0) if start is None else start
+                extent = end if start is None else Binary("sub", end, start)
+                return For(k, first_k, extent, body((*o[:axis], k, *o[axis:]), k),
                            "vectorized")
 
             acc = Buffer("row", (2,), dt, "local")  # [maximum, sum of exponentials]
-            exps = Buffer("exps", (n,), dt, "local")
+            # The first KEPT_EXPS exponentials are kept, the rest computed again in the last
+            # pass: the buffer's shape is then a constant also for a row of symbolic length
+            # (min(n, KEPT_EXPS), unfolded, becomes min(d, KEPT_EXPS) there).
+            exps = Buffer("exps", (min(n, KEPT_EXPS),), dt, "local")
+            kept = Binary("min", Const(n), Const(KEPT_EXPS))
             first, second = (Const(0),), (Const(1),)
             mx, total = LVar("mx", dt), LVar("total", dt)
 
             def shifted(i: Index) -> LExpr:
                 return Binary("sub", x(*i), mx)
 
+            def add(value: LExpr) -> Stmt:
+                return Store(acc, second, Binary("add", Load(acc, second), value))
+
             def keep(i: Index, k: LExpr) -> Stmt:
                 e = LVar("e", dt)
-                return LetStmt(e, Unary("exp", shifted(i)), Seq((
-                    Store(exps, (k,), e),
-                    Store(acc, second, Binary("add", Load(acc, second), e)))))
+                return LetStmt(e, Unary("exp", shifted(i)), Seq((Store(exps, (k,), e), add(e))))
 
             sums: Stmt
             if log:
                 sums = Seq((
                     Store(acc, second, oplib.dtype_const(0, dt)),
-                    scan(lambda i, k: Store(acc, second, Binary(
-                        "add", Load(acc, second), Unary("exp", shifted(i))))),
+                    scan(lambda i, k: add(Unary("exp", shifted(i)))),
                     LetStmt(total, Unary("log", Load(acc, second)), scan(
                         lambda i, k: write(i, Binary("sub", shifted(i), total)))),
                 ))
             else:
                 sums = Allocate(exps, Seq((
                     Store(acc, second, oplib.dtype_const(0, dt)),
-                    scan(keep),
+                    scan(keep, stop=kept),
+                    scan(lambda i, k: add(Unary("exp", shifted(i))), start=kept),
                     LetStmt(total, Binary("div", oplib.dtype_const(1, dt), Load(acc, second)),
-                            scan(lambda i, k: write(i, Binary("mul", Load(exps, (k,)), total)))),
+                            Seq((
+                                scan(lambda i, k: write(i, Binary("mul", Load(exps, (k,)),
+                                                                  total)), stop=kept),
+                                scan(lambda i, k: write(i, Binary(
+                                    "mul", Unary("exp", shifted(i)), total)), start=kept)))),
                 )))
             if axis == x.ndim - 1 and isinstance(x, BufferTensor):
                 buf, lanes = x.buffer, lowering_target().lanes(dt)
@@ -206,7 +225,7 @@ def _softmax_lower(log: bool) -> oplib.LowerFn:
                     n, lanes, dt, oplib.lowest(dt),
                     lambda a, p: Binary("max", a, Load(buf, (*o, p), lanes)), "max",
                     lambda t, q: Binary("max", t, Load(buf, (*o, q))),
-                    lambda v: LetStmt(mx, v, sums))
+                    lambda v: LetStmt(mx, v, sums), loops=True)
                 return Allocate(acc, biggest)
             return Allocate(acc, Seq((
                 Store(acc, first, oplib.lowest(dt)),
