@@ -266,24 +266,39 @@ SizePattern = tuple[tuple[int | str, ...], ...]
 
 
 def size_pattern(decl: KernelDecl, shapes: tuple[tuple[int, ...], ...],
-                 distinct: bool = False) -> SizePattern:
+                 distinct: bool = False, fixed: frozenset[int] = frozenset()) -> SizePattern:
     """What a symbolic kernel compiled for ``shapes`` depends on: each symbolic dimension of
     the inputs given as 0 or 1 (broadcasting and empty tensors lower differently), else as
     the name of a size (``s0``, ``s1``, ...): one per class of equal sizes, or with
     ``distinct`` one per position (a kernel whose types allow it then serves shapes where
-    those sizes differ too)."""
+    those sizes differ too). Sizes in ``fixed`` are given as themselves too."""
     classes: dict[object, str] = {}
     out = []
     for i, (ty, shape) in enumerate(zip(decl.inputs, shapes)):
         row: list[int | str] = []
         for j, (d, n) in enumerate(zip(ty.shape, shape)):
-            if isinstance(d, int) or n in (0, 1):
+            if isinstance(d, int) or n in (0, 1) or n in fixed:
                 row.append(int(n))
             else:
                 key = (i, j) if distinct else int(n)
                 row.append(classes.setdefault(key, f"s{len(classes)}"))
         out.append(tuple(row))
     return tuple(out)
+
+
+def output_sizes(decl: KernelDecl) -> frozenset[int]:
+    """The static sizes of ``decl``'s results and the products of those of each result: an
+    input size equal to one may be fixed by the computation (a reshape of ``(?, ?, ?)`` to
+    ``(?, ?, 2, 16)`` types only where the input's last size is 32), which stand-in sizes
+    would not type."""
+    out: set[int] = set()
+    for t in decl.outputs:
+        sizes: set[int] = set()
+        for d in t.shape:
+            if isinstance(d, int) and d > 1:
+                sizes |= {d} | {d * p for p in sizes}
+        out |= sizes
+    return frozenset(out)
 
 
 def fits(pattern: SizePattern, shapes: tuple[tuple[int, ...], ...]) -> bool:

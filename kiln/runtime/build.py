@@ -149,7 +149,7 @@ class ShapeCompiler:
                   shapes: tuple[tuple[int, ...], ...]) -> KernelFunction | None:
         """A symbolic kernel of ``decl`` that fits ``shapes``: one compiled already, else a
         new one (sizes told apart by position first, then by value), else None."""
-        from kiln.runtime.backend import fits, size_pattern, symbolic_kernel
+        from kiln.runtime.backend import fits, output_sizes, size_pattern, symbolic_kernel
 
         hit = next((key for key in self._generic
                     if key[0] == decl.name and fits(key[1], shapes)), None)
@@ -159,7 +159,11 @@ class ShapeCompiler:
         by_value = size_pattern(decl, shapes)
         if (decl.name, by_value) in self._failed:
             return None
-        for pattern in dict.fromkeys((size_pattern(decl, shapes, distinct=True), by_value)):
+        # the sizes told apart by position, then by value, then with those equal to a
+        # static size of the results kept (a reshape's, which stand-ins would not type)
+        fixed = size_pattern(decl, shapes, fixed=output_sizes(decl))
+        for pattern in dict.fromkeys((size_pattern(decl, shapes, distinct=True), by_value,
+                                      fixed)):
             fn = symbolic_kernel(decl, pattern, self.target, self.opt_level)
             if fn is not None:
                 self.symbolic_compiles += 1

@@ -13,7 +13,7 @@ import pytest
 
 import kiln
 from kiln.errors import InternalError
-from kiln.loops.ir import Allocate, Buffer, Const, For, Kernel, Load, Store, Var
+from kiln.loops.ir import Allocate, Binary, Buffer, Const, For, Kernel, Load, Seq, Store, Var
 from kiln.loops.verify import verify
 from kiln.runtime import build
 from kiln.runtime.compiler import compile_kernels
@@ -109,6 +109,87 @@ def test_elementwise_reductions_softmax_and_layer_norm_compile_once():
     assert exe.stats().symbolic_compiles == counts[0]
 
 
+def _softmax_ref(x: np.ndarray, axis: int, log: bool) -> np.ndarray:
+    x64 = x.astype("float64")
+    shifted = x64 - x64.max(axis=axis, keepdims=True)
+    logs = shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
+    return logs if log else np.exp(logs)
+
+
+@pytest.mark.parametrize("op, axis", [("nn.softmax", -1), ("nn.log_softmax", -1),
+                                      ("nn.softmax", 0)])
+def test_softmax_along_a_symbolic_axis_compiles_once(op, axis):
+    # the row maximum's vector loop over [0, n // 64), its vector tail and scalar tail,
+    # the kept exponentials (1008 of them, recomputed past that): lengths below, at and
+    # past multiples of the vector width, and 1 (which is a pattern of its own)
+    mod = kiln.parse(f"def @main(%x: Tensor[(?, ?), float32]) {{ {op}(%x, axis={axis}) }}")
+    exe = build(mod)
+    rng = np.random.default_rng(2)
+    lengths = (7, 15, 16, 17, 63, 64, 65, 100, 1008, 1009, 1100)
+    for n in (*lengths, 1):
+        shape = (3, n) if axis == -1 else (n, 3)
+        x = (4 * rng.standard_normal(shape)).astype("float32")
+        np.testing.assert_allclose(exe(x), _softmax_ref(x, axis, op == "nn.log_softmax"),
+                                   rtol=2e-5, atol=2e-6)
+    st = exe.stats()
+    assert st.symbolic_compiles == 2 and st.shape_compiles == 0  # n > 1, and n = 1
+
+
+def _tail(main_extent=None, tail_start=None, tail_extent=None) -> Kernel:
+    """o[:] = x[:] over a symbolic d: 16 lanes over [0, d // 16), then one at a time over
+    [d // 16 * 16, d); the arguments replace those bounds (functions of d)."""
+    d, p, q = Var("d"), Var("p"), Var("q")
+    x, o = Buffer("x", (d,), "float32"), Buffer("o", (d,), "float32")
+    main = (main_extent or (lambda d: Binary("floordiv", d, Const(16))))(d)
+    start = (tail_start or (lambda d: Binary("mul", Binary("floordiv", d, Const(16)),
+                                             Const(16))))(d)
+    extent = tail_extent(d) if tail_extent else Binary("sub", d, start)
+    body = Seq((For(p, Const(0), main, Store(o, (p * 16,), Load(x, (p * 16,), 16))),
+                For(q, start, extent, Store(o, (q,), Load(x, (q,), 1)))))
+    return Kernel("tail", (x,), (o,), body, dims=(d,))
+
+
+def test_the_verifier_proves_a_vector_loop_and_its_tail_and_rejects_wrong_bounds():
+    f = compile_kernels([verify(_tail())]).functions["tail"]
+    for n in (0, 1, 15, 16, 17, 47, 48, 1000):
+        x = np.arange(n, dtype="float32")
+        out = np.full_like(x, np.nan)
+        f(x, out)
+        np.testing.assert_array_equal(out, x)
+    wrong = {
+        "the main loop rounding up": dict(
+            main_extent=lambda d: Binary("floordiv", Binary("add", d, Const(15)), Const(16))),
+        "a whole vector's tail": dict(tail_extent=lambda d: Const(16)),
+        "the tail one early": dict(tail_start=lambda d: Binary(
+            "sub", Binary("mul", Binary("floordiv", d, Const(16)), Const(16)), Const(1))),
+        "the tail one late": dict(tail_start=lambda d: Binary(
+            "add", Binary("mul", Binary("floordiv", d, Const(16)), Const(16)), Const(1)),
+            tail_extent=lambda d: Binary("sub", d, Binary("mul", Binary(
+                "floordiv", d, Const(16)), Const(16)))),
+    }
+    for what, bounds in wrong.items():
+        with pytest.raises(InternalError, match="symbolic size d"):
+            verify(_tail(**bounds))
+            pytest.fail(f"{what}: verified")
+
+
+def test_reshapes_of_symbolic_tensors_compile_once():
+    # the input's last size, 32, is fixed by the reshape to (?, ?, 2, 16): stand-ins for it
+    # would not type, so the kernel is compiled for every batch and sequence with it kept
+    mod = kiln.parse("""
+def @main(%x: Tensor[(?, ?, ?), float32]) {
+  (transpose(reshape(%x, newshape=[0, 0, 2, 16]), axes=[0, 2, 1, 3]),
+   reshape(add(%x, 1f), newshape=[0, 0, 32]))
+}""")
+    exe = build(mod)
+    rng = np.random.default_rng(3)
+    for b, s in ((3, 5), (4, 7), (2, 9), (5, 16)):
+        x = rng.standard_normal((b, s, 32)).astype("float32")
+        assert_same(exe(x), kiln.interpret(mod, x))
+    st = exe.stats()
+    assert st.symbolic_compiles == 2 and st.shape_compiles == 0
+
+
 def _onnx_model(causal: bool):
     import torch
 
@@ -147,9 +228,11 @@ def _run_at_many_shapes(causal: bool):
     assert symbolic[0] > 0 and symbolic == [symbolic[0]] * 4
     per_shape = {name for name, _ in sc._failed}
     assert any("dense" in n for n in per_shape) and any("batch_matmul" in n for n in per_shape)
+    # only the GEMM-like kernels (softmax and the reshapes were per shape too, once)
+    assert all("dense" in n or "matmul" in n for n in per_shape), per_shape
     generic = {name for name, _ in sc._generic}
     assert not any("dense" in n or "matmul" in n for n in generic)
-    assert any("layer_norm" in n for n in generic)
+    assert all(any(op in n for n in generic) for op in ("layer_norm", "softmax", "reshape"))
 
 
 def test_a_bert_style_encoder_compiles_its_symbolic_kernels_once():
