@@ -19,25 +19,14 @@ from kiln.ir.attrs import Attrs
 from kiln.ir.dtype import dtype_of
 from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import TensorType, Type
-from kiln.loops import oplib
-from kiln.loops.compute import Tensor, WriteFn, extern, reduce
+from kiln.loops import oplib, pool_grad_kernels
+from kiln.loops.compute import Tensor, extern, reduce
 from kiln.loops.ir import (
-    INDEX,
-    Allocate,
     Binary,
-    Buffer,
     Const,
-    For,
-    IfThenElse,
-    LetStmt,
-    Load,
-    Seq,
-    Stmt,
-    Store,
-    Var,
 )
 from kiln.loops.ir import Expr as LExpr
-from kiln.loops.schedule import NestSchedule, loop_nest
+from kiln.loops.pool_grad_kernels import PoolGeometry
 from kiln.op import grad_helpers as gh
 from kiln.op.common import (
     as_array,
@@ -361,53 +350,14 @@ def _avg_pool2d_grad(arrays: list[np.ndarray], attrs: AvgPoolAttrs) -> np.ndarra
 
 @oplib.zeros_if_empty
 def _max_pool2d_grad_lower(inputs: list[Tensor], attrs: PoolAttrs, out: Type) -> Tensor:
-    """A scatter per (batch, channel) plane: each window's out_grad is added, in a zeroed local
-    plane, at the window's first largest element (taps in padding never win a place in the
-    data); then the plane is written out."""
+    """One pass over each plane's windows, each window's out_grad added at its first largest
+    element (kiln/loops/pool_grad_kernels.py)."""
     g, x = inputs
     win = _Window(attrs, x.shape, g.shape[2:])
-    dt = x.dtype
-    zero = oplib.dtype_const(0, dt)
-
-    def window(plane: Buffer, o: tuple) -> Stmt:
-        best = Buffer("best", (1,), dt, "local")
-        at = Buffer("best_at", (1,), INDEX, "local")
-        first = (Const(0),)
-        ry, rx, v = Var("ry"), Var("rx"), Var("v", dt)
-        have = Load(best, first)
-        better = Binary("or", Binary("gt", v, have),
-                        Binary("and", Binary("ne", v, v), Binary("eq", have, have)))
-        scan = For(ry, Const(0), Const(win.kh), For(rx, Const(0), Const(win.kw), LetStmt(
-            v, win.read(x, o, ry, rx, Const(float("-inf"), dt)),
-            IfThenElse(better, Seq((Store(best, first, v),
-                                    Store(at, first, ry * win.kw + rx)))))))
-        tap = Var("tap")
-        y, xx = win.at(o, tap // win.kw, tap % win.kw)[2:]
-        inside = oplib.all_of([Binary("ge", y, Const(0)), Binary("lt", y, Const(win.h)),
-                               Binary("ge", xx, Const(0)), Binary("lt", xx, Const(win.w))])
-        assert inside is not None  # all_of of four conditions
-        place = (oplib.clamp(y, 0, win.h - 1), oplib.clamp(xx, 0, win.w - 1))
-        add = Store(plane, place, Binary("add", Load(plane, place), g(*o)))
-        return Allocate(best, Allocate(at, Seq((
-            Store(best, first, Const(float("-inf"), dt)),
-            Store(at, first, Const(0)),
-            scan,
-            LetStmt(tap, Load(at, first), IfThenElse(inside, add)),
-        ))))
-
-    def plane_of(bc: tuple, write: WriteFn) -> Stmt:
-        plane = Buffer("plane", (win.h, win.w), dt, "local")
-        hw = (win.h, win.w)
-        inner = NestSchedule(None, None)  # inside the loop over planes, which may be parallel
-        return Allocate(plane, Seq((
-            loop_nest(hw, lambda p: Store(plane, p, zero), inner, names="z"),
-            loop_nest(g.shape[2:], lambda p: window(plane, (*bc, *p)), inner, names="o"),
-            loop_nest(hw, lambda p: write((*bc, *p), Load(plane, p)), inner, names="y"),
-        )))
-
-    work = win.h * win.w * 2 + g.shape[2] * g.shape[3] * win.kh * win.kw
-    return extern(x.shape, dt, lambda write: oplib.outer_nest(
-        x.shape[:2], lambda bc: plane_of(bc, write), work))
+    geo = PoolGeometry((win.kh, win.kw), (win.sh, win.sw), (win.dh, win.dw),
+                       (win.top, win.left), (win.h, win.w), (win.oh, win.ow))
+    return extern(x.shape, x.dtype, lambda write: pool_grad_kernels.max_pool2d_grad(
+        g, x, geo, write))
 
 
 @oplib.zeros_if_empty
