@@ -45,6 +45,7 @@ from kiln.frontend.torch.decompose import (
     graph_nodes,
     is_structural,
 )
+from kiln.frontend.torch.norm import KEY_TYPE
 from kiln.frontend.torch.registry import CONVERTERS, AtenCall, Missing, kiln_dtype
 from kiln.frontend.torch.sizes import Sources, add_sources
 from kiln.infer import infer_types
@@ -61,6 +62,7 @@ from kiln.ir import (
     const,
 )
 from kiln.ir.attrs import Attrs
+from kiln.ir.traverse import free_vars
 from kiln.op import reshape
 from kiln.runtime.named_io import INPUT_NAMES, OUTPUT_NAMES
 
@@ -229,7 +231,15 @@ class _Importer:
             io_names[INPUT_NAMES] = self.input_names
         if self.output_names is not None:
             io_names[OUTPUT_NAMES] = self.output_names
-        fn = Function((*self.inputs, *self.weights), body, attrs=Attrs(io_names))
+        # Dropout keys of a model in training mode (kiln/frontend/torch/norm.py): parameters
+        # after the weights, not among the params (kiln.train.Step fills them each step).
+        known = {id(v) for v in (*self.inputs, *self.weights)}
+        keys = [v for v in free_vars(body) if id(v) not in known]
+        for v in keys:
+            if v.type_annotation != KEY_TYPE:
+                raise InternalError(f"the imported program uses %{v.name_hint}, which is "
+                                    "neither an input, a weight nor a dropout key")
+        fn = Function((*self.inputs, *self.weights, *keys), body, attrs=Attrs(io_names))
         try:
             mod = infer_types(IRModule.from_expr(fn))
         except TypeCheckError as e:

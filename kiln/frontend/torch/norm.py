@@ -5,8 +5,15 @@ Training-mode batch norm (``_native_batch_norm_legit_functional``, what ``torch.
 for a ``BatchNorm`` of a module in train mode) becomes ``nn.batch_norm(..., training=True)``
 with torch's momentum; its updated running statistics (results 3 and 4, which torch writes
 back into the buffers) are that call's results 1 and 2, which `kiln.train.Step` writes back
-into the running statistics' arrays. Dropout with ``train=True`` has no converter (it would
-need a key input): the importer then says to call ``model.eval()``.
+into the running statistics' arrays.
+
+Dropout of rate p > 0 with ``train=True`` becomes ``nn.dropout_train(x, %key, rate=p)`` with
+a key parameter of its own (``%<node>_key``, int64 of shape (2,)), which the importer appends
+to @main's parameters after the weights and leaves out of the params it returns: a
+`kiln.train.Step` fills it before each step from its seed and the step count. Its masks are
+kiln's counter hash, not torch's random generator: the same rate and scale, other elements.
+Dropout of rate 0 is the identity in either mode; ``feature_dropout`` (whole channels) in
+training mode has no converter.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from math import prod
 import numpy as np
 
 from kiln.frontend.torch.registry import AtenCall, Missing, converter
-from kiln.ir import Expr, const
+from kiln.ir import Expr, TensorType, Var, const
 from kiln.op import add, mean, multiply, nn, reshape, rsqrt, subtract
 
 
@@ -137,16 +144,31 @@ def group_norm(n: AtenCall, x: Expr, weight: Expr | None, bias: Expr | None, bat
     return [y, Missing("mean of group norm"), Missing("inverse std of group norm")]
 
 
-# Dropout with p = 0 is the identity in either mode (a model in train mode may have one).
-@converter("aten.dropout.default", "aten.feature_dropout.default")
+# A dropout key: a parameter the importer adds (kiln/frontend/torch/importer.py), filled by
+# kiln.train.Step before each step.
+KEY_TYPE = TensorType((2,), "int64")
+
+
+def _dropout_train(n: AtenCall, x: Expr, p: float) -> Expr:
+    if not 0.0 < p < 1.0:
+        raise n.error(f"dropout in training mode needs a rate in [0, 1); got {p}")
+    return nn.dropout_train(x, Var(f"{n.name}_key", KEY_TYPE), rate=float(p))
+
+
+@converter("aten.dropout.default")
 def dropout(n: AtenCall, x: Expr, p: float, train: bool | None) -> Expr:
+    return _dropout_train(n, x, p) if train and p else x
+
+
+@converter("aten.feature_dropout.default")
+def feature_dropout(n: AtenCall, x: Expr, p: float, train: bool | None) -> Expr:
     if train and p:
-        raise n.error("dropout in training mode is random; call model.eval() before importing")
+        raise n.error("dropout of whole channels in training mode has no kiln converter; call "
+                      "model.eval() before importing")
     return x
 
 
 @converter("aten.native_dropout.default")
 def native_dropout(n: AtenCall, x: Expr, p: float, train: bool | None) -> list[Expr | Missing]:
-    if (train or train is None) and p:
-        raise n.error("dropout in training mode is random; call model.eval() before importing")
-    return [x, Missing("mask of dropout")]
+    y = _dropout_train(n, x, p) if (train or train is None) and p else x
+    return [y, Missing("mask of dropout")]
