@@ -11,7 +11,8 @@ docs/training.md describes it.
 
 from kiln.distributed.backend import destroy_process_group, init_process_group, rank_and_world
 from kiln.distributed.buckets import DEFAULT_BUCKET_BYTES, GradientBuckets
+from kiln.distributed.buffers import BufferSync
 from kiln.distributed.data_parallel import DataParallel, shard_sizes
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "DataParallel", "GradientBuckets", "destroy_process_group",
-           "init_process_group", "rank_and_world", "shard_sizes"]
+__all__ = ["DEFAULT_BUCKET_BYTES", "BufferSync", "DataParallel", "GradientBuckets",
+           "destroy_process_group", "init_process_group", "rank_and_world", "shard_sizes"]

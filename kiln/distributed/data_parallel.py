@@ -21,6 +21,12 @@ gradients (a sum that every rank receives bit for bit the same from the all-redu
 replicas stay identical; the weights and optimizer state are broadcast from rank 0 when the
 wrapper is made and when a checkpoint is loaded, and `check_replicas` (every
 ``check_every`` steps, or when called) compares a digest of every rank's weights.
+
+Batch norms in training mode normalize with the statistics of the rank's own shard (torch's
+DDP without SyncBatchNorm), so each rank updates its running statistics from other rows:
+after every step they are made equal again (kiln/distributed/buffers.py), rank 0's by
+default (``buffers="broadcast"``, torch DDP's ``broadcast_buffers=True``) or the ranks'
+mean weighted by their shares (``buffers="average"``).
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ import numpy as np
 
 from kiln.distributed.backend import rank_and_world, torch_modules
 from kiln.distributed.buckets import DEFAULT_BUCKET_BYTES, GradientBuckets
+from kiln.distributed.buffers import MODES as BUFFER_MODES
+from kiln.distributed.buffers import BufferSync
 from kiln.errors import Error
 from kiln.ir.expr import Function
 from kiln.ir.module import IRModule
@@ -64,13 +72,16 @@ class DataParallel:
     (the loss is a mean over the batch's rows, as ``with_loss`` makes it) or ``"sum"``.
     ``bucket_bytes``: the size of a gradient bucket (torch DDP's 25 MiB). ``check_every``:
     compare the replicas every that many steps (0: only when `check_replicas` is called).
-    ``group``: a torch.distributed process group (default: the whole job).
+    ``buffers``: how the running statistics of batch norms in training mode are kept equal
+    after each step: ``"broadcast"`` (rank 0's, as torch's DDP) or ``"average"`` (the mean
+    weighted by the shards' rows). ``group``: a torch.distributed process group (default: the
+    whole job).
     """
 
     def __init__(self, model: Model, params: Mapping[str, Any], optimizer: Optimizer, *,
                  batch_size: int, loss_reduction: str = "mean",
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, check_every: int = 0,
-                 group: Any = None, **step_options: Any) -> None:
+                 buffers: str = "broadcast", group: Any = None, **step_options: Any) -> None:
         self.torch, self.dist = torch_modules()
         self.group = group
         self.rank, self.world_size = rank_and_world(group)
@@ -78,6 +89,8 @@ class DataParallel:
             raise Error(f"batch_size must be a positive integer, got {batch_size!r}")
         if loss_reduction not in ("mean", "sum"):
             raise Error(f"loss_reduction must be 'mean' or 'sum', not {loss_reduction!r}")
+        if buffers not in BUFFER_MODES:
+            raise Error(f"buffers must be 'broadcast' or 'average', not {buffers!r}")
         if not isinstance(check_every, int) or check_every < 0:
             raise Error(f"check_every must be a non-negative integer, got {check_every!r}")
         for name in ("split", "grad_hook"):
@@ -105,6 +118,9 @@ class DataParallel:
         self._agree("the number of weight and state elements", sum(a.size for a in arrays))
         self.buckets = GradientBuckets([w.shape for w in self.step.params.values()],
                                        bucket_bytes=bucket_bytes, group=group)
+        self.buffer_sync = BufferSync(list(self.step.buffers.values()), buffers,
+                                      share=self.local_batch / batch_size, src=self._src(),
+                                      group=group)
         self._loss = float("nan")
         self.broadcast_from_rank0()
 
@@ -131,15 +147,25 @@ class DataParallel:
         return self._loss
 
     def _reduce(self, grads: list[np.ndarray]) -> None:
+        # the gradient program has updated the running statistics: theirs travel beside the
+        # gradients' buckets
+        self.buffer_sync.start()
         self._loss = self.buckets.all_reduce(grads, self.scale, self.step.loss)
+        self.buffer_sync.finish()
 
     # -- replicas ------------------------------------------------------------------------
 
     def _weights(self) -> list[np.ndarray]:
+        """The weights, the optimizer state and the running statistics."""
         out = list(self.step.params.values())
         for slots in self.step.optimizer_state.values():
             out.extend(slots)
+        out.extend(self.step.buffers.values())
         return out
+
+    def _src(self) -> int:
+        """Rank 0 of the group, as a global rank (what torch.distributed's calls take)."""
+        return self.dist.get_global_rank(self.group, 0) if self.group is not None else 0
 
     def _agree(self, what: str, value: int) -> None:
         """A `kiln.Error` on every rank unless every rank has the same ``value``."""
@@ -150,8 +176,9 @@ class DataParallel:
                         f"rank {self.rank} has {value}): every rank must build the same model")
 
     def broadcast_from_rank0(self) -> None:
-        """Give every rank rank 0's weights, optimizer state and step count."""
-        src = self.dist.get_global_rank(self.group, 0) if self.group is not None else 0
+        """Give every rank rank 0's weights, optimizer state, running statistics and step
+        count."""
+        src = self._src()
         for a in self._weights():
             self.dist.broadcast(self.torch.from_numpy(a), src=src, group=self.group)
         steps = self.torch.tensor([self.step.steps_taken], dtype=self.torch.int64)
@@ -159,7 +186,8 @@ class DataParallel:
         self.step.steps_taken = int(steps[0])
 
     def digest(self) -> int:
-        """A 56-bit digest of this rank's weights, optimizer state and step count."""
+        """A 56-bit digest of this rank's weights, optimizer state, running statistics and
+        step count."""
         h = hashlib.blake2b(digest_size=7)
         for a in self._weights():
             h.update(a.tobytes())
@@ -167,8 +195,9 @@ class DataParallel:
         return int.from_bytes(h.digest(), "little")
 
     def check_replicas(self) -> None:
-        """Compare every rank's weights (one all-reduce of a digest); a `kiln.Error` on every
-        rank when they differ (the replicas diverged: a rank given other data or weights)."""
+        """Compare every rank's weights, optimizer state and running statistics (one
+        all-reduce of a digest); a `kiln.Error` on every rank when they differ (the replicas
+        diverged: a rank given other data or weights)."""
         self._agree("the weights (the replicas diverged)", self.digest())
 
     # -- checkpoints ---------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Loss functions of any batch size for the data-parallel tests, the example and the
-benchmark: a small MLP and a small CNN, built with kiln.op (cross entropy, mean over the
-batch), their weights drawn from a seed."""
+benchmark: a small MLP, a small CNN and one with batch norms in training mode, built with
+kiln.op (cross entropy, mean over the batch), their weights drawn from a seed."""
 
 from __future__ import annotations
 
@@ -62,6 +62,48 @@ def cnn_params(seed: int = 0) -> dict[str, np.ndarray]:
     }
 
 
+BN_MOMENTUM = 0.1
+
+
+def bn_cnn_loss(rows: int) -> kiln.IRModule:
+    """@main(%x, %c1, %g1, %be1, %m1, %v1, %c2, %g2, %be2, %m2, %v2, %fc, %fcb, %target):
+    conv-batch norm-relu twice (the second of stride 2), global average pool, linear, the
+    batch norms in training mode (%m*, %v*: their running statistics), on ``rows`` images
+    of 3x8x8."""
+    c = CNN_CHANNELS
+    x = var("x", shape=(rows, 3, CNN_SIDE, CNN_SIDE))
+    c1, c2 = var("c1", shape=(c, 3, 3, 3)), var("c2", shape=(c, c, 3, 3))
+    norms = [tuple(var(f"{n}{k}", shape=(c,)) for n in ("g", "be", "m", "v")) for k in (1, 2)]
+    fc, fcb = var("fc", shape=(CLASSES, c)), var("fcb", shape=(CLASSES,))
+    h = nn.conv2d(x, c1, padding=[1, 1, 1, 1])
+    h = nn.relu(nn.batch_norm(h, *norms[0], training=True, momentum=BN_MOMENTUM)[0])
+    h = nn.conv2d(h, c2, padding=[1, 1, 1, 1], strides=[2, 2])
+    h = nn.relu(nn.batch_norm(h, *norms[1], training=True, momentum=BN_MOMENTUM)[0])
+    pooled = nn.batch_flatten(nn.global_avg_pool2d(h))
+    f = Function((x, c1, *norms[0], c2, *norms[1], fc, fcb),
+                 nn.bias_add(nn.dense(pooled, fc), fcb))
+    return kiln.train.with_loss(f, "cross_entropy")
+
+
+def bn_cnn_params(seed: int = 0) -> dict[str, np.ndarray]:
+    """The weights and, as torch starts them, the running statistics (mean 0, variance 1)
+    of `bn_cnn_loss`; gamma and beta drawn too, so that they matter."""
+    rng = np.random.default_rng(seed)
+    c = CNN_CHANNELS
+    out = {
+        "c1": (rng.standard_normal((c, 3, 3, 3)) / np.sqrt(27)).astype("float32"),
+        "c2": (rng.standard_normal((c, c, 3, 3)) / np.sqrt(9 * c)).astype("float32"),
+        "fc": (rng.standard_normal((CLASSES, c)) / np.sqrt(c)).astype("float32"),
+        "fcb": (0.1 * rng.standard_normal(CLASSES)).astype("float32"),
+    }
+    for k in (1, 2):
+        out[f"g{k}"] = rng.uniform(0.5, 1.5, c).astype("float32")
+        out[f"be{k}"] = rng.uniform(-0.5, 0.5, c).astype("float32")
+        out[f"m{k}"] = np.zeros(c, "float32")
+        out[f"v{k}"] = np.ones(c, "float32")
+    return out
+
+
 def data(model: str, steps: int, rows: int, seed: int = 1,
          features: int = MLP_IN) -> tuple[np.ndarray, np.ndarray]:
     """``steps`` global batches of ``rows`` samples and their labels."""
@@ -72,4 +114,5 @@ def data(model: str, steps: int, rows: int, seed: int = 1,
     return xs, ys
 
 
-MODELS = {"mlp": (mlp_loss, mlp_params), "cnn": (cnn_loss, cnn_params)}
+MODELS = {"mlp": (mlp_loss, mlp_params), "cnn": (cnn_loss, cnn_params),
+          "bncnn": (bn_cnn_loss, bn_cnn_params)}
