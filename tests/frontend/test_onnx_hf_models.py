@@ -5,7 +5,8 @@ configurations, random weights, nothing downloaded (``HF_HUB_OFFLINE=1``). Each 
 PyTorch in eval mode (the oracle), exported by the TorchScript exporter (``dynamo=False``,
 opset 17, static shapes), imported with `kiln.frontend.onnx.from_onnx` and compiled with
 `kiln.build`. A text model given an attention mask must keep it as a graph input: the
-exporter drops inputs the output does not depend on.
+exporter drops inputs the output does not depend on. Llama without a mask is exported with
+its eager attention (see `exportable`).
 
 The default run uses hidden sizes of 32, 2 layers, 8 tokens or 32×32 images (ViT 16×16);
 the larger forms (64 wide, 16 tokens, batch 2) run with ``-m slow``.
@@ -22,7 +23,7 @@ import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers")
 onnx = pytest.importorskip("onnx")
 from torch import nn  # noqa: E402
 
@@ -36,8 +37,9 @@ from tests.frontend.test_torch_hf_models import (  # noqa: E402
     full_size,  # noqa: F401 (the fixture that skips the larger forms)
 )
 
-# (text model, with an attention mask) pairs
-TEXT_CASES = [("t5_encoder", False), ("t5_encoder", True), ("bert", True)]
+# (text model, with an attention mask) pairs: each text architecture with and without a mask
+TEXT_CASES = [(name, masked) for name in ("bert", "gpt2", "llama", "t5_encoder", "t5")
+              for masked in (False, True)]
 VISION_CASES = ["convnext", "efficientnet", "vit", "whisper_encoder"]
 
 
@@ -61,9 +63,23 @@ def _check_onnx(model: nn.Module, inputs: list[torch.Tensor], names: list[str],
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
 
 
+def exportable(model: nn.Module, masked: bool) -> nn.Module:
+    """``model``, its attention made exportable by the TorchScript exporter.
+
+    Without a mask, transformers' SDPA attention has a grouped-query model (Llama's 2 key and
+    value heads for 4 query heads) call ``scaled_dot_product_attention(enable_gqa=True)``,
+    which that exporter refuses ("not implemented if enable_gqa is True"); its eager attention
+    computes the same with the key and value heads repeated. PyTorch, the oracle, runs the
+    model as exported."""
+    inner = getattr(model, "model", None)
+    if not masked and isinstance(inner, transformers.LlamaModel):
+        inner.set_attn_implementation("eager")
+    return model
+
+
 def _text(name: str, masked: bool, width: int, batch: int, seq: int, path: Path) -> None:
     torch.manual_seed(sum(map(ord, name)))
-    model = TEXT[name](width)
+    model = exportable(TEXT[name](width), masked)
     inputs, names = [_ids(batch, seq)], ["input_ids"]
     if masked:
         inputs.append(_mask(batch, seq))
