@@ -423,6 +423,29 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
+# Linux's arch_prctl: ask for the AMX tile data state (XFEATURE_XTILEDATA, 18), which a
+# process must do before its first tile instruction (without it: SIGILL).
+_SYS_ARCH_PRCTL = 158
+_ARCH_REQ_XCOMP_PERM = 0x1023
+_XFEATURE_XTILEDATA = 18
+
+
+@cache
+def amx_usable() -> bool:
+    """Whether this process may run AMX tile instructions: on x86-64 Linux, once the kernel
+    grants the tile state (asked once, for the whole process and all its threads). The host
+    Target has AMX's features only when it may."""
+    if platform.system() != "Linux" or _arch(platform.machine()) != "x86_64":
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 @cache
 def _host() -> Target:
     llvm = _llvm()
@@ -431,8 +454,10 @@ def _host() -> Target:
         raise Error(f"kiln cannot generate code for this machine ({triple}, "
                     f"{platform.machine()})")
     features = frozenset(name for name, on in _host_feature_map().items() if on)
+    if "amx-tile" in features and not amx_usable():
+        features = frozenset(f for f in features if not f.startswith("amx-"))
     l1d, l2, l3 = _cache_sizes()
     return Target(triple, llvm.get_host_cpu_name(), features, l1d, l2, l3, _cores())
 
 
-__all__ = ["CPU_FEATURES", "Target"]
+__all__ = ["CPU_FEATURES", "Target", "amx_usable"]

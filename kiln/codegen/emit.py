@@ -28,6 +28,7 @@ from itertools import count
 
 from llvmlite import ir
 
+from kiln.codegen.amx import emit_tile_product
 from kiln.codegen.emit_expr import Memo
 from kiln.codegen.function import (
     FunctionState,
@@ -65,6 +66,7 @@ from kiln.loops.ir import (
     Seq,
     Stmt,
     Store,
+    TileProduct,
     Var,
 )
 
@@ -193,6 +195,8 @@ class _KernelEmitter:
                     self._if(f, item, work)
                 case Check():
                     self._check(f, item, work)
+                case TileProduct():
+                    emit_tile_product(self.mc, f, item)
                 case Stmt():
                     raise InternalError(f"codegen: unknown statement {type(item).__name__}")
                 case _:

@@ -21,6 +21,7 @@ from kiln.loops.ir import (
     Seq,
     Stmt,
     Store,
+    TileProduct,
     Unary,
     Var,
 )
@@ -29,6 +30,7 @@ from kiln.loops.verify import verify
 __all__ = [
     "FMA", "Allocate", "Binary", "Broadcast", "Buffer", "Cast", "Check", "Const", "DotProduct",
     "Expr", "For",
-    "IfThenElse", "Kernel", "LetStmt", "Load", "Select", "Seq", "Stmt", "Store", "Unary", "Var",
+    "IfThenElse", "Kernel", "LetStmt", "Load", "Select", "Seq", "Stmt", "Store", "TileProduct",
+    "Unary", "Var",
     "evaluate", "verify",
 ]

@@ -66,6 +66,7 @@ from kiln.loops.ir import (
     Seq,
     Stmt,
     Store,
+    TileProduct,
     Unary,
 )
 
@@ -480,10 +481,11 @@ _STMT_FIELDS: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {
     Seq: ((), ("stmts",)),
     IfThenElse: (("cond",), ("then_case", "else_case")),
     Check: (("cond",), ()),
+    TileProduct: (("steps", "a", "b", "c"), ()),
 }
 
 
-_STMT_TYPES = (For, Store, LetStmt, Allocate, Seq, IfThenElse, Check)
+_STMT_TYPES = (For, Store, LetStmt, Allocate, Seq, IfThenElse, Check, TileProduct)
 
 
 def _stmt_children(s: Stmt) -> list[Stmt]:

@@ -24,6 +24,8 @@ from kiln.ir.dtype import dtype_of
 from kiln.loops.decompose_math import decompose_math
 from kiln.loops.ir import (
     FMA,
+    TILE_ROWS,
+    TILE_WORDS,
     Allocate,
     Binary,
     Bitcast,
@@ -43,6 +45,7 @@ from kiln.loops.ir import (
     Seq,
     Stmt,
     Store,
+    TileProduct,
     Unary,
     Var,
     dot_group,
@@ -254,10 +257,40 @@ class _Machine:
             case Check(cond=c, message=msg):
                 if not bool(self.expr(c)[0]):
                     raise EvalError(msg)
+            case TileProduct():
+                self.tiles(s)
             case _:
                 raise InternalError(f"loop evaluator: unknown statement {type(s).__name__}")
 
 
+
+
+    def tile(self, ref: Load, stride: int) -> np.ndarray:
+        """The (16, 16) int32 tile whose first element ``ref`` names: a view of its buffer."""
+        data = self.mem[id(ref.buffer)].reshape(-1)
+        start = sum(int(self.expr(i)[0]) * step
+                    for i, step in zip(ref.indices, ref.buffer.strides))
+        return np.lib.stride_tricks.as_strided(
+            data[start:], (TILE_ROWS, TILE_WORDS), (stride * 4, 4), writeable=True)
+
+    def tiles(self, s: TileProduct) -> None:
+        """`TileProduct`: A (16 × 64 bytes) times B (16 × 16 int32 of 4 bytes, K/4 × N) per
+        step, summed exactly, stored wrapped to int32."""
+        nb = len(s.b)
+        acc = np.zeros((len(s.a), nb, TILE_ROWS, TILE_WORDS), np.int64)
+        for k in range(int(self.expr(s.steps)[0])):
+            self.env[id(s.var)] = np.array([k], dtype=s.var.dtype)
+            a = [np.ascontiguousarray(self.tile(r, s.a_stride)).view(s.a_dtype)
+                 .astype(np.int64) for r in s.a]  # (16 rows, 64 K values)
+            b = [np.ascontiguousarray(self.tile(r, s.b_stride)).view(s.b_dtype)
+                 .reshape(TILE_ROWS, TILE_WORDS, 4).transpose(0, 2, 1)
+                 .reshape(4 * TILE_ROWS, TILE_WORDS).astype(np.int64) for r in s.b]  # K × N
+            for i, x in enumerate(a):
+                for j, y in enumerate(b):
+                    acc[i, j] += x @ y
+        self.env.pop(id(s.var), None)
+        for n, ref in enumerate(s.c):
+            self.tile(ref, s.c_stride)[...] = acc[n // nb, n % nb].astype(np.int32)
 
 
 def _sentinel(b: Buffer) -> np.ndarray:

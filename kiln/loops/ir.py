@@ -8,7 +8,8 @@ code generation is a direct translation to LLVM:
   `Const`, `Var`, `Load`, `Binary`, `Unary`, `Cast`, `Bitcast`, `Select`, `Broadcast`, `FMA`,
   `DotProduct` (the int8 dot product of 4-byte groups: VNNI's ``vpdpbusd``);
 - statements: `For` (serial, parallel, vectorized or unrolled), `Store`, `LetStmt`,
-  `Allocate` (a local buffer: a register tile or scratch space), `Seq`, `IfThenElse`;
+  `Allocate` (a local buffer: a register tile or scratch space), `Seq`, `IfThenElse`,
+  `Check`, `TileProduct` (an 8-bit product on AMX matrix tiles);
 - `Buffer`s are row-major and contiguous, of static shapes — except in a *symbolic* kernel
   (compiled once for every size), whose arguments' shapes may name its `Kernel.dims`,
   INDEX variables passed at run time; a `Load`/`Store` with
@@ -568,6 +569,56 @@ class Check(Stmt):
 
     cond: Expr
     message: str
+
+
+# A matrix tile of `TileProduct`: 16 rows of 64 bytes (16 int32), the shape of an AMX tile.
+TILE_ROWS = 16
+TILE_WORDS = 16
+TILE_DTYPES = ("uint8", "int8")
+
+
+@dataclass(frozen=True, eq=False)
+class TileProduct(Stmt):
+    """An 8-bit matrix product on matrix tiles (Intel AMX's ``tdpb[su][su]d``), exact in int32.
+
+    Each tile is `TILE_ROWS` rows of `TILE_WORDS` int32 (64 bytes) in an int32 buffer,
+    its rows ``*_stride`` elements apart, named by a `Load` of its first element (row 0,
+    word 0): the address; nothing is read as a scalar. For ``var`` over [0, ``steps``),
+    A tile ``a[i]`` (16 rows × 64 values of ``a_dtype``: M × K) times B tile ``b[j]``
+    (16 rows × 16 int32, each the 4 consecutive K values of one column, of ``b_dtype``:
+    K/4 × N, VNNI's layout) is summed into the 16×16 int32 accumulator (i, j), which
+    starts at zero; products are exact and sums wrap modulo 2³² as int32 sums do. After
+    the last step accumulator (i, j) is stored to tile ``c[i·len(b) + j]``. The operands'
+    indices may use ``var`` (and only they). At most 8 tiles are live at once (AMX has 8
+    tile registers): len(a)·len(b) + len(a) + len(b) ≤ 8.
+    """
+
+    var: Var
+    steps: Expr
+    a: tuple[Load, ...]
+    b: tuple[Load, ...]
+    c: tuple[Load, ...]
+    a_stride: int
+    b_stride: int
+    c_stride: int
+    a_dtype: str = "int8"
+    b_dtype: str = "uint8"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "a", tuple(self.a))
+        object.__setattr__(self, "b", tuple(self.b))
+        object.__setattr__(self, "c", tuple(self.c))
+        if self.a_dtype not in TILE_DTYPES or self.b_dtype not in TILE_DTYPES:
+            raise InternalError(f"loop IR: a tile product of {self.a_dtype} x {self.b_dtype}; "
+                                f"its operands hold {' or '.join(TILE_DTYPES)}")
+        na, nb = len(self.a), len(self.b)
+        if not na or not nb or len(self.c) != na * nb or na * nb + na + nb > 8:
+            raise InternalError(f"loop IR: a tile product of {na} A, {nb} B and "
+                                f"{len(self.c)} C tiles (C must be A x B, and 8 tiles at most)")
+        for ref in (*self.a, *self.b, *self.c):
+            if ref.lanes != 1 or ref.buffer.dtype != "int32":
+                raise InternalError(f"loop IR: tile {ref.buffer.name} must be named by a "
+                                    "scalar element of an int32 buffer")
 
 
 @dataclass(frozen=True, eq=False)

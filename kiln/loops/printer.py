@@ -22,6 +22,7 @@ from kiln.loops.ir import (
     Seq,
     Stmt,
     Store,
+    TileProduct,
     Unary,
     Var,
 )
@@ -102,6 +103,12 @@ def stmt_text(s: Stmt, indent: int = 0) -> str:
                 stack.append((t, depth + 1))
             case Check(cond=c, message=msg):
                 lines.append(f"{pad}check {expr_text(c)}, {msg!r}")
+            case TileProduct():
+                def refs(rs: tuple, stride: int) -> str:
+                    return ", ".join(f"&{expr_text(r)}" for r in rs) + f" (rows {stride} apart)"
+                lines.append(f"{pad}tiles<{node.a_dtype}, {node.b_dtype}> over {node.var.name} "
+                             f"in [0, {expr_text(node.steps)}): A {refs(node.a, node.a_stride)}; "
+                             f"B {refs(node.b, node.b_stride)} -> C {refs(node.c, node.c_stride)}")
             case _:
                 lines.append(f"{pad}<{type(node).__name__}>")
     return "\n".join(lines)

@@ -29,6 +29,8 @@ from kiln.ir.dtype import dtype_of
 from kiln.loops.ir import (
     COMPARISONS,
     FMA,
+    TILE_ROWS,
+    TILE_WORDS,
     Allocate,
     Binary,
     Bitcast,
@@ -48,6 +50,7 @@ from kiln.loops.ir import (
     Seq,
     Stmt,
     Store,
+    TileProduct,
     Unary,
     Var,
     operands,
@@ -391,8 +394,59 @@ class _Verifier:
                     self.check_expr(c)
                     if c.dtype != "bool" or c.lanes != 1:
                         raise self.fail(f"the check {expr_text(c)} is not a scalar bool")
+                case TileProduct():
+                    self.check_tiles(s)
                 case _:
                     raise self.fail(f"unknown statement {type(s).__name__}")
+
+
+    def check_tiles(self, s: TileProduct) -> None:
+        """A `TileProduct`: a constant number of steps, and every tile — 16 rows of 16
+        int32 from its first element, ``stride`` apart — inside its buffer for every step;
+        the C tiles written after the last step (``var`` out of scope there)."""
+        if not (isinstance(s.steps, Const) and isinstance(s.steps.value, int)
+                and s.steps.value >= 1):
+            raise self.fail(f"tile product over {s.var.name} needs a constant number of steps "
+                            f"≥ 1, not {expr_text(s.steps)}")
+        if s.c_stride < TILE_WORDS or min(s.a_stride, s.b_stride) < 0:
+            raise self.fail("tile product: a C tile's rows must not overlap, and strides are "
+                            "not negative")
+        for ref in s.c:
+            if id(ref.buffer) in self.inputs:
+                raise self.fail(f"the input {ref.buffer.name} is written")
+            self.check_tile(ref, s.c_stride, "write")
+        if id(s.var) in self.ranges:
+            raise self.fail(f"loop variable {s.var.name} is bound twice")
+        self.ranges[id(s.var)] = Interval(0, int(s.steps.value) - 1)
+        self.memo.clear()
+        for ref in s.a:
+            self.check_tile(ref, s.a_stride, "read")
+        for ref in s.b:
+            self.check_tile(ref, s.b_stride, "read")
+        self.ranges.pop(id(s.var))
+        self.memo.clear()
+
+    def check_tile(self, ref: Load, stride: int, what: str) -> None:
+        buf = ref.buffer
+        if id(buf) not in self.buffers:
+            raise self.fail(f"buffer {buf.name} is not a parameter or a live local allocation")
+        if buf.is_symbolic or len(ref.indices) != buf.ndim:
+            raise self.fail(f"tile of {buf.name}: a static buffer indexed on every axis")
+        for idx in ref.indices:
+            self.check_expr(idx)
+            if not dtype_of(idx.dtype).is_integer or idx.lanes != 1:
+                raise self.fail(f"index {expr_text(idx)} of {buf.name} is not a scalar integer")
+        if self.dead:
+            return
+        flat = Interval(0, 0)
+        for idx, step in zip(ref.indices, buf.strides):
+            flat = flat + self.bound(idx) * Interval(step, step)
+        reach = (TILE_ROWS - 1) * stride + TILE_WORDS - 1
+        if flat.lo is None or flat.hi is None or flat.lo < 0 or flat.hi + reach >= buf.size:
+            raise self.fail(
+                f"cannot prove the tile {what} of {buf.name}{list(buf.shape)} in bounds: its "
+                f"first element ranges over [{flat.lo}, {flat.hi}] and the tile reaches "
+                f"{reach} elements past it")
 
 
 @dataclass(frozen=True)

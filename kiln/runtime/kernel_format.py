@@ -28,6 +28,7 @@ from kiln.loops.ir import (
     DOT_DTYPES,
     FMA,
     LOOP_KINDS,
+    TILE_DTYPES,
     UNARY_OPS,
     Allocate,
     Binary,
@@ -46,6 +47,7 @@ from kiln.loops.ir import (
     Select,
     Seq,
     Store,
+    TileProduct,
     Unary,
     Var,
     dot_group,
@@ -97,6 +99,8 @@ def _kids(n: Any) -> list[Any]:
             return [n.cond, n.then_case] + ([n.else_case] if n.else_case is not None else [])
         case Check():
             return [n.cond]
+        case TileProduct():
+            return [n.var, n.steps, *n.a, *n.b, *n.c]
     raise InternalError(f"cannot save a loop-IR node {type(n).__name__}")
 
 
@@ -213,6 +217,11 @@ def write_kernel(k: Kernel) -> dict[str, Any]:
                 entry = ["IfThenElse", *ref] + ([] if n.else_case is not None else [None])
             case Check():
                 entry = ["Check", ref[0], n.message]
+            case TileProduct():
+                na, nb = len(n.a), len(n.b)
+                entry = ["TileProduct", ref[0], ref[1], ref[2:2 + na], ref[2 + na:2 + na + nb],
+                         ref[2 + na + nb:], n.a_stride, n.b_stride, n.c_stride, n.a_dtype,
+                         n.b_dtype]
         index[id(n)] = len(nodes)
         nodes.append(entry)
     return {
@@ -230,7 +239,7 @@ def write_kernel(k: Kernel) -> dict[str, Any]:
 
 
 _EXPR = (Const, Var, Load, Binary, Unary, Cast, Bitcast, Select, Broadcast, FMA, DotProduct)
-_STMT = (For, Store, LetStmt, Allocate, Seq, IfThenElse, Check)
+_STMT = (For, Store, LetStmt, Allocate, Seq, IfThenElse, Check, TileProduct)
 
 
 def read_kernel(doc: Any) -> Kernel:
@@ -357,4 +366,14 @@ def _read_node(kind: str, f: list[Any], node: Any, buf: Any, var: Any) -> Any:
             c, message = f
             _need(isinstance(message, str), "a check message")
             return Check(node(c), message)
+        case "TileProduct":
+            v, steps, a, b, c, sa, sb, sc, ta, tb = f
+            _need(all(type(x) is int and 0 <= x < 1 << 40 for x in (sa, sb, sc))
+                  and ta in TILE_DTYPES and tb in TILE_DTYPES, "a tile product")
+
+            def tiles(refs: Any) -> tuple[Load, ...]:
+                return tuple(node(i, (Load,)) for i in _list(refs))
+
+            return TileProduct(var(v), node(steps), tiles(a), tiles(b), tiles(c), sa, sb, sc,
+                               ta, tb)
     raise MalformedKernel(f"malformed kernel: unknown node kind {kind!r}")

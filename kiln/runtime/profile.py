@@ -20,7 +20,8 @@ decompose-math, so an ``exp`` counts the FMAs, multiplies and rounds of its poly
 
 - per lane, an FMA counts 2; a float add, sub, mul, div, min, max or pow 1; a float neg,
   abs, sqrt, rsqrt, floor, ceil, round or sign 1; a `DotProduct` (the int8 kernels' 4
-  multiply-adds) 8, so an int8 product's "GFLOP/s" are its integer operations per second.
+  multiply-adds) 8, so an int8 product's "GFLOP/s" are its integer operations per second;
+  a `TileProduct` 2 · 16 · 16 · 64 per step and pair of A and B tiles (AMX's multiply-adds);
   Comparisons, selects, casts, bitcasts, loads, stores and other integer arithmetic
   (indices, packing) count 0;
 - an expression is a DAG: a node shared within one statement counts once, as the code
@@ -47,6 +48,8 @@ import numpy as np
 from kiln.ir.dtype import dtype_of
 from kiln.loops.ir import (
     FMA,
+    TILE_ROWS,
+    TILE_WORDS,
     TRANSCENDENTAL_OPS,
     Allocate,
     Binary,
@@ -63,6 +66,7 @@ from kiln.loops.ir import (
     Seq,
     Stmt,
     Store,
+    TileProduct,
     Unary,
     Var,
     operands,
@@ -261,6 +265,12 @@ def _count_flops(kernel: Kernel) -> int:
                 return total
             case Allocate(body=body):
                 return (yield body, env)
+            case TileProduct(steps=steps, a=a, b=b):
+                # 16 × 16 × 64 integer multiply-adds per A tile, B tile and step
+                count = _static_value(steps, env)
+                if count is None:
+                    raise _Uncountable
+                return 2 * TILE_ROWS * TILE_WORDS * 4 * TILE_ROWS * len(a) * len(b) * int(count)
         return 0
 
     def key(s: Stmt, env: dict[Var, int]) -> tuple[Any, ...]:

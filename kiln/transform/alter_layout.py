@@ -11,7 +11,10 @@ An 8-bit ``nn.dense`` with ``out_dtype="int32"`` and a constant weight becomes
 ``nn.dense_int8_packed(x, Wp)``: W in the int32 panels of the int8 GEMM for this Target
 (4 bytes or 2 int16 per lane, with its column sums; kiln/op/nn/int8_packed.py), and an
 8-bit ``nn.conv2d`` (NCHW, one channel group) ``nn.conv2d_int8_packed(x, Wp)``, the panels
-of the int8 convolution that reads its input in place (kiln/loops/int8_conv.py).
+of the int8 convolution that reads its input in place (kiln/loops/int8_conv.py) — or, where
+the Target has AMX and the data at least 32 channels, ``nn.conv2d_int8_tiled(x, Wt)``, W in
+the 16×16 int32 tiles of the AMX convolution (kiln/op/nn/int8_tiled.py,
+kiln/loops/int8_amx.py).
 
 Left alone: a weight that is not a constant, depthwise convolutions, other dtypes, an
 ``out_dtype`` other than the data's, and a dense with at most `DOT_MAX_ROWS` rows, whose
@@ -99,9 +102,10 @@ def _conv_of_constant(node: Expr) -> tuple[Expr, Constant, TensorType, TensorTyp
 
 def _int8_conv_packed(node: Expr) -> Expr | None:
     """``nn.conv2d_int8_packed`` for an 8-bit conv2d call that qualifies (module docstring)."""
-    from kiln.loops import int8_conv
+    from kiln.loops import int8_amx, int8_conv
     from kiln.op.nn.conv import Conv2DAttrs
     from kiln.op.nn.int8_packed import conv2d_int8_packed, pack_int8_conv_weight
+    from kiln.op.nn.int8_tiled import conv2d_int8_tiled, pack_tiled_conv_weight
 
     parts = _conv_of_constant(node)
     if parts is None or not isinstance(node, Call):  # (it is a call if parts is not None)
@@ -122,11 +126,17 @@ def _int8_conv_packed(node: Expr) -> Expr | None:
         dt = data.checked_type_
         assert isinstance(dt, TensorType)  # the pad's data, typed as the pad is
         data_shape = dt.static_shape
+    o, _, kh, kw = w.data.shape
+    tiled = int8_amx.plan(data_shape, w.data.shape, conv.strides, padding[:2], conv.dilation,
+                          conv.groups, ot.static_shape)
+    if tiled is not None:
+        attrs.update(channels=o, kernel_size=(kh, kw), weight_dtype=w.dtype, padding=padding,
+                     pad_value=pad_value)
+        return conv2d_int8_tiled(data, const(pack_tiled_conv_weight(w.data)), **attrs)
     plan = int8_conv.plan(data_shape, w.data.shape, conv.strides, padding[:2],
                           conv.dilation, conv.groups, ot.static_shape, xt.dtype, w.dtype)
     if plan is None:
         return None
-    o, _, kh, kw = w.data.shape
     attrs.update(channels=o, kernel_size=(kh, kw), weight_dtype=w.dtype, group=plan.group,
                  padding=padding, pad_value=pad_value)
     packed = pack_int8_conv_weight(w.data, conv.groups, plan.schedule.mr, plan.group)

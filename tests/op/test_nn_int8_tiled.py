@@ -1,0 +1,74 @@
+"""nn.conv2d_int8_tiled (an 8-bit conv2d on a weight packed in AMX tiles): its reference and
+relation against an int64 convolution written here. Its lowerings (the AMX kernel, and the
+plain loops reading the tiles) are checked by the lowering sweep (tests/loops/op_cases.py)
+and tests/loops/test_int8_amx.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.ir.ty import TensorType
+from kiln.op.nn.int8_tiled import pack_tiled_conv_weight, unpack_tiled_conv_weight
+
+from .helpers import check, covers, infer
+from .test_nn_int8_packed import conv_int64, rand8
+
+
+@covers("nn.conv2d_int8_tiled")
+@pytest.mark.parametrize("da,dw", [("uint8", "int8"), ("int8", "int8"), ("uint8", "uint8"),
+                                   ("int8", "uint8")])
+@pytest.mark.parametrize("o,c,k,stride", [(20, 40, 3, 1), (5, 6, 1, 2), (33, 70, 3, 2)])
+def test_conv2d_int8_tiled_against_numpy(da: str, dw: str, o: int, c: int, k: int,
+                                         stride: int) -> None:
+    rng = np.random.default_rng(o * c * k)
+    x, w = rand8(rng, (2, c, 6, 7), da), rand8(rng, (o, c, k, k), dw)
+    wt = pack_tiled_conv_weight(w)
+    assert wt.shape == (-(-o // 16), k * k * -(-c // 64), 16, 16) and wt.dtype == np.int32
+    np.testing.assert_array_equal(unpack_tiled_conv_weight(wt, o, c, (k, k), dw), w)
+    want = conv_int64(x, w, stride, 1).astype(np.int32)
+    check("nn.conv2d_int8_tiled", [x, wt], want, strides=stride, padding=1, channels=o,
+          kernel_size=(k, k), out_dtype="int32", weight_dtype=dw)
+
+
+def test_tiles_hold_the_weight_in_the_documented_order() -> None:
+    # word (t, s, r, w): the 4 bytes of W[16t + r, 64cb + 4w + i, ky, kx], s = (ky·kw + kx)·CB
+    # + cb, read back here byte by byte
+    rng = np.random.default_rng(3)
+    w = rand8(rng, (18, 70, 2, 3), "int8")
+    wt = pack_tiled_conv_weight(w)
+    cb = 2
+    raw = wt.astype("<i4").view(np.uint8).reshape(wt.shape[:3] + (16, 4))
+    for o, ch, ky, kx in [(0, 0, 0, 0), (17, 69, 1, 2), (5, 64, 0, 1), (16, 3, 1, 0)]:
+        t, r = divmod(o, 16)
+        s = (ky * 3 + kx) * cb + ch // 64
+        byte = raw[t, s, r, (ch % 64) // 4, ch % 4]
+        assert np.int8(byte.view(np.int8)) == w[o, ch, ky, kx]
+    assert not raw[1, :, 2:].any() and not raw[:, 1::2, :, 2:].any()  # zeros past the weight
+
+
+def test_conv2d_int8_tiled_rejects_a_mismatched_weight() -> None:
+    with pytest.raises(kiln.TypeCheckError, match="cannot hold 40 output channels"):
+        infer("nn.conv2d_int8_tiled", [TensorType((1, 64, 4, 4), "uint8"),
+                                       TensorType((2, 9, 16, 16), "int32")],
+              channels=40, kernel_size=(3, 3), out_dtype="int32")
+    with pytest.raises(kiln.TypeCheckError, match="one channel group"):
+        infer("nn.conv2d_int8_tiled", [TensorType((1, 64, 4, 4), "uint8"),
+                                       TensorType((1, 9, 16, 16), "int32")],
+              channels=16, kernel_size=(3, 3), out_dtype="int32", groups=2)
+    with pytest.raises(kiln.TypeCheckError, match="int32 tiles"):
+        infer("nn.conv2d_int8_tiled", [TensorType((1, 64, 4, 4), "uint8"),
+                                       TensorType((1, 9, 16, 16), "int8")],
+              channels=16, kernel_size=(3, 3), out_dtype="int32")
+
+
+@covers("nn.conv2d_int8_tiled")
+def test_conv2d_int8_tiled_pads_with_its_pad_value() -> None:
+    rng = np.random.default_rng(8)
+    x, w = rand8(rng, (1, 36, 5, 4), "uint8"), rand8(rng, (6, 36, 3, 3), "int8")
+    padded = np.pad(x, ((0, 0), (0, 0), (2, 1), (1, 2)), constant_values=77)
+    want = conv_int64(padded, w, 1, 0).astype(np.int32)
+    check("nn.conv2d_int8_tiled", [x, pack_tiled_conv_weight(w)], want,
+          padding=(2, 1, 1, 2), channels=6, kernel_size=(3, 3), out_dtype="int32",
+          weight_dtype="int8", pad_value=77)
