@@ -263,11 +263,11 @@ def test_training_mode_without_training_behaviour_imports():
     np.testing.assert_allclose(got, model(x).detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
-# (batch norm in train mode imports as nn.batch_norm(training=True): tests/train/
-# test_batch_norm_dropout.py)
-def test_training_mode_dropout_asks_for_eval():
-    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5))
-    x = torch.randn(2, 4)
+# (batch norm in train mode imports as nn.batch_norm(training=True), elementwise dropout as
+# nn.dropout_train: tests/train/test_batch_norm_dropout.py, tests/train/test_imported_dropout.py)
+def test_training_mode_channel_dropout_asks_for_eval():
+    model = nn.Sequential(nn.Conv2d(2, 4, 1), nn.Dropout2d(0.5))
+    x = torch.randn(2, 2, 3, 3)
     with pytest.raises(kiln.Error, match=r"model\.eval\(\)"):
         from_torch(model.train(), (x,))
     assert model.training  # the model is left as it was
