@@ -30,6 +30,7 @@ from contextlib import contextmanager
 
 import llvmlite.binding as llvm
 
+from kiln.codegen.memory import keep_freed_memory
 from kiln.codegen.outline import NUM_THREADS_SYMBOL
 from kiln.codegen.pool import PARALLEL_FOR_SYMBOL, SPIN_NS_SYMBOL, pool_ir
 from kiln.codegen.target import host_target, initialize
@@ -87,6 +88,7 @@ def ensure_runtime() -> None:
         if _ready:
             return
         initialize()
+        keep_freed_memory()
         global _process_count
         _process_count = default_num_threads()
         _count.value = _process_count

@@ -352,3 +352,39 @@ def test_parallel_loops_with_no_iterations_or_a_computed_extent() -> None:
     for count in (0, 1, 7, 50, -3):
         with threads(2):
             assert_same(k, xs, np.array(count, dtype="int64"), rtol=1e-6)
+
+
+_MMAPPED_BLOCKS = """
+import ctypes, kiln.codegen as c
+c.num_threads()  # starts the native runtime
+libc = ctypes.CDLL(None)
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                               "usmblks", "fsmblks", "uordblks", "fordblks",
+                                               "keepcost")]
+libc.mallinfo2.restype = Info
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+before = libc.mallinfo2().hblks
+p = libc.malloc(8 << 20)
+print(libc.mallinfo2().hblks - before)
+"""
+
+
+def test_big_blocks_come_from_the_heap_once_the_runtime_starts() -> None:
+    # kiln/codegen/memory.py: an 8 MiB block (a kernel's planes, a result) is not mmapped
+    # (and unmapped at its free, its pages faulted in again next call) unless asked
+    if sys.platform != "linux" or not hasattr(ctypes.CDLL(None), "mallinfo2"):
+        pytest.skip("needs glibc's mallinfo2 (Linux, glibc 2.33 or newer)")
+    counts = {}
+    for keep in ("1", "0"):
+        env = dict(os.environ, KILN_KEEP_MEMORY=keep)
+        done = subprocess.run([sys.executable, "-c", _MMAPPED_BLOCKS], env=env, text=True,
+                              capture_output=True, timeout=300, cwd=_repo())
+        assert done.returncode == 0, done.stderr
+        counts[keep] = int(done.stdout.split()[-1])
+    assert counts == {"1": 0, "0": 1}
+    env = dict(os.environ, KILN_KEEP_MEMORY="yes")
+    done = subprocess.run([sys.executable, "-c", "import kiln.codegen as c; c.num_threads()"],
+                          env=env, text=True, capture_output=True, timeout=300, cwd=_repo())
+    assert done.returncode != 0 and "KILN_KEEP_MEMORY must be 0 or 1" in done.stderr
