@@ -12,8 +12,8 @@ An 8-bit ``nn.dense`` with ``out_dtype="int32"`` and a constant weight becomes
 (4 bytes or 2 int16 per lane, with its column sums; kiln/op/nn/int8_packed.py), and an
 8-bit ``nn.conv2d`` (NCHW, one channel group) ``nn.conv2d_int8_packed(x, Wp)``, the panels
 of the int8 convolution that reads its input in place (kiln/loops/int8_conv.py) — or, where
-the Target has AMX and the data at least 32 channels, ``nn.conv2d_int8_tiled(x, Wt)``, W in
-the 16×16 int32 tiles of the AMX convolution (kiln/op/nn/int8_tiled.py,
+the Target has AMX, ``nn.conv2d_int8_tiled(x, Wt)``, W in the 16×16 int32 tiles of the AMX
+convolution (kiln/op/nn/int8_tiled.py,
 kiln/loops/int8_amx.py).
 
 Left alone: a weight that is not a constant, depthwise convolutions, other dtypes, an
@@ -131,8 +131,9 @@ def _int8_conv_packed(node: Expr) -> Expr | None:
                           conv.groups, ot.static_shape)
     if tiled is not None:
         attrs.update(channels=o, kernel_size=(kh, kw), weight_dtype=w.dtype, padding=padding,
-                     pad_value=pad_value)
-        return conv2d_int8_tiled(data, const(pack_tiled_conv_weight(w.data)), **attrs)
+                     pad_value=pad_value, form=tiled.form)
+        return conv2d_int8_tiled(data, const(pack_tiled_conv_weight(w.data, tiled.form)),
+                                 **attrs)
     plan = int8_conv.plan(data_shape, w.data.shape, conv.strides, padding[:2],
                           conv.dilation, conv.groups, ot.static_shape, xt.dtype, w.dtype)
     if plan is None:

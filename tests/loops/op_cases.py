@@ -356,13 +356,15 @@ for _group, _mr in ((4, 2), (2, 3)):  # byte and int16 lanes, panels of another 
         arg(1, -(-3 // _mr), -(-5 // _group) * 9 + 1, _mr, dtype="int32",
             values=op.nn.int8_packed.pack_int8_conv_weight(_WC.astype(np.int8), 1, _mr, _group)))
 _WT = ((np.arange(20 * 40 * 9) * 7) % 256 - 128).reshape(20, 40, 3, 3).astype(np.int8)
-# 40 channels: the AMX kernel where the host has it; 6: padded to a block, the plain loops
-for _c, _o in ((40, 20), (6, 5)):
-    add("nn.conv2d_int8_tiled", lambda a, b, o=_o: nn.conv2d_int8_tiled(
-        a, b, padding=1, channels=o, kernel_size=(3, 3), out_dtype="int32"),
+# AMX kernels where the host has them: 40 channels (words of 4 channels), 6 (of 4 taps);
+# 6 channels packed by channels: a form the AMX plan would not take, the plain loops
+for _c, _o, _form, _steps in ((40, 20, "channels", 9), (6, 5, "taps", 2),
+                              (6, 5, "channels", 9)):
+    add("nn.conv2d_int8_tiled", lambda a, b, o=_o, f=_form: nn.conv2d_int8_tiled(
+        a, b, padding=1, channels=o, kernel_size=(3, 3), out_dtype="int32", form=f),
         ints(1, _c, 4, 5, dtype="uint8", low=0, high=255),
-        arg(-(-_o // 16), 9, 16, 16, dtype="int32",
-            values=op.nn.int8_tiled.pack_tiled_conv_weight(_WT[:_o, :_c])))
+        arg(-(-_o // 16), _steps, 16, 16, dtype="int32",
+            values=op.nn.int8_tiled.pack_tiled_conv_weight(_WT[:_o, :_c], _form)))
 add("nn.conv2d_packed", lambda a, b: nn.conv2d_packed(a, b, padding=1, channels=3,
     kernel_size=(3, 3)), arg(1, 2, 4, 4), arg(1, 1, 18, 6))  # the GEMM's layout
 add("nn.conv2d_packed", lambda a, b: nn.conv2d_packed(a, b, strides=2, groups=2, channels=4,

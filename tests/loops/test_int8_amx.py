@@ -168,6 +168,10 @@ CONVS = [  # (data shape, weight shape, strides, padding (t, l, b, r), dilation)
     ((2, 40, 7, 9), (20, 40, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),
     ((1, 96, 5, 5), (48, 96, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1)),
     ((1, 33, 10, 7), (17, 33, 3, 2), (1, 2), (2, 0, 1, 1), (2, 1)),
+    # fewer than 32 channels: the "taps" form (a 7×7 stem, 3×3, a row of 5 taps, dilation)
+    ((1, 3, 15, 15), (20, 3, 7, 7), (2, 2), (3, 3, 3, 3), (1, 1)),
+    ((2, 16, 6, 7), (16, 16, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+    ((1, 6, 11, 9), (5, 6, 3, 5), (1, 2), (2, 0, 1, 1), (2, 1)),
 ]
 
 
@@ -262,7 +266,7 @@ def primitive_kernel(params: list[kiln.Var], body: kiln.Expr, t: Target) -> Kern
     return lower_primitive(prim, "k", target=t)
 
 
-@pytest.mark.parametrize("case", [CONVS[1], CONVS[3]])
+@pytest.mark.parametrize("case", [CONVS[1], CONVS[3], CONVS[4], CONVS[6]])
 def test_tiled_conv_in_the_evaluator(case: tuple) -> None:
     # the AMX lowering for an AMX Target, exact on any machine: the planes, the tap table,
     # an odd tile of output channels, the pixels past the last
@@ -270,15 +274,16 @@ def test_tiled_conv_in_the_evaluator(case: tuple) -> None:
 
     t = Target.parse(AMX)
     xs, ws, strides, padding, dilation = case
+    form = "channels" if xs[1] >= int8_amx.MIN_CHANNELS else "taps"
     w = rand8(ws, "int8")
-    wt = pack_tiled_conv_weight(w)
+    wt = pack_tiled_conv_weight(w, form)
     xv = kiln.var("x", shape=xs, dtype="uint8")
     pv = kiln.var("wt", shape=wt.shape, dtype="int32")
     kernel = primitive_kernel([xv, pv], nn.conv2d_int8_tiled(
         xv, pv, strides=strides, padding=padding, dilation=dilation, channels=ws[0],
-        kernel_size=ws[2:], out_dtype="int32", weight_dtype="int8"), t)
+        kernel_size=ws[2:], out_dtype="int32", weight_dtype="int8", form=form), t)
     (name, knobs), = kernel.attrs["schedules"]
-    assert name == "nn.conv2d_int8_tiled" and knobs["kernel"] == "amx"
+    assert name == "nn.conv2d_int8_tiled" and (knobs["kernel"], knobs["form"]) == ("amx", form)
     a = rand8(xs, "uint8")
     np.testing.assert_array_equal(evaluate(kernel, a, wt)[0],
                                   conv_reference(a, w, strides, padding, dilation))
@@ -291,8 +296,7 @@ def test_alter_layout_tiles_only_for_amx() -> None:
         with target_scope(Target.parse(spec)):
             text = kiln.astext(kiln.optimize(mod))
         assert op in text, (spec, text[:600])
-    small, body, _, _ = conv_call(1, "uint8", "int8", ((1, 16, 6, 6), (8, 16, 3, 3), (1, 1),
-                                                        (1, 1, 1, 1), (1, 1)))
-    with target_scope(Target.parse(AMX)):  # 16 channels: padding to 64 would be most of it
+    small, body, _, _ = conv_call(1, "uint8", "int8", CONVS[4])
+    with target_scope(Target.parse(AMX)):  # 3 channels: words of 4 taps, not of 4 channels
         text = kiln.astext(kiln.optimize(kiln.IRModule.from_expr(kiln.Function([small], body))))
-    assert "nn.conv2d_int8_packed" in text
+    assert "nn.conv2d_int8_tiled" in text and 'form="taps"' in text, text[:600]

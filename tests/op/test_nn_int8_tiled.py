@@ -19,17 +19,19 @@ from .test_nn_int8_packed import conv_int64, rand8
 @covers("nn.conv2d_int8_tiled")
 @pytest.mark.parametrize("da,dw", [("uint8", "int8"), ("int8", "int8"), ("uint8", "uint8"),
                                    ("int8", "uint8")])
-@pytest.mark.parametrize("o,c,k,stride", [(20, 40, 3, 1), (5, 6, 1, 2), (33, 70, 3, 2)])
+@pytest.mark.parametrize("o,c,k,stride,form,steps", [
+    (20, 40, 3, 1, "channels", 9), (5, 6, 1, 2, "channels", 1), (33, 70, 3, 2, "channels", 18),
+    (20, 3, 5, 2, "taps", 2), (5, 6, 1, 1, "taps", 1), (17, 30, 3, 1, "taps", 6)])
 def test_conv2d_int8_tiled_against_numpy(da: str, dw: str, o: int, c: int, k: int,
-                                         stride: int) -> None:
+                                         stride: int, form: str, steps: int) -> None:
     rng = np.random.default_rng(o * c * k)
     x, w = rand8(rng, (2, c, 6, 7), da), rand8(rng, (o, c, k, k), dw)
-    wt = pack_tiled_conv_weight(w)
-    assert wt.shape == (-(-o // 16), k * k * -(-c // 64), 16, 16) and wt.dtype == np.int32
-    np.testing.assert_array_equal(unpack_tiled_conv_weight(wt, o, c, (k, k), dw), w)
+    wt = pack_tiled_conv_weight(w, form)
+    assert wt.shape == (-(-o // 16), steps, 16, 16) and wt.dtype == np.int32
+    np.testing.assert_array_equal(unpack_tiled_conv_weight(wt, o, c, (k, k), dw, form), w)
     want = conv_int64(x, w, stride, 1).astype(np.int32)
     check("nn.conv2d_int8_tiled", [x, wt], want, strides=stride, padding=1, channels=o,
-          kernel_size=(k, k), out_dtype="int32", weight_dtype=dw)
+          kernel_size=(k, k), out_dtype="int32", weight_dtype=dw, form=form)
 
 
 def test_tiles_hold_the_weight_in_the_documented_order() -> None:
@@ -46,6 +48,14 @@ def test_tiles_hold_the_weight_in_the_documented_order() -> None:
         byte = raw[t, s, r, (ch % 64) // 4, ch % 4]
         assert np.int8(byte.view(np.int8)) == w[o, ch, ky, kx]
     assert not raw[1, :, 2:].any() and not raw[:, 1::2, :, 2:].any()  # zeros past the weight
+    # "taps": word g = (c·kh + ky)·NQ + q holds W[o, c, ky, 4q .. 4q + 3]
+    wt = pack_tiled_conv_weight(w, "taps")
+    raw = wt.astype("<i4").view(np.uint8).reshape(wt.shape[:3] + (16, 4))
+    for o, ch, ky, kx in [(0, 0, 0, 0), (17, 69, 1, 2), (5, 64, 0, 1), (16, 3, 1, 0)]:
+        t, r = divmod(o, 16)
+        s, word = divmod((ch * 2 + ky) * 1 + kx // 4, 16)
+        assert raw[t, s, r, word, kx % 4].view(np.int8) == w[o, ch, ky, kx]
+        assert raw[t, s, r, word, 3] == 0  # kx = 3 is past the kernel row of 3
 
 
 def test_conv2d_int8_tiled_rejects_a_mismatched_weight() -> None:

@@ -2,15 +2,21 @@
 
 Where the Target has AMX's 8-bit tile products (``amx-int8``), the alter-layout pass
 (kiln/transform/alter_layout.py) turns ``nn.conv2d(x, W, out_dtype="int32")`` of a constant
-8-bit OIHW weight (one channel group, NCHW data of at least 32 channels) into
-``nn.conv2d_int8_tiled(x, Wt)``, which kiln/loops/int8_amx.py computes on matrix tiles.
+8-bit OIHW weight (one channel group, NCHW data) into ``nn.conv2d_int8_tiled(x, Wt)``, which
+kiln/loops/int8_amx.py computes on matrix tiles.
 
 ``Wt`` is int32 of shape ``(MT, S, 16, 16)``: MT = ⌈channels / 16⌉ tiles of 16 output
-channels, S = kh · kw · CB K steps (CB = ⌈input channels / 64⌉). Step ``s = (ky·kw + kx)·CB
-+ cb`` of tile ``t`` is the A tile of that tap and block of 64 input channels: its word
-``Wt[t, s, r, w]`` holds the 4 bytes ``W[16·t + r, 64·cb + 4·w + i, ky, kx]`` (i = 0..3,
-lowest first; zero past the weight). ``pad_value`` is what the data is padded with, as for
-``nn.conv2d_int8_packed`` (alter-layout folds a quantized input's zero-point pad into it).
+channels by S K steps of 16 words, each word 4 bytes of the weight (lowest first; zero past
+the weight). ``form`` says which 4 (kiln.loops.int8_amx.tile_steps gives S):
+
+- ``"channels"``: step ``s = (ky·kw + kx)·CB + cb`` (CB = ⌈input channels / 64⌉) is one tap
+  and a block of 64 input channels; word ``Wt[t, s, r, w]`` holds
+  ``W[16·t + r, 64·cb + 4·w + i, ky, kx]`` for i = 0..3;
+- ``"taps"``: word ``g = 16·s + w`` is ``(c·kh + ky)·NQ + q`` (NQ = ⌈kw / 4⌉) and holds
+  ``W[16·t + r, c, ky, 4·q + i]``.
+
+``pad_value`` is what the data is padded with, as for ``nn.conv2d_int8_packed`` (alter-layout
+folds a quantized input's zero-point pad into it).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from kiln.errors import TypeCheckError
 from kiln.ir.ty import TensorType, Type
 from kiln.loops import oplib
 from kiln.loops.compute import BufferTensor, Tensor
+from kiln.loops.int8_amx import FORMS, tile_steps
 from kiln.loops.ir import Cast, Const
 from kiln.loops.ir import Expr as LExpr
 from kiln.op.common import require_rank, shape_str, tensor_args
@@ -33,28 +40,52 @@ from kiln.op.registry import Attr, OpPattern, register
 ROWS, WORDS, BLOCK = 16, 16, 64  # a tile: 16 rows of 16 int32; 64 input channels a K step
 
 
-def pack_tiled_conv_weight(w: np.ndarray) -> np.ndarray:
+def _words(w: np.ndarray, form: str) -> np.ndarray:
+    """The K words of each output channel of an OIHW ``w``: (o, words, 4), in ``form``'s
+    order, zero past the weight."""
+    o, c, kh, kw = w.shape
+    if form == "channels":
+        cb = -(-c // BLOCK)
+        padded = np.zeros((o, cb * BLOCK, kh, kw), dtype=np.int64)
+        padded[:, :c] = w
+        # (o, cb, w, i, ky, kx) -> (o, ky, kx, cb, w, i)
+        return padded.reshape(o, cb, WORDS, 4, kh, kw).transpose(0, 4, 5, 1, 2, 3).reshape(
+            o, -1, 4)
+    nq = -(-kw // 4)
+    padded = np.zeros((o, c, kh, nq * 4), dtype=np.int64)
+    padded[..., :kw] = w
+    return padded.reshape(o, c * kh * nq, 4)
+
+
+def pack_tiled_conv_weight(w: np.ndarray, form: str = "channels") -> np.ndarray:
     """An OIHW 8-bit ``W`` as the tiles described in the module docstring."""
     o, c, kh, kw = w.shape
-    mt, cb = -(-o // ROWS), -(-c // BLOCK)
-    padded = np.zeros((mt * ROWS, cb * BLOCK, kh, kw), dtype=np.int64)
-    padded[:o, :c] = w
-    bytes_ = (padded & 255).astype(np.uint8)
-    # (t, r, cb, w, i, ky, kx) -> (t, ky, kx, cb, r, w, i): the 4 bytes of a word last
-    tiles = bytes_.reshape(mt, ROWS, cb, WORDS, 4, kh, kw).transpose(0, 5, 6, 2, 1, 3, 4)
-    words = np.ascontiguousarray(tiles).view("<i4").astype(np.int32)
-    return np.ascontiguousarray(words.reshape(mt, kh * kw * cb, ROWS, WORDS))
+    mt, steps = -(-o // ROWS), tile_steps(form, c, (kh, kw))
+    words = np.zeros((mt * ROWS, steps * WORDS, 4), dtype=np.int64)
+    got = _words(w, form)
+    words[:o, :got.shape[1]] = got
+    bytes_ = (words & 255).astype(np.uint8).reshape(mt, ROWS, steps, WORDS, 4)
+    tiles = np.ascontiguousarray(bytes_.transpose(0, 2, 1, 3, 4))  # (t, s, r, w, i)
+    return tiles.view("<i4").astype(np.int32).reshape(mt, steps, ROWS, WORDS)
 
 
 def unpack_tiled_conv_weight(wt: np.ndarray, channels: int, in_channels: int,
-                             kernel: Sequence[int], dtype: str) -> np.ndarray:
+                             kernel: Sequence[int], dtype: str,
+                             form: str = "channels") -> np.ndarray:
     """The OIHW weight of ``dtype`` held in the tiles ``wt``."""
     mt, steps, _, _ = wt.shape
     kh, kw = kernel
-    cb = steps // (kh * kw)
-    raw = np.ascontiguousarray(wt).astype("<i4").view(np.uint8)  # (mt, S, 16, 64)
-    tiles = raw.reshape(mt, kh, kw, cb, ROWS, WORDS, 4).transpose(0, 4, 3, 5, 6, 1, 2)
-    w = tiles.reshape(mt * ROWS, cb * BLOCK, kh, kw)[:channels, :in_channels]
+    raw = np.ascontiguousarray(wt).astype("<i4").view(np.uint8)
+    words = raw.reshape(mt, steps, ROWS, WORDS, 4).transpose(0, 2, 1, 3, 4).reshape(
+        mt * ROWS, steps * WORDS, 4)[:channels]
+    if form == "channels":
+        cb = -(-in_channels // BLOCK)
+        w = words[:, :kh * kw * cb * WORDS].reshape(channels, kh, kw, cb, WORDS, 4).transpose(
+            0, 3, 4, 5, 1, 2).reshape(channels, cb * BLOCK, kh, kw)[:, :in_channels]
+    else:
+        nq = -(-kw // 4)
+        w = words[:, :in_channels * kh * nq].reshape(channels, in_channels, kh, nq * 4)[
+            ..., :kw]
     return w.view(np.int8).astype(dtype) if dtype == "int8" else w.astype(dtype)
 
 
@@ -62,6 +93,7 @@ class Conv2DInt8TiledAttrs(Conv2DAttrs):
     __slots__ = ()
     weight_dtype: str
     pad_value: int
+    form: str
 
 
 def _relation(arg_types: Sequence[Type], attrs: Conv2DInt8TiledAttrs) -> Type | None:
@@ -85,6 +117,8 @@ def _relation(arg_types: Sequence[Type], attrs: Conv2DInt8TiledAttrs) -> Type | 
         raise TypeCheckError(f"pad_value {attrs.pad_value} is not a {data.dtype} value")
     if attrs.channels is None or attrs.kernel_size is None:
         raise TypeCheckError("nn.conv2d_int8_tiled needs its channels and kernel_size")
+    if attrs.form not in FORMS:
+        raise TypeCheckError(f"form must be one of {', '.join(FORMS)}, not {attrs.form!r}")
     require_rank(data, "data (NCHW)", 4)
     require_rank(weight, "tiled weight (tiles, steps, 16, 16)", 4)
     dims = [d for d in (*weight.shape, data.shape[1]) if isinstance(d, int)]
@@ -92,11 +126,11 @@ def _relation(arg_types: Sequence[Type], attrs: Conv2DInt8TiledAttrs) -> Type | 
         return None
     mt, steps, rows, words, c = dims
     kh, kw = attrs.kernel_size
-    if (mt, steps, rows, words) != (-(-attrs.channels // ROWS), kh * kw * -(-c // BLOCK),
-                                    ROWS, WORDS):
+    if (mt, steps, rows, words) != (-(-attrs.channels // ROWS),
+                                    tile_steps(attrs.form, c, (kh, kw)), ROWS, WORDS):
         raise TypeCheckError(
             f"a tiled weight of shape {shape_str(weight.shape)} cannot hold {attrs.channels} "
-            f"output channels of {c}×{kh}×{kw} taps in 16×16 tiles of 64 channels")
+            f"output channels of {c}×{kh}×{kw} taps in 16×16 tiles of form {attrs.form!r}")
     oihw = TensorType((attrs.channels, c, kh, kw), attrs.weight_dtype)
     return _conv2d_relation([data, oihw], attrs)
 
@@ -107,7 +141,7 @@ def _compute(arrays: list[np.ndarray], attrs: Conv2DInt8TiledAttrs) -> np.ndarra
     x, wt = np.asarray(arrays[0]), np.asarray(arrays[1])
     assert attrs.channels is not None and attrs.kernel_size is not None  # the relation's
     w = unpack_tiled_conv_weight(wt, attrs.channels, x.shape[1], attrs.kernel_size,
-                                 attrs.weight_dtype)
+                                 attrs.weight_dtype, attrs.form)
     if attrs.pad_value:
         top, left, bottom, right = attrs.padding
         x = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)),
@@ -128,7 +162,7 @@ def _lower(inputs: list, attrs: Conv2DInt8TiledAttrs, out_type: Type) -> Tensor:
     if isinstance(wt, BufferTensor) and min(x.shape) > 0:
         t = int8_amx.conv2d_tiled(x, wt.buffer, attrs.strides, attrs.padding[:2],
                                   attrs.dilation, out.static_shape, kernel, attrs.weight_dtype,
-                                  attrs.pad_value)
+                                  attrs.pad_value, attrs.form)
         if t is not None:
             return t
     # A plain convolution reading the tiles (a Target without AMX)
@@ -138,12 +172,16 @@ def _lower(inputs: list, attrs: Conv2DInt8TiledAttrs, out_type: Type) -> Tensor:
         attrs = attrs.with_(padding=(0, 0, 0, 0))
     kh, kw = kernel
     c = x.shape[1]
-    cb = -(-c // BLOCK)
+    cb, nq = -(-c // BLOCK), -(-kw // 4)
 
     def element(o: LExpr, ch: LExpr, ky: LExpr, kx: LExpr) -> LExpr:
-        step = (ky * kw + kx) * cb + ch // BLOCK
-        word = wt(o // ROWS, step, o % ROWS, (ch % BLOCK) // 4)
-        return Cast(attrs.weight_dtype, _lane(word, ch % 4, 4, attrs.weight_dtype))
+        if attrs.form == "channels":
+            step, w, byte = (ky * kw + kx) * cb + ch // BLOCK, (ch % BLOCK) // 4, ch % 4
+        else:
+            g = (ch * kh + ky) * nq + kx // 4
+            step, w, byte = g // WORDS, g % WORDS, kx % 4
+        word = wt(o // ROWS, step, o % ROWS, w)
+        return Cast(attrs.weight_dtype, _lane(word, byte, 4, attrs.weight_dtype))
 
     w = compute((channels, c, kh, kw), attrs.weight_dtype, element)
     return _conv2d_lower([x, w], attrs, out_type)
@@ -154,7 +192,9 @@ def _attrs() -> tuple[Attr, ...]:
 
     return (*conv2d.attrs,
             Attr("weight_dtype", "int8", kind="dtype", doc="the tiled weight's int8 or uint8"),
-            Attr("pad_value", 0, kind="int", doc="what the data is padded with (kiln's)"))
+            Attr("pad_value", 0, kind="int", doc="what the data is padded with (kiln's)"),
+            Attr("form", "channels", kind="str",
+                 doc="K words of 4 channels at a tap (channels) or 4 taps of a row (taps)"))
 
 
 conv2d_int8_tiled = register(
