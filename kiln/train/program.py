@@ -10,7 +10,9 @@ the loss) and the indices of its trainable parameters, `step_function` builds
     }                                                   /* norm: NaN without clipping */
 
 an ordinary dataflow program, so kiln.build fuses and compiles all of it at once (the update
-of a weight fuses with the last kernel of its gradient where fusion allows). The weights and
+of a weight fuses with the last kernel of its gradient where fusion allows: the results read
+the gradient's let chain directly, not through projections of its result tuple, which fusion
+cannot see through). The weights and
 the state come back as results in the order they came in; the Step (kiln/train/step.py) makes
 each result write the buffer of the input it replaces. The running statistics of batch norms
 in training mode that are parameters of f (kiln/train/buffers.py) are not differentiated: f
@@ -69,11 +71,35 @@ def _loss_type_check(fn: Function) -> bool:
     return isinstance(result, TupleType)
 
 
-def _differentiate(fn: Function, mod: IRModule | None, trainable: Sequence[int]
-                   ) -> tuple[Function, Var, list[Expr], Expr | None, list[Expr], tuple[int, ...]]:
-    """The first-order gradient function of ``fn``; a variable ``%r`` for its body's value;
-    the gradients, the other outputs (None when ``fn`` returns only the loss) and the new
-    running statistics as projections of ``%r``; the parameters those statistics update."""
+@dataclass(frozen=True)
+class _Gradient:
+    """The first-order gradient function of a loss function, taken apart: its let chain,
+    and the loss function's value, the gradients, its other outputs (None when it returns
+    only the loss) and the new running statistics as expressions in the chain's scope."""
+
+    fn: Function
+    lets: tuple[Let, ...]
+    loss: Expr
+    grads: list[Expr]
+    outputs: Expr | None
+    new_stats: list[Expr]
+    stats: tuple[int, ...]  # the parameters the statistics update
+
+    def body(self, result: Expr) -> Expr:
+        """``result`` in the scope of the gradient's let chain."""
+        for let in reversed(self.lets):
+            result = Let(let.var, let.value, result)
+        return result
+
+
+def _field(e: Expr, i: int) -> Expr:
+    """Field ``i`` of a tuple: the field itself of a tuple literal (so that fusion sees the
+    value's producer), else a projection."""
+    return e.fields[i] if isinstance(e, Tuple) else TupleGetItem(e, i)
+
+
+def _differentiate(fn: Function, mod: IRModule | None, trainable: Sequence[int]) -> _Gradient:
+    """The first-order gradient of ``fn`` with respect to ``trainable`` (see `_Gradient`)."""
     is_tuple = _loss_type_check(fn)
     stats = find_buffers(fn).stats
     own = len(fn.body.checked_type.fields) if is_tuple else 1  # type: ignore[attr-defined]
@@ -81,16 +107,28 @@ def _differentiate(fn: Function, mod: IRModule | None, trainable: Sequence[int]
         fn = _typed(with_statistics(fn, tuple(stats)), mod)
     g = grad(fn, mod=mod, mode="first_order", wrt=tuple(trainable),
              of=0 if is_tuple or stats else None, keeping=None)
-    r = Var("r", g.body.checked_type, checked_type_=g.body.checked_type)
-    value: Expr = TupleGetItem(r, 0)
-    grads_tuple = TupleGetItem(r, 1)
-    grads: list[Expr] = [TupleGetItem(grads_tuple, i) for i in range(len(trainable))]
+    lets: list[Let] = []
+    tail = g.body
+    while isinstance(tail, Let):
+        lets.append(tail)
+        tail = tail.body
+    if not (isinstance(tail, Tuple) and len(tail.fields) == 2):
+        # not the first-order form's (value, (grads...)) literal: bind and project it
+        r = Var("r", tail.checked_type, checked_type_=tail.checked_type)
+        lets.append(Let(r, tail, r))
+        tail = r
+    value = _field(tail, 0)
+    grads_tuple = _field(tail, 1)
+    grads = [_field(grads_tuple, i) for i in range(len(trainable))]
     outputs: Expr | None = None
     if is_tuple:
-        rest = tuple(TupleGetItem(value, i) for i in range(1, own))
+        rest = tuple(_field(value, i) for i in range(1, own))
         outputs = rest[0] if len(rest) == 1 else Tuple(rest)
-    new_stats: list[Expr] = [TupleGetItem(value, own + k) for k in range(len(stats))]
-    return g, r, grads, outputs, new_stats, tuple(i for i, _ in stats)
+    new_stats = [_field(value, own + k) for k in range(len(stats))]
+    loss = _field(value, 0) if is_tuple or stats else value
+    # the loss is () or (1,): the step returns a scalar
+    return _Gradient(g, tuple(lets), reshape(loss, newshape=[]), grads, outputs, new_stats,
+                     tuple(i for i, _ in stats))
 
 
 def _state_vars(fn: Function, trainable: Sequence[int], opt: Optimizer) -> list[list[Var]]:
@@ -118,28 +156,27 @@ def step_function(fn: Function, trainable: Sequence[int], opt: Optimizer, *,
     docstring), and where its parameters and results are."""
     fn = _typed(fn, mod)
     _check_trainable(fn, trainable)
-    g, r, grads, outputs, new_stats, stats = _differentiate(fn, mod, trainable)
-    loss = _loss_of(r, outputs is not None or bool(stats))
+    d = _differentiate(fn, mod, trainable)
+    g, outputs, new_stats = d.fn, d.outputs, d.new_stats
     state = _state_vars(fn, trainable, opt)
     lr, step = _scalar("lr"), _scalar("step")
-    grads, norm = _clipped(grads, clip_grad_norm)
+    grads, norm = _clipped(d.grads, clip_grad_norm)
     new_params: list[Expr] = []
     new_state: list[Expr] = []
     for i, gi, si in zip(trainable, grads, state):
         p, s = opt.update(g.params[i], gi, si, lr, step)
         new_params.append(p)
         new_state.extend(s)
-    results: list[Expr] = [loss, Tuple(tuple(new_params)), Tuple(tuple(new_state))]
+    results: list[Expr] = [d.loss, Tuple(tuple(new_params)), Tuple(tuple(new_state))]
     if new_stats:
         results.append(Tuple(tuple(new_stats)))
     results.append(norm)
     if outputs is not None:
         results.append(outputs)
     flat_state = [v for vs in state for v in vs]
-    body = Let(r, g.body, Tuple(tuple(results)))
-    out = Function((*g.params, *flat_state, lr, step), body)
+    out = Function((*g.params, *flat_state, lr, step), d.body(Tuple(tuple(results))))
     layout = StepLayout(len(fn.params), tuple(trainable), len(flat_state), outputs is not None,
-                        stats)
+                        d.stats)
     return _typed(out, mod), layout
 
 
@@ -149,15 +186,14 @@ def gradient_function(fn: Function, trainable: Sequence[int], *,
     from the loss function's parameters."""
     fn = _typed(fn, mod)
     _check_trainable(fn, trainable)
-    g, r, grads, outputs, new_stats, stats = _differentiate(fn, mod, trainable)
-    results: list[Expr] = [_loss_of(r, outputs is not None or bool(stats)),
-                           Tuple(tuple(grads))]
-    if new_stats:
-        results.append(Tuple(tuple(new_stats)))
-    if outputs is not None:
-        results.append(outputs)
-    out = Function(g.params, Let(r, g.body, Tuple(tuple(results))))
-    layout = StepLayout(len(fn.params), tuple(trainable), 0, outputs is not None, stats)
+    d = _differentiate(fn, mod, trainable)
+    results: list[Expr] = [d.loss, Tuple(tuple(d.grads))]
+    if d.new_stats:
+        results.append(Tuple(tuple(d.new_stats)))
+    if d.outputs is not None:
+        results.append(d.outputs)
+    out = Function(d.fn.params, d.body(Tuple(tuple(results))))
+    layout = StepLayout(len(fn.params), tuple(trainable), 0, d.outputs is not None, d.stats)
     return _typed(out, mod), layout
 
 
@@ -192,12 +228,6 @@ def _clipped(grads: list[Expr], max_norm: float | None) -> tuple[list[Expr], Exp
         return grads, const(float("nan"))
     norm = global_norm(grads)
     return clip_by_global_norm(grads, norm, max_norm), norm
-
-
-def _loss_of(r: Var, is_tuple: bool) -> Expr:
-    value = TupleGetItem(r, 0)
-    loss: Expr = TupleGetItem(value, 0) if is_tuple else value
-    return reshape(loss, newshape=[])  # () or (1,): the step returns a scalar
 
 
 def _typed(fn: Function, mod: IRModule | None) -> Function:

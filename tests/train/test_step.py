@@ -198,3 +198,17 @@ def @main(%a: Tensor[(4), float32], %b: Tensor[(4), float32]) {
     program()
     np.testing.assert_array_equal(a, [10, 12, 14, 16])
     np.testing.assert_array_equal(b, [10, 11, 12, 13])
+
+
+def test_the_momentum_update_fuses_with_the_gradients_last_kernel() -> None:
+    """The step's results read the gradients as the gradient program computes them (not
+    through its result tuple, which fusion does not see through), so each convolution's
+    momentum update (0.9 * buffer + gradient) is the epilogue of the kernel computing that
+    gradient (conv2d_backward_weight): the gradient is never stored."""
+    from tests.train.ddp_models import cnn_loss, cnn_params
+
+    step = kiln.train.Step(cnn_loss(4), cnn_params(), SGD(lr=0.1, momentum=0.9), threads=1)
+    kernels = step.executables[0].program.kernels.values()
+    products = [k.ops for k in kernels if "nn.conv2d_backward_weight" in k.ops]
+    assert len(products) == 2, products  # c1 and c2
+    assert all("add" in ops and "multiply" in ops for ops in products), products
