@@ -121,3 +121,32 @@ def element_count(data: Expr, axes: Sequence[int]) -> Expr:
     if len(known) == len(sizes):
         return scalar(float(np.prod(known, dtype=np.int64)), t.dtype)
     return call("sum", call("ones_like", data), axis=list(axes), keepdims=True)
+
+
+# Rows a first stage of `sum_over_rows` sums together: a block whose cache lines stay in L1
+# while the kept axis is swept (see there).
+ROW_BLOCK = 16
+
+
+def sum_over_rows(e: Expr, like: Expr, axis: int) -> Expr:
+    """The sum of ``e`` (of the type of ``like``, a forward value) over every axis but
+    ``axis`` (Relay's ``sum(e, axis=[axis], exclude=True)``), in stages of `ROW_BLOCK` rows
+    where ``axis`` is the last one.
+
+    A reduction is lowered element by element of its result, its loop over the reduced
+    elements innermost (kiln/loops/reduce_emit.py); summing the rows of a [rows, k] tensor,
+    each result element then reads a column, a cache line per row, and at k = 1024 floats
+    (rows 4 KiB apart, one L1 set) every read missed: a bias's gradient over 8x128 tokens
+    of 1024 features took 7 ms against 0.2 for reading it once. Summing blocks of 16 rows
+    first, the 16 lines of a block stay in L1 while its columns are swept (1.0 ms)."""
+    t = tensor_type(like)
+    if not t.is_static or t.ndim < 2 or axis % t.ndim != t.ndim - 1:
+        return call("sum", e, axis=[axis], exclude=True)
+    k = t.static_shape[-1]
+    rows = int(np.prod(t.static_shape[:-1], dtype=np.int64))
+    if t.ndim > 2:
+        e = call("reshape", e, newshape=[rows, k])
+    while rows > ROW_BLOCK and rows % ROW_BLOCK == 0:
+        rows //= ROW_BLOCK
+        e = call("sum", call("reshape", e, newshape=[rows, ROW_BLOCK, k]), axis=[1])
+    return call("sum", e, axis=[0])

@@ -389,8 +389,8 @@ def _layer_norm_grad(c: Call, g: Expr) -> list[Expr | None]:
     xhat = centred * rstd
     dxhat = g * along(gamma, xt.ndim, axis) if attrs.scale else g
     dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
-    dgamma = call("sum", g * xhat, axis=[axis], exclude=True) if attrs.scale else None
-    dbeta = call("sum", g, axis=[axis], exclude=True) if attrs.center else None
+    dgamma = gh.sum_over_rows(g * xhat, x, axis) if attrs.scale else None
+    dbeta = gh.sum_over_rows(g, x, axis) if attrs.center else None
     return [dx, dgamma, dbeta]
 
 
