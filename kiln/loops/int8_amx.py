@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from kiln.loops import int8_gemm as q
 from kiln.loops import oplib
 from kiln.loops.compute import Tensor, WriteFn, extern
-from kiln.loops.conv_kernels import MAX_PHASES, PLANES_PARALLEL_MIN, Planes
+from kiln.loops.conv_kernels import CHUNKS_PER_THREAD, MAX_PHASES, Planes
 from kiln.loops.int8_conv import padding_word
 from kiln.loops.ir import (
     INDEX,
@@ -49,6 +49,7 @@ from kiln.loops.ir import (
     Expr,
     For,
     IfThenElse,
+    LetStmt,
     Load,
     Seq,
     Stmt,
@@ -142,17 +143,51 @@ def _tap(geo: Planes, group: int, ky: int, kx: int) -> int:
 @dataclass(frozen=True)
 class _Source:
     """Where a form's B tiles come from: ``setup`` once per call (within ``owned``),
-    ``fill(img)`` once per image (within ``per_image``), ``tile(k, t)`` the first word of
-    pixel tile ``t`` at K step ``k`` (rows ``stride`` apart), and ``pitch``: how far apart
-    two output rows' pixels are in the product's N."""
+    ``fill(img)`` once per image (within ``per_image``), ``words`` words per pixel that
+    ``block(buf, at, np, s, y0)`` writes for block ``np`` into ``buf`` from element ``at``
+    (rows of 32 words; None: none), ``tile(k, j, np, at, buf)`` the first word of pixel
+    tile j of block np at K step k (rows ``stride`` apart; its words from element ``at`` of
+    ``buf``, where it has any), and ``pitch``: how far apart two output rows' pixels are in
+    the product's N."""
 
     owned: tuple[LBuffer, ...]
     setup: Stmt | None
     per_image: tuple[LBuffer, ...]
     fill: Callable[[Expr], Stmt]
-    tile: Callable[[Expr, Expr], Load]
+    words: int
+    block: Callable[[LBuffer, Expr, Expr, Expr, Expr], Stmt] | None
+    tile: Callable[[Expr, int, Expr, Expr, LBuffer | None], Load]
     stride: int
     pitch: int
+
+
+BLOCK_PIXELS = 2 * TILE_WORDS  # a block: two tiles of pixels
+BAND_BYTES = 256 * 1024  # a band's B words and sums, kept in a core's L2
+
+
+def _reach(pitch: int) -> int:
+    """Output rows a block of `BLOCK_PIXELS` can touch, from any column of a row."""
+    return -(-(pitch - 1 + BLOCK_PIXELS) // pitch)
+
+
+def _block_pixels(pitch: int, valid: int, s: Expr, cols: Expr,
+                  body: Callable[[int, Expr, Expr], Stmt]) -> Stmt:
+    """A block's pixels, one run of columns per output row it touches: the block's column c
+    (< ``cols``) is pixel x = c + s - r·pitch of its row r (from row y0, at column s), a
+    result where 0 ≤ x < ``valid``; ``body(r, c, x)`` for each (the test proves c < 32 and
+    0 ≤ x < valid to the verifier; it always holds)."""
+    runs: list[Stmt] = []
+    for r in range(_reach(pitch)):
+        c = Var("c")
+        lo = Binary("min", Binary("max", Const(r * pitch, INDEX) - s, Const(0, INDEX)), cols)
+        hi = Binary("min", Const((r + 1) * pitch, INDEX) - s, cols)
+        xe = c + (s - r * pitch)
+        inside = Binary("and", Binary("and", Binary("lt", c, Const(BLOCK_PIXELS, INDEX)),
+                                      Binary("ge", xe, Const(0, INDEX))),
+                        Binary("lt", xe, Const(valid, INDEX)))
+        runs.append(For(c, lo, Binary("max", hi - lo, Const(0, INDEX)),
+                        IfThenElse(inside, body(r, c, xe)), "vectorized"))
+    return Seq(tuple(runs))
 
 
 def _channel_planes(x: Tensor, chosen: TilePlan, kernel: tuple[int, int], npad: int,
@@ -180,24 +215,25 @@ def _channel_planes(x: Tensor, chosen: TilePlan, kernel: tuple[int, int], npad: 
                             False) for k in range(4)]
         return q.pack_lanes(vals, 8)
 
-    def tile(k: Expr, t: Expr) -> Load:
+    def tile(k: Expr, j: int, np_: Expr, at: Expr, buf: LBuffer | None) -> Load:
         off = Binary("floormod", Load(taps, (k,)), Const(span, INDEX))
-        return Load(planes, (off + t * TILE_WORDS,))
+        return Load(planes, (off + (np_ * 2 + j) * TILE_WORDS,))
 
     table = Seq(tuple(Store(taps, (Const(i, INDEX),), Const(v, INDEX))
                       for i, v in enumerate(starts)))
     return _Source((taps,), table, (planes,), lambda img: geo.fill(
         quad, img, planes, tgt, used=used, pad=padding_word(pad_value, 4, False)),
-        tile, geo.plane, geo.cols)
+        0, None, tile, geo.plane, geo.cols)
 
 
 def _tap_rows(x: Tensor, chosen: TilePlan, kernel: tuple[int, int], strides: Sequence[int],
               padding: Sequence[int], dilation: Sequence[int], out: tuple[int, int],
-              npad: int, pad_value: int) -> _Source:
+              pad_value: int) -> _Source:
     """The "taps" form: a K word is 4 neighbouring taps of one kernel row and channel, so it
-    is 4 consecutive bytes of the padded input (one unaligned load); the words of every
-    (channel, ky, kx // 4) for every output pixel are written as rows of N (an im2col of
-    words), a K step's 16 rows one row of N apart."""
+    is 4 consecutive bytes of the padded input. Each call pads the input once (bytes) and
+    makes every 4-byte window of it a word (contiguous vector loads); each block of 32
+    pixels copies its words of every (channel, ky, kx // 4) into 32-word rows (one int32
+    load a word, ``sw`` apart: interleaved loads), 16 rows a K step for its B tiles."""
     kh, kw = kernel
     (sh, sw), dh = (int(strides[0]), int(strides[1])), int(dilation[0])
     top, left = int(padding[0]), int(padding[1])
@@ -205,29 +241,41 @@ def _tap_rows(x: Tensor, chosen: TilePlan, kernel: tuple[int, int], strides: Seq
     c = x.shape[1]
     nq = -(-kw // 4)
     hp, wp = (oh - 1) * sh + (kh - 1) * dh + 1, (ow - 1) * sw + 4 * nq
-    image = LBuffer("padded", (c, hp, wp), x.dtype, "local")
-    rows = LBuffer("words", (chosen.steps * TILE_ROWS * npad,), "int32", "local")
+    image = LBuffer("padded", (c, hp, wp + 3), x.dtype, "local")
+    windows = LBuffer("windows", (c, hp, wp), "int32", "local")
     pad = Const(pad_value, x.dtype)
+    words = chosen.steps * TILE_ROWS
 
     def fill(img: Expr) -> Stmt:
         ch, r, col = Var("ci"), Var("r"), Var("col")
-        spans = [None, None, (-top, hp - 1 - top), (-left, wp - 1 - left)]
+        spans = [None, None, (-top, hp - 1 - top), (-left, wp + 2 - left)]
         value = oplib.guarded_read(x, [img, ch, r - top, col - left], spans, pad)
         copy = For(ch, Const(0), Const(c), For(r, Const(0), Const(hp), For(
-            col, Const(0), Const(wp), Store(image, (ch, r, col), value), "vectorized")))
-        cc, ky, qq, y, xx = Var("c"), Var("ky"), Var("q"), Var("y"), Var("x")
-        g = (cc * kh + ky) * nq + qq
-        word = q.pack_lanes([q.lane_byte(Load(image, (cc, y * sh + ky * dh, xx * sw + qq * 4 + i)),
-                                         False) for i in range(4)], 8)
-        words = For(cc, Const(0), Const(c), For(ky, Const(0), Const(kh), For(
-            qq, Const(0), Const(nq), For(y, Const(0), Const(oh), For(
-                xx, Const(0), Const(ow), Store(rows, (g * npad + y * ow + xx,), word),
-                "vectorized")))))
-        return Seq((copy, words))
+            col, Const(0), Const(wp + 3), Store(image, (ch, r, col), value), "vectorized")))
+        ch, r, col = Var("ci"), Var("r"), Var("col")
+        window = q.pack_lanes([q.lane_byte(Load(image, (ch, r, col + i)), False)
+                               for i in range(4)], 8)
+        return Seq((copy, For(ch, Const(0), Const(c), For(r, Const(0), Const(hp), For(
+            col, Const(0), Const(wp), Store(windows, (ch, r, col), window), "vectorized")))))
 
-    return _Source((), None, (image, rows), fill,
-                   lambda k, t: Load(rows, (k * (TILE_ROWS * npad) + t * TILE_WORDS,)),
-                   npad, ow)
+    def block(buf: LBuffer, at: Expr, np_: Expr, s: Expr, y0: Expr) -> Stmt:
+        cols = Binary("min", Const(BLOCK_PIXELS, INDEX), Const(oh * ow, INDEX) - np_ * BLOCK_PIXELS)
+        cc, ky, qq = Var("c"), Var("ky"), Var("q")
+        g = (cc * kh + ky) * nq + qq
+
+        def put(r: int, col: Expr, xe: Expr) -> Stmt:
+            y = Binary("min", y0 + r, Const(oh - 1, INDEX))  # past the last row: no run
+            word = Load(windows, (cc, y * sh + ky * dh, xe * sw + qq * 4))
+            return Store(buf, (at + g * BLOCK_PIXELS + col,), word)
+
+        return For(cc, Const(0), Const(c), For(ky, Const(0), Const(kh), For(
+            qq, Const(0), Const(nq), _block_pixels(ow, ow, s, cols, put))))
+
+    def tile(k: Expr, j: int, np_: Expr, at: Expr, buf: LBuffer | None) -> Load:
+        assert buf is not None  # this form's blocks have words
+        return Load(buf, (at + k * (TILE_ROWS * BLOCK_PIXELS) + j * TILE_WORDS,))
+
+    return _Source((), None, (image, windows), fill, words, block, tile, BLOCK_PIXELS, ow)
 
 
 def conv2d_tiled(x: Tensor, wt: LBuffer, strides: Sequence[int], padding: Sequence[int],
@@ -248,45 +296,101 @@ def conv2d_tiled(x: Tensor, wt: LBuffer, strides: Sequence[int], padding: Sequen
     steps, mtiles, ntiles = chosen.steps, chosen.mtiles, chosen.ntiles
     npad = ntiles * TILE_WORDS
     src = (_channel_planes(x, chosen, (kh, kw), npad, pad_value, tgt) if form == "channels"
-           else _tap_rows(x, chosen, (kh, kw), strides, padding, dilation, (oh, ow), npad,
+           else _tap_rows(x, chosen, (kh, kw), strides, padding, dilation, (oh, ow),
                           pad_value))
-    sums = LBuffer("sums", (mtiles * TILE_ROWS * npad,), "int32", "local")
+    pitch = src.pitch
+    n = (oh - 1) * pitch + ow  # the product's columns: pixel (y, x) is y·pitch + x
+    mpairs, npairs = -(-mtiles // 2), ntiles // 2
+    # The work goes in units, each on one thread: its blocks' B words (the "taps" form),
+    # then all its products back to back (the tile unit idles between short bursts: a
+    # product and an epilogue per block took several times the sum of their times), then
+    # its epilogues. Over pixels: a band of blocks, every output channel; over channels
+    # ("m", deep layers with few pixels): a pair of channel tiles, every block.
+    by_m = chosen.parallel == "m" and src.block is None
+    rows = 2 * TILE_ROWS if by_m else mpairs * 2 * TILE_ROWS  # output channels a unit holds
+    per_block = 4 * BLOCK_PIXELS * (rows + src.words)
+    if by_m:
+        band = npairs
+    else:
+        band = max(1, min(npairs, BAND_BYTES // per_block))
+        if chosen.parallel:
+            band = max(1, min(band, -(-npairs // (CHUNKS_PER_THREAD * tgt.cores))))
+    units = mpairs if by_m else -(-npairs // band)
+    sums = LBuffer("sums", (band * rows * BLOCK_PIXELS,), "int32", "local")
+    words = (LBuffer("words", (band * src.words * BLOCK_PIXELS,), "int32", "local")
+             if src.words else None)
 
-    def product(mp: Expr, np_: Expr, rows: int) -> Stmt:
+    def product(mp: Expr, np_: Expr, at_b: Expr, at_c: Expr, count: int) -> Stmt:
         k = Var("k")
         a = tuple(Load(wt, (mp * 2 + i, k, Const(0, INDEX), Const(0, INDEX)))
-                  for i in range(rows))
-        b = tuple(src.tile(k, np_ * 2 + j) for j in range(2))
-        cs = tuple(Load(sums, ((mp * 2 + i) * (TILE_ROWS * npad) + (np_ * 2 + j) * TILE_WORDS,))
-                   for i in range(rows) for j in range(2))
-        return TileProduct(k, Const(steps, INDEX), a, b, cs, TILE_WORDS, src.stride, npad,
-                           weight_dtype, x.dtype)
+                  for i in range(count))
+        b = tuple(src.tile(k, j, np_, at_b, words) for j in range(2))
+        cs = tuple(Load(sums, (at_c + (i * TILE_ROWS * BLOCK_PIXELS + j * TILE_WORDS),))
+                   for i in range(count) for j in range(2))
+        return TileProduct(k, Const(steps, INDEX), a, b, cs, TILE_WORDS, src.stride,
+                           BLOCK_PIXELS, weight_dtype, x.dtype)
 
-    def block(mp: Expr, np_: Expr) -> Stmt:
+    def products(mp: Expr, np_: Expr, at_b: Expr, at_c: Expr) -> Stmt:
         if mtiles % 2 == 0 or mtiles == 1:
-            return product(mp, np_, min(mtiles, 2))
-        return IfThenElse(Binary("lt", mp, Const(mtiles // 2, INDEX)), product(mp, np_, 2),
-                          product(mp, np_, 1))
+            return product(mp, np_, at_b, at_c, min(mtiles, 2))
+        return IfThenElse(Binary("lt", mp, Const(mtiles // 2, INDEX)),
+                          product(mp, np_, at_b, at_c, 2), product(mp, np_, at_b, at_c, 1))
+
+    def at(np_: Expr, body: Callable[[Expr, Expr], Stmt]) -> Stmt:
+        """``body(s, y0)``: block ``np_``'s first pixel is column s of output row y0."""
+        s, y0 = Var("s"), Var("y0")
+        j0 = np_ * BLOCK_PIXELS
+        return LetStmt(s, j0 % pitch, LetStmt(y0, j0 // pitch, body(s, y0)))
+
+    def epilogue(write: WriteFn, img: Expr, o0: Expr, np_: Expr, at_c: Expr) -> Stmt:
+        o = Var("o")
+        count = Binary("min", Const(rows, INDEX), Const(oc, INDEX) - o0)
+        ch = Binary("min", o0 + o, Const(oc - 1, INDEX))  # a no-op: o < count
+        cols = Binary("min", Const(BLOCK_PIXELS, INDEX), Const(n, INDEX) - np_ * BLOCK_PIXELS)
+
+        def body(s: Expr, y0: Expr) -> Stmt:
+            def put(r: int, col: Expr, xe: Expr) -> Stmt:
+                y = Binary("min", y0 + r, Const(oh - 1, INDEX))  # past the last row: no run
+                return write((img, ch, y, xe), Load(sums, (at_c + o * BLOCK_PIXELS + col,)))
+            return For(o, Const(0), count, _block_pixels(pitch, ow, s, cols, put))
+
+        return at(np_, body)
+
+    def unit(write: WriteFn, img: Expr, u: Expr) -> Stmt:
+        nb, b = Var("nb"), Var("b")
+        if by_m:
+            mp_of: Callable[[Expr], Expr] = lambda mb: u  # noqa: E731
+            blocks: Expr = Const(npairs, INDEX)
+            np_of: Callable[[Expr], Expr] = lambda bl: bl  # noqa: E731
+        else:
+            mp_of = lambda mb: mb  # noqa: E731
+            blocks = Binary("min", Const(band, INDEX), Const(npairs, INDEX) - u * band)
+            np_of = lambda bl: Binary("min", u * band + bl, Const(npairs - 1, INDEX))  # noqa
+        stmts: list[Stmt] = []
+        if src.block is not None and words is not None:
+            fill_block = src.block
+            stmts.append(For(b, Const(0), blocks, at(np_of(b), lambda s, y0: fill_block(
+                words, b * (src.words * BLOCK_PIXELS), np_of(b), s, y0))))
+        mb, b2 = Var("mb"), Var("b")
+        m_loop = (Const(1, INDEX) if by_m else Const(mpairs, INDEX))
+        stmts.append(For(b2, Const(0), blocks, For(mb, Const(0), m_loop, products(
+            mp_of(mb), np_of(b2), b2 * (src.words * BLOCK_PIXELS),
+            (b2 * rows + mb * 2 * TILE_ROWS) * BLOCK_PIXELS))))
+        o0 = u * (2 * TILE_ROWS) if by_m else Const(0, INDEX)
+        stmts.append(For(nb, Const(0), blocks, epilogue(write, img, o0, np_of(nb),
+                                                         nb * (rows * BLOCK_PIXELS))))
+        body: Stmt = Seq(tuple(stmts))
+        body = Allocate(sums, body)
+        return Allocate(words, body) if words is not None else body
 
     def emit(write: WriteFn) -> Stmt:
-        img = Var("n")
-        mp, np_ = Var("mp"), Var("np")
-        mpairs, npairs = -(-mtiles // 2), ntiles // 2
-        if chosen.parallel == "m":
-            tiles: Stmt = For(mp, Const(0), Const(mpairs), For(
-                np_, Const(0), Const(npairs), block(mp, np_)), "parallel")
-        else:
-            tiles = For(np_, Const(0), Const(npairs), For(mp, Const(0), Const(mpairs),
-                        block(mp, np_)), "parallel" if chosen.parallel else "serial")
-        o, y, xx = Var("o"), Var("y"), Var("x")
-        value = Load(sums, (o * npad + y * src.pitch + xx,))
-        out = For(o, Const(0), Const(oc), For(y, Const(0), Const(oh), For(
-            xx, Const(0), Const(ow), write((img, o, y, xx), value), "vectorized")),
-            "parallel" if oc * npad >= PLANES_PARALLEL_MIN and tgt.cores > 1 else "serial")
-        body: Stmt = Allocate(sums, Seq((src.fill(img), tiles, out)))
+        img, u = Var("n"), Var("u")
+        tiles = For(u, Const(0), Const(units), unit(write, img, u),
+                    "parallel" if chosen.parallel else "serial")
+        per_image: Stmt = Seq((src.fill(img), tiles))
         for buf in src.per_image:
-            body = Allocate(buf, body)
-        stmt: Stmt = For(img, Const(0), Const(nimg), body)
+            per_image = Allocate(buf, per_image)
+        stmt: Stmt = For(img, Const(0), Const(nimg), per_image)
         if src.setup is not None:
             stmt = Seq((src.setup, stmt))
         for buf in src.owned:
@@ -295,5 +399,6 @@ def conv2d_tiled(x: Tensor, wt: LBuffer, strides: Sequence[int], padding: Sequen
 
     t = extern((nimg, oc, oh, ow), "int32", emit)
     t.schedule = {"kernel": "amx", "form": form, "mtiles": mtiles, "ntiles": ntiles,
-                  "steps": steps, "parallel": chosen.parallel, "prepacked": True}
+                  "steps": steps, "parallel": chosen.parallel, "band": band,
+                  "prepacked": True}
     return t
