@@ -33,6 +33,7 @@ from kiln.ir.ty import TensorType, TupleType, Type
 from kiln.runtime.host_ops import host_step
 from kiln.runtime.kernel import KernelFunction
 from kiln.runtime.pointers import DATA_OFFSET, data_pointer
+from kiln.runtime.symbolic import BoundKernel
 from kiln.ssa.ir import Function, Instr, KernelDecl, Program, Value
 from kiln.ssa.memory import check_alloc, check_frame
 
@@ -101,7 +102,8 @@ MAX_SPECIALIZATIONS = "KILN_MAX_SPECIALIZATIONS"
 def max_specializations() -> int:
     """How many kernels of symbolic shape one VM keeps compiled for the concrete shapes it
     met (``KILN_MAX_SPECIALIZATIONS``, default 64): a new shape beyond that evicts the least
-    recently used one, which is compiled again (from the disk cache) if its shape returns."""
+    recently used one, which is compiled again (from the disk cache) if its shape returns.
+    Symbolic kernels bound to a shape (no code of their own) are kept as many, apart."""
     text = os.environ.get(MAX_SPECIALIZATIONS, "").strip()
     if not text:
         return 64
@@ -157,8 +159,12 @@ class VM:
         self.program = program
         self.kernels = kernels
         self.specialize = specialize
-        # kernels of symbolic shape compiled for the shapes met, least recently used first
+        # kernels of symbolic shape for the shapes met, least recently used first: those
+        # compiled for one shape, and symbolic kernels bound to one (`BoundKernel`: no code of
+        # their own, so they do not take the places of compiled ones)
         self._dynamic: OrderedDict[tuple[str, tuple[tuple[int, ...], ...]], KernelFunction] = \
+            OrderedDict()
+        self._bound: OrderedDict[tuple[str, tuple[tuple[int, ...], ...]], KernelFunction] = \
             OrderedDict()
         self._max_dynamic = max_specializations()
         self.specialized = 0  # ever compiled (evicted ones included)
@@ -376,10 +382,14 @@ class VM:
     def _run_dynamic(self, decl: KernelDecl, rtype: Type, inputs: list[Any]) -> Any:
         shapes = tuple(tuple(x.shape) for x in inputs)
         key = (decl.name, shapes)
-        f = self._dynamic.get(key)
+        cache = self._dynamic
+        f = cache.get(key)
+        if f is None:
+            cache = self._bound
+            f = cache.get(key)
         if f is not None:
             try:
-                self._dynamic.move_to_end(key)
+                cache.move_to_end(key)
             except KeyError:  # evicted by another thread meanwhile: f still runs
                 pass
         else:
@@ -389,12 +399,15 @@ class VM:
             with self._lock:
                 f = self._dynamic.get(key)
                 if f is None:
+                    f = self._bound.get(key)
+                if f is None:
                     f = self.specialize(decl, shapes)
                     _check_outputs(decl, shapes, f)
-                    self._dynamic[key] = f
+                    cache = self._bound if isinstance(f, BoundKernel) else self._dynamic
+                    cache[key] = f
                     self.specialized += 1
-                    while len(self._dynamic) > self._max_dynamic:
-                        self._dynamic.popitem(last=False)
+                    while len(cache) > self._max_dynamic:
+                        cache.popitem(last=False)
         outs = [np.empty(b.shape, b.dtype) for b in f.kernel.outputs]
         f(*inputs, *outs)
         return _rebuild(rtype, outs)

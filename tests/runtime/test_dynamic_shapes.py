@@ -85,6 +85,7 @@ def test_host_results_are_checked_against_the_allocation_limit(monkeypatch):
 
 def test_specializations_are_kept_in_a_bounded_cache(monkeypatch):
     monkeypatch.setenv("KILN_MAX_SPECIALIZATIONS", "2")
+    monkeypatch.setenv("KILN_SYMBOLIC_KERNELS", "0")  # every kernel compiled per shape
     exe = build(kiln.parse("def @main(%x: Tensor[(?, 3), float32]) { tanh(%x) * %x }"))
     vm = exe.executor.vm
     for n in (1, 2, 3, 4, 1):
@@ -95,6 +96,21 @@ def test_specializations_are_kept_in_a_bounded_cache(monkeypatch):
     monkeypatch.setenv("KILN_MAX_SPECIALIZATIONS", "none")
     with pytest.raises(kiln.Error, match="KILN_MAX_SPECIALIZATIONS"):
         build(kiln.parse("def @main(%x: Tensor[(?), float32]) { tanh(%x) }"))
+
+
+def test_kernels_compiled_per_shape_are_not_pushed_out_by_bound_symbolic_ones(monkeypatch):
+    # a symbolic kernel seen at a shape (a BoundKernel) has no code of its own: a model whose
+    # per-shape GEMMs sit among many symbolic kernels kept compiling a shape it had met
+    # 4 shapes before, the bound ones having filled the 64 places
+    monkeypatch.setenv("KILN_MAX_SPECIALIZATIONS", "2")
+    exe = build(kiln.parse("def @main(%x: Tensor[(?, 3), float32]) { tanh(%x) * %x }"))
+    for n in (1, 2, 3, 4, 1):
+        x = np.linspace(-1, 1, 3 * n, dtype="float32").reshape(n, 3)
+        assert_same(exe(x), np.tanh(x) * x)
+    st = exe.stats()
+    # one row is compiled for its shape (a size of 1 broadcasts), more bind the symbolic kernel
+    assert (st.shape_compiles, st.symbolic_compiles) == (1, 1)
+    assert st.specializations == 4  # the 1-row kernel outlived the three bound ones
 
 
 def test_host_steps_survive_save_and_load(exe, tmp_path):
