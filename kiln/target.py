@@ -90,6 +90,8 @@ _NEEDED_BY: dict[str, tuple[str, ...]] = {
     "avx512bw": ("avx512bitalg", "avx512vbmi", "avx512vbmi2", "avx512fp16", "avx512bf16"),
     "neon": ("sve", "dotprod", "i8mm", "bf16", "fullfp16", "rdm", "sha3", "fp16fml"),
     "fp-armv8": ("neon",), "sve": ("sve2",), "fullfp16": ("fp16fml",),
+    "amx-tile": ("amx-int8", "amx-bf16", "amx-fp16", "amx-complex", "amx-fp8", "amx-tf32",
+                 "amx-movrs", "amx-avx512"),
 }
 
 # Default caches and cores of a machine kiln cannot look at (a CPU other than this one's).

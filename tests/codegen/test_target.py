@@ -84,6 +84,9 @@ def test_removing_avx512f_gives_avx2_code() -> None:
     assert not no_avx2.has("avxvnni")
     # adding a feature back
     assert Target.parse("llvm -mattr=-avx512f,+avx512f").has("avx512f")
+    # removing AMX's tiles takes its products with them (a Sapphire Rapids without AMX)
+    spr = Target.parse("llvm -mcpu=sapphirerapids -mattr=-amx-tile")
+    assert not any(f.startswith("amx-") for f in spr.features) and spr.has("avx512vnni")
 
 
 def test_named_cpus_and_triples() -> None:

@@ -35,10 +35,13 @@ from kiln.target import Target
 pytestmark = pytest.mark.skipif(not native_available(), reason="needs llvmlite")
 
 AVX2 = "llvm -mcpu=x86-64-v3"  # a generic AVX2 CPU: vpmaddwd, no VNNI
-PLAIN = "llvm -mattr=-avx2"  # this CPU without AVX2: the widening form
+PLAIN = "llvm -mattr=-avx2,-amx-tile"  # this CPU without AVX2 (nor AMX): the widening form
 AVX512_VNNI = "llvm -mcpu=znver4"  # zmm vpdpbusd
 AVX_VNNI = "llvm -mcpu=znver5 -mattr=-avx512f"  # ymm {vex} vpdpbusd
-RUNNABLE = ["llvm", AVX2, PLAIN]
+# this machine without AMX tiles: the VNNI kernels where it has VNNI (an 8-bit conv2d of a
+# constant weight takes AMX tiles where the host has them: tests/loops/test_int8_amx.py)
+HOST = "llvm -mattr=-amx-tile"
+RUNNABLE = [HOST, AVX2, PLAIN]
 PAIRS = [("uint8", "int8"), ("int8", "int8"), ("uint8", "uint8"), ("int8", "uint8")]
 SAME = [("int8", "int8"), ("uint8", "uint8")]  # nn.dense / batch_matmul: one input dtype
 
@@ -202,14 +205,14 @@ def slow_unless(condition: bool) -> list:
     return [] if condition else [pytest.mark.slow]
 
 
-TARGET_PARAMS = [pytest.param(spec, marks=slow_unless(spec == "llvm")) for spec in RUNNABLE]
+TARGET_PARAMS = [pytest.param(spec, marks=slow_unless(spec == HOST)) for spec in RUNNABLE]
 
 
 @pytest.mark.parametrize("spec", RUNNABLE)
 @pytest.mark.parametrize("dtype", ["int8", "uint8"])
 def test_dense_exact(spec: str, dtype: str) -> None:
     t = runnable(spec)
-    shapes = DENSE_SHAPES if spec == "llvm" else DENSE_SHAPES[1::2]
+    shapes = DENSE_SHAPES if spec == HOST else DENSE_SHAPES[1::2]
     params, bodies, arrays, wants = [], [], [], []
     for n_, (m, n, k) in enumerate(shapes):
         x = kiln.var(f"x{n_}", shape=(m, k), dtype=dtype)
@@ -306,7 +309,7 @@ CONVS = [  # (data shape, weight shape, strides, padding, dilation)
 ]
 
 
-@pytest.mark.parametrize("spec,full", [("llvm", False)] + [
+@pytest.mark.parametrize("spec,full", [(HOST, False)] + [
     pytest.param(spec, True, marks=pytest.mark.slow) for spec in RUNNABLE])
 def test_conv2d_exact(spec: str, full: bool) -> None:
     t = runnable(spec)
@@ -550,7 +553,7 @@ def test_constant_conv_weight_packed_at_compile_time(spec: str) -> None:
     # of dtypes (int8 × int8 shifted by +128 on VNNI), bit for bit
     t = runnable(spec)
     params, bodies, arrays, wants = [], [], [], []
-    cases = PACKED_CONVS if spec == "llvm" else PACKED_CONVS[:2]
+    cases = PACKED_CONVS if spec == HOST else PACKED_CONVS[:2]
     for da, dw in PAIRS:
         for case in cases:
             x, body, a, want = packed_conv_case(len(params), da, dw, case)
@@ -566,7 +569,7 @@ def test_constant_conv_weight_packed_at_compile_time(spec: str) -> None:
 
 
 def test_packed_conv_result_independent_of_threads() -> None:
-    t = Target.host()
+    t = Target.parse(HOST)
     x, body, a, want = packed_conv_case(0, "int8", "int8",
                                         ((1, 24, 20, 20), (40, 24, 3, 3), (1, 1), (1, 1, 1, 1),
                                          (1, 1)))
@@ -614,7 +617,7 @@ def conv_out(xs: tuple, ws: tuple, strides: tuple, padding: tuple, dilation: tup
     return (xs[0], ws[0], *sizes)
 
 
-@pytest.mark.parametrize("spec", [pytest.param(s, marks=slow_unless(s == "llvm"))
+@pytest.mark.parametrize("spec", [pytest.param(s, marks=slow_unless(s == HOST))
                                   for s in (*RUNNABLE, AVX512_VNNI)])
 def test_zero_point_padding_folds_into_the_packed_conv(spec: str) -> None:
     # qnn.conv2d pads a quantized input with its zero point (nn.pad); alter-layout makes the
