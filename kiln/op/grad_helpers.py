@@ -123,30 +123,44 @@ def element_count(data: Expr, axes: Sequence[int]) -> Expr:
     return call("sum", call("ones_like", data), axis=list(axes), keepdims=True)
 
 
-# Rows a first stage of `sum_over_rows` sums together: a block whose cache lines stay in L1
-# while the kept axis is swept (see there).
+# Rows a stage of `sum_over_rows` sums together, where a long run of rows is left: a block
+# whose cache lines stay in L1 while the kept axis is swept (see there).
 ROW_BLOCK = 16
 
 
 def sum_over_rows(e: Expr, like: Expr, axis: int) -> Expr:
     """The sum of ``e`` (of the type of ``like``, a forward value) over every axis but
-    ``axis`` (Relay's ``sum(e, axis=[axis], exclude=True)``), in stages of `ROW_BLOCK` rows
-    where ``axis`` is the last one.
+    ``axis`` (Relay's ``sum(e, axis=[axis], exclude=True)``): a bias's or a normalization's
+    parameter gradient. Summed one axis at a time, the shortest first; a last axis of more
+    than `ROW_BLOCK` rows before the kept one in stages of `ROW_BLOCK` rows.
 
-    A reduction is lowered element by element of its result, its loop over the reduced
-    elements innermost (kiln/loops/reduce_emit.py); summing the rows of a [rows, k] tensor,
-    each result element then reads a column, a cache line per row, and at k = 1024 floats
-    (rows 4 KiB apart, one L1 set) every read missed: a bias's gradient over 8x128 tokens
-    of 1024 features took 7 ms against 0.2 for reading it once. Summing blocks of 16 rows
-    first, the 16 lines of a block stay in L1 while its columns are swept (1.0 ms)."""
+    A reduction is lowered one result element at a time, its loop over the reduced elements
+    innermost (kiln/loops/reduce_emit.py), and that loop is a chain of dependent additions.
+    Over a long run it waits on the addition's latency at every element (a batch norm's
+    per-channel sum over 8x112x112 values: 6.8 ms; over the batch first, chains of 8 that
+    the core overlaps, then the rows, then the columns: 3.3 ms). Over rows before the kept
+    axis, each result element also reads a column, a cache line per row: at 1024 floats a
+    row (4 KiB apart, one L1 set) every read missed (a transformer bias's gradient over
+    8x128 tokens: 7-14 ms; the 8 first, 0.65 ms). Where one run of rows is all there is
+    (a [1024, 1024] tensor), blocks of 16 rows are summed first: their 16 lines stay in L1
+    while the columns are swept (1.0-1.5 ms)."""
     t = tensor_type(like)
-    if not t.is_static or t.ndim < 2 or axis % t.ndim != t.ndim - 1:
+    if not t.is_static or t.ndim < 2:
         return call("sum", e, axis=[axis], exclude=True)
-    k = t.static_shape[-1]
-    rows = int(np.prod(t.static_shape[:-1], dtype=np.int64))
-    if t.ndim > 2:
-        e = call("reshape", e, newshape=[rows, k])
-    while rows > ROW_BLOCK and rows % ROW_BLOCK == 0:
-        rows //= ROW_BLOCK
-        e = call("sum", call("reshape", e, newshape=[rows, ROW_BLOCK, k]), axis=[1])
-    return call("sum", e, axis=[0])
+    shape = list(t.static_shape)
+    keep = axis % t.ndim
+    reduced = [a for a in range(t.ndim) if a != keep]
+    while len(reduced) > 1:
+        a = min(reduced, key=lambda r: (shape[r], r))
+        e = call("sum", e, axis=[a])
+        del shape[a]
+        keep -= keep > a
+        reduced = [r - (r > a) for r in reduced if r != a]
+    (a,) = reduced
+    rows = shape[a]
+    if a == 0 and keep == 1 and len(shape) == 2:  # rows of a [rows, k] matrix
+        k = shape[1]
+        while rows > ROW_BLOCK and rows % ROW_BLOCK == 0:
+            rows //= ROW_BLOCK
+            e = call("sum", call("reshape", e, newshape=[rows, ROW_BLOCK, k]), axis=[1])
+    return call("sum", e, axis=[a])

@@ -1,8 +1,8 @@
-"""The adjoints written for speed in the linear and layer-norm rules, against torch.autograd
-in float32: nn.dense's weight gradient as one product with a transposed operand (rank-2 and
-rank-3 data), and the sums over rows of bias_add's and layer_norm's parameter gradients in
-stages of 16 rows (row counts that stage once, twice, end on a remainder, or do not divide);
-interpreted and compiled."""
+"""The adjoints written for speed in the linear and normalization rules, against
+torch.autograd in float32: nn.dense's weight gradient as one product with a transposed
+operand (rank-2 and rank-3 data), and the per-feature sums of bias_add's, layer_norm's and
+batch_norm's gradients summed one axis at a time (grad_helpers.sum_over_rows: the shortest
+axis first, a last run of rows in stages of 16); interpreted and compiled."""
 
 from __future__ import annotations
 
@@ -63,35 +63,71 @@ def test_linear_and_layer_norm_gradients_match_torch(lead, k, units, compiled) -
                                    err_msg=name)
 
 
-@pytest.mark.parametrize("shape,stages", [
-    ((4, 64, 5), 1),      # 256 rows: a stage to 16, then their sum
-    ((3, 16, 16, 2), 2),  # 768 rows: stages to 48 and 3, then their sum
-    ((3, 50, 4), 0),      # 150 rows do not divide by 16: one sum
-    ((16, 7), 0),         # 16 rows: no stage, one sum
+def _sums(e) -> list[list[int]]:
+    """The axes of the sums of an expression (a tree of a few calls), the outermost first."""
+    out, stack = [], [e]
+    while stack:
+        node = stack.pop()
+        if getattr(getattr(node, "op", None), "name", None) == "sum":
+            out.append(list(node.attrs["axis"]))
+        stack.extend(getattr(node, "args", ()))
+    return out
+
+
+@pytest.mark.parametrize("shape,axis,sums", [
+    ((4, 64, 5), -1, [[0], [1], [0]]),        # the 4 first, then 64 rows: a stage of 16, the 4
+    ((64, 4, 5), -1, [[0], [1], [1]]),        # the 4 first (axis 1), then the rows as above
+    ((3, 16, 16, 2), -1, [[0], [0], [0]]),    # 3, 16, then 16 rows: no stage
+    ((1024, 3), -1, [[0], [1], [1]]),         # 1024 rows: stages to 64 and 4, then their sum
+    ((150, 4), -1, [[0]]),                    # 150 rows do not divide by 16: one sum
+    ((8, 6, 12, 10), 1, [[1], [2], [0]]),     # NCHW: the batch (8), W (10), then H (12)
+    ((2, 5), 0, [[1]]),                       # the kept axis first: one sum over the columns
 ])
-def test_sum_over_rows_stages_as_said(shape, stages) -> None:
-    """The staged sum equals numpy's in float64, and stages as its docstring says: a sum of
-    16 rows per stage while the rows divide by 16 and exceed it, then one sum."""
+def test_sum_over_rows_sums_as_said(shape, axis, sums) -> None:
+    """The staged sum equals numpy's in float64, and sums the axes as its docstring says:
+    one at a time, the shortest first; a last run of rows before a kept last axis in
+    stages of 16 rows."""
     x = var("x", shape=shape, dtype="float64")
     f = kiln.infer_types(kiln.IRModule.from_expr(Function((x,), x)))["main"]
-    e = grad_helpers.sum_over_rows(f.params[0], f.params[0], axis=-1)
-    sums = 0
-    stack = [e]
-    while stack:  # count the sums of the expression (a tree of a few calls)
-        node = stack.pop()
-        if hasattr(node, "op") and getattr(node.op, "name", None) == "sum":
-            sums += 1
-        stack.extend(getattr(node, "args", ()))
-    assert sums == stages + 1
+    e = grad_helpers.sum_over_rows(f.params[0], f.params[0], axis=axis)
+    assert _sums(e) == sums
     mod = kiln.IRModule.from_expr(Function(f.params, e))
     data = np.random.default_rng(0).standard_normal(shape)
     got = kiln.interpret(mod, data)
-    np.testing.assert_allclose(got, data.reshape(-1, shape[-1]).sum(0), rtol=1e-12)
+    keep = axis % len(shape)
+    want = data.sum(tuple(a for a in range(len(shape)) if a != keep))
+    np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
-def test_other_axes_are_one_sum() -> None:
-    """A kept axis that is not the last (a bias over NCHW channels) is Relay's sum as it was."""
-    x = var("x", shape=(2, 3, 4, 4))
-    f = kiln.infer_types(kiln.IRModule.from_expr(Function((x,), x)))["main"]
-    e = grad_helpers.sum_over_rows(f.params[0], f.params[0], axis=1)
-    assert e.op.name == "sum" and e.args[0] is f.params[0]
+def _torch_batch_norm_grads(arrays: list[np.ndarray], training: bool) -> list[np.ndarray]:
+    x, gamma, beta, r = (torch.tensor(a, requires_grad=True) for a in arrays[:3] + arrays[5:])
+    mean, variance = torch.tensor(arrays[3]), torch.tensor(arrays[4])
+    y = F.batch_norm(x, mean, variance, gamma, beta, training=training, momentum=0.1)
+    (y * r).sum().backward()
+    return [t.grad.numpy() for t in (x, gamma, beta)]
+
+
+@pytest.mark.parametrize("shape", [(8, 6, 12, 10), (2, 5, 7, 9), (3, 4, 16, 2)])
+@pytest.mark.parametrize("training", [False, True])
+def test_batch_norm_gradients_match_torch(shape, training) -> None:
+    """Batch norm's per-channel sums (its gamma and beta gradients, and in training mode the
+    statistics' gradients inside dx) summed axis by axis, compiled, against torch."""
+    c = shape[1]
+    x, r = var("x", shape=shape), var("r", shape=shape)
+    params = [var(n, shape=(c,)) for n in ("gamma", "beta", "mean", "var")]
+    y = nn.batch_norm(x, *params, training=training, momentum=0.1)[0]
+    mod = kiln.infer_types(kiln.IRModule.from_expr(Function((x, *params, r),
+                                                            call("sum", y * r))))
+    rng = np.random.default_rng(sum(shape))
+    arrays = [(2 * rng.standard_normal(shape) + 0.5).astype("float32"),
+              rng.uniform(0.5, 1.5, c).astype("float32"),
+              rng.standard_normal(c).astype("float32"),
+              rng.standard_normal(c).astype("float32"),
+              rng.uniform(0.5, 2.0, c).astype("float32"),
+              rng.standard_normal(shape).astype("float32")]
+    g = grad(mod["main"], mod=mod, mode="first_order", wrt=(0, 1, 2), keeping=())
+    got = kiln.build(kiln.IRModule.from_expr(g, mod), threads=1)(*arrays)
+    for name, a, want in zip(("x", "gamma", "beta"), got, _torch_batch_norm_grads(
+            arrays, training)):
+        np.testing.assert_allclose(np.asarray(a), want, rtol=2e-4,
+                                   atol=2e-4 * np.abs(want).max(), err_msg=name)

@@ -177,8 +177,8 @@ def _batch_norm_training_grad(c: Call, g: Expr) -> list[Expr | None]:
     count = int(np.prod(n, dtype=np.int64)) // n[axis]
     m = attrs.momentum
 
-    def per_channel(e: Expr) -> Expr:
-        return call("sum", e, axis=[axis], exclude=True)
+    def per_channel(e: Expr) -> Expr:  # e has x's shape
+        return gh.sum_over_rows(e, x, axis)
 
     def mean(e: Expr) -> Expr:  # per channel, broadcast back along the channel axis
         return along(per_channel(e) * scalar(1 / count, dt), xt.ndim, axis)
@@ -208,8 +208,8 @@ def _batch_norm_grad(c: Call, g: Expr) -> list[Expr | None]:
     axis = normalize_axis(attrs.axis, xt.ndim)
     dt = xt.dtype
 
-    def per_channel(e: Expr) -> Expr:
-        return call("sum", e, axis=[axis], exclude=True)
+    def per_channel(e: Expr) -> Expr:  # e has x's shape
+        return gh.sum_over_rows(e, x, axis)
 
     inv = call("rsqrt", var + scalar(attrs.epsilon, dt))
     scale = inv * gamma if attrs.scale else inv
