@@ -39,6 +39,7 @@ from kiln.errors import Error, InternalError
 from kiln.ir.expr import Expr
 from kiln.ir.module import IRModule
 from kiln.ir.ty import TupleType, Type
+from kiln.loops.ir import Allocate, For, IfThenElse, Kernel, LetStmt, Seq, TileProduct
 from kiln.runtime.export_c import (
     CTensor,
     WrapperParts,
@@ -284,7 +285,8 @@ def export_library(
             prefix=prefix, header=header_path.name, entry_symbol=code.symbol,
             kernel_symbols=[objects.kernel_symbols[k.name] for k in kernels],
             kernel_messages=[status_messages(k) for k in kernels], constant_offsets=offsets,
-            weights_file="weights.bin" if program.constants else None)
+            weights_file="weights.bin" if program.constants else None,
+            tiles=any(_uses_tiles(k) for k in kernels))
         header = render_header(prefix, out.name, inputs, outputs, code.stack_bytes,
                                f"{tgt.triple}, CPU {tgt.cpu}", signature)
         Path(tmp, header_path.name).write_text(header)
@@ -296,6 +298,22 @@ def export_library(
     return ExportedLibrary(out, header_path, prefix, run_prototype(prefix, inputs, outputs),
                            tuple(inputs), tuple(outputs), tgt, code.stack_bytes, len(blob),
                            objects.compiled)
+
+
+def _uses_tiles(kernel: Kernel) -> bool:
+    """Whether ``kernel`` has a `TileProduct` (AMX: the library asks for the tile state)."""
+    stack: list[object] = [kernel.body]
+    while stack:
+        s = stack.pop()
+        if isinstance(s, TileProduct):
+            return True
+        if isinstance(s, Seq):
+            stack.extend(s.stmts)
+        elif isinstance(s, (For, LetStmt, Allocate)):
+            stack.append(s.body)
+        elif isinstance(s, IfThenElse):
+            stack.extend(x for x in (s.then_case, s.else_case) if x is not None)
+    return False
 
 
 def _install(src: Path, dst: Path) -> None:

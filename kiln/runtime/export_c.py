@@ -34,7 +34,8 @@ workspace""".split())
 # Statuses of the wrapper's own; a kernel's failure is (k + 1) << 16 | status, never below.
 ERRORS = (("NULL_POINTER", "a tensor pointer is NULL"),
           ("NO_MEMORY", "out of memory: cannot allocate the workspace"),
-          ("MISALIGNED_WORKSPACE", "the workspace is not aligned to 64 bytes"))
+          ("MISALIGNED_WORKSPACE", "the workspace is not aligned to 64 bytes"),
+          ("NO_TILES", "Linux did not grant this process the AMX tile state its kernels use"))
 
 
 @dataclass(frozen=True)
@@ -230,6 +231,7 @@ class WrapperParts:
     kernel_messages: list[list[str]]  # each kernel's status messages (status - 1)
     constant_offsets: list[int]  # each constant's offset in the weights section
     weights_file: str | None  # the raw weights, for .incbin; None when there are none
+    tiles: bool = False  # a kernel uses AMX tiles: ask Linux for the tile state at load
 
 
 def render_wrapper(parts: WrapperParts, inputs: list[CTensor], outputs: list[CTensor]) -> str:
@@ -246,6 +248,16 @@ def render_wrapper(parts: WrapperParts, inputs: list[CTensor], outputs: list[CTe
     ]
     out += ["", "/* Read by parallel loops each time one starts (kiln/codegen/outline.py). */",
             "int32_t kiln_num_threads = 1;", ""]
+    if parts.tiles:
+        out += [
+            "/* AMX: a process must ask Linux for the tile state before its first tile",
+            " * instruction (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA), or that faults. */",
+            "#include <sys/syscall.h>",
+            "#include <unistd.h>",
+            "static int kiln_tiles_granted;",
+            "__attribute__((constructor)) static void kiln_init_tiles(void) {",
+            "    kiln_tiles_granted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;",
+            "}", ""]
     if parts.weights_file is not None:
         # A bare file name, resolved by the assembler in the directory the compiler runs in.
         assert re.fullmatch(r"[\w.-]+", parts.weights_file), parts.weights_file
@@ -284,6 +296,8 @@ def render_wrapper(parts: WrapperParts, inputs: list[CTensor], outputs: list[CTe
     if checks:
         out.append(f"    if ({' || '.join(f'!{c}' for c in checks)}) "
                    f"return {up}_ERROR_NULL_POINTER;")
+    if parts.tiles:
+        out.append(f"    if (!kiln_tiles_granted) return {up}_ERROR_NO_TILES;")
     out += [f"    if ((uintptr_t)workspace % 64 != 0) return {up}_ERROR_MISALIGNED_WORKSPACE;",
             "    const void *const ins[] = {" + ", ".join(
                 [f"(const void *){t.c_name}" for t in inputs] or ["0"]) + "};",

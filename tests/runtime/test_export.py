@@ -325,3 +325,27 @@ def test_aarch64_parallel_kernels_run_on_the_pool_under_qemu(tmp_path: Path) -> 
     check(outs[0], want)
     for a, b in zip(*outs):
         np.testing.assert_array_equal(a, b)
+
+
+@needs_cc
+def test_an_int8_conv_on_amx_tiles_runs_from_c(tmp_path: Path) -> None:
+    # the library asks Linux for the tile state when it loads (a C program never called
+    # arch_prctl), and the conv's tiles then compute what numpy does
+    from kiln.loops import int8_amx
+    from kiln.target import Target
+
+    if not int8_amx.usable(Target.host()):
+        pytest.skip("this machine has no AMX-INT8 (or Linux did not grant the tile state)")
+    rng = np.random.default_rng(4)
+    w = rng.integers(-128, 128, (24, 40, 3, 3)).astype("int8")
+    x = kiln.var("x", shape=(1, 40, 6, 7), dtype="uint8")
+    body = kiln.op.nn.conv2d(x, kiln.const(w), padding=(1, 1), channels=24,
+                             kernel_size=(3, 3), out_dtype="int32")
+    mod = kiln.IRModule.from_expr(kiln.Function([x], body))
+    lib = export_library(mod, tmp_path / "tiles.so")
+    assert "kiln_init_tiles" in (tmp_path / "tiles.so").read_bytes().decode("latin-1")
+    xs = rng.integers(0, 256, (1, 40, 6, 7)).astype("uint8")
+    xp = np.pad(xs.astype(np.int64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    want = sum(np.einsum("nchw,oc->nohw", xp[:, :, ky:ky + 6, kx:kx + 7],
+                         w[:, :, ky, kx].astype(np.int64)) for ky in range(3) for kx in range(3))
+    np.testing.assert_array_equal(run_c(lib, [xs])[0], want.astype(np.int32))
