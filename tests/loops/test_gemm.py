@@ -169,7 +169,9 @@ def test_default_schedule(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (big.mr, big.nr, big.kc, big.lanes) == (6, 16, 256, 8) and big.parallel == "n"
     assert big.mc % big.mr == 0 and big.nc % big.nr == 0
     wide = GemmSchedule.default(1, 1024, 1024, 1024, threads=2, target=Target.parse(AVX512))
-    assert (wide.mr, wide.nr, wide.lanes) == (14, 32, 16)
+    # 14 rows fit the registers; 13 pad 1024 rows to 1027, 14 to 1036
+    assert (wide.mr, wide.nr, wide.lanes) == (13, 32, 16)
+    assert GemmSchedule.default(1, 28, 1024, 64, target=Target.parse(AVX512)).mr == 14
     assert GemmSchedule.default(1, 8, 8, 8, threads=2, target=avx2).parallel is None
     assert GemmSchedule.default(8, 128, 128, 64, threads=2, target=avx2).parallel == "batch"
     assert GemmSchedule.default(1, 512, 16, 4608, threads=2, target=avx2).parallel == "m"
@@ -278,8 +280,10 @@ def test_gemm_kernel_schedule_follows_the_target(spec: str) -> None:
     prim = next(f for f in post_order(fused["main"])
                 if isinstance(f, kiln.Function) and f.attrs.get("Primitive"))
     (name, knobs), = lower_primitive(prim, "d", target=t).attrs["schedules"]
-    assert (knobs["mr"], knobs["nr"], knobs["lanes"]) == (*register_tile(t),
-                                                           t.lanes("float32"))
+    mr, nr = register_tile(t)
+    assert (knobs["nr"], knobs["lanes"]) == (nr, t.lanes("float32"))
+    # the tile's height, or up to two rows less where that pads M less (37 rows: 13 of 14)
+    assert mr - 2 <= knobs["mr"] <= mr and -(-m // knobs["mr"]) * knobs["mr"] <= -(-m // mr) * mr
 
 
 @pytest.mark.parametrize("spec", ["llvm", NO_AVX512])
