@@ -131,3 +131,34 @@ def test_batch_norm_gradients_match_torch(shape, training) -> None:
             arrays, training)):
         np.testing.assert_allclose(np.asarray(a), want, rtol=2e-4,
                                    atol=2e-4 * np.abs(want).max(), err_msg=name)
+
+
+def test_relu_gradient_reads_its_result_so_relu_fuses_with_its_producer() -> None:
+    """relu's adjoint masks by its result (positive exactly where its input is), so the
+    input keeps relu as its only consumer: in a compiled gradient the batch norm's scale and
+    shift and the relu are one kernel, not two with the normalized values stored between;
+    the gradients still equal torch's."""
+    shape = (4, 6, 5, 5)
+    x, r = var("x", shape=shape), var("r", shape=shape)
+    params = [var(n, shape=(6,)) for n in ("gamma", "beta", "mean", "var")]
+    y = nn.relu(nn.batch_norm(x, *params)[0])
+    mod = kiln.infer_types(kiln.IRModule.from_expr(Function((x, *params, r),
+                                                            call("sum", y * r))))
+    g = grad(mod["main"], mod=mod, mode="first_order", wrt=(0, 1, 2), keeping=())
+    exe = kiln.build(kiln.IRModule.from_expr(g, mod), threads=1)
+    kernels = [k.ops for k in exe.program.kernels.values()]
+    # the shift (add) and the relu in one kernel
+    assert any(ops[-2:] == ("add", "nn.relu") for ops in kernels), kernels
+    rng = np.random.default_rng(7)
+    arrays = [rng.standard_normal(shape).astype("float32"),
+              rng.uniform(0.5, 1.5, 6).astype("float32"),
+              rng.standard_normal(6).astype("float32"),
+              rng.standard_normal(6).astype("float32"),
+              rng.uniform(0.5, 2.0, 6).astype("float32"),
+              rng.standard_normal(shape).astype("float32")]
+    tx, tg, tb, tr = (torch.tensor(a, requires_grad=True) for a in
+                      (arrays[0], arrays[1], arrays[2], arrays[5]))
+    out = F.relu(F.batch_norm(tx, torch.tensor(arrays[3]), torch.tensor(arrays[4]), tg, tb))
+    (out * tr).sum().backward()
+    for a, want in zip(exe(*arrays), (tx.grad, tg.grad, tb.grad)):
+        np.testing.assert_allclose(np.asarray(a), want.numpy(), rtol=2e-4, atol=2e-5)

@@ -53,6 +53,14 @@ def _positive_or(c: Call, g: Expr, otherwise: Expr) -> Expr:
     return call("where", call("greater", x, scalar(0, gh.dtype(x))), g, otherwise)
 
 
+def _relu_grad(c: Call, g: Expr) -> list[Expr | None]:
+    # the adjoint where the result is positive, which is where the input is (NaN in, NaN out,
+    # neither positive): read from the result, the input keeps relu as its only consumer, so
+    # that relu fuses with the operators before it (a batch norm's scale and shift) instead
+    # of the input being stored for the gradient
+    return [call("where", call("greater", c, scalar(0, gh.dtype(c))), g, gh.zeros_like(g))]
+
+
 relu = register(
     "nn.relu",
     inputs=("data",),
@@ -60,7 +68,7 @@ relu = register(
     compute=_relu,
     pattern=OpPattern.ELEMWISE,
     doc="max(x, 0) elementwise.",
-    gradient=lambda c, g: [_positive_or(c, g, gh.zeros_like(g))],
+    gradient=_relu_grad,
     lower=oplib.unary(lambda x: Binary("max", x, oplib.dtype_const(0, x.dtype))),
 )
 
