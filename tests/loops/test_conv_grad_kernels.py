@@ -173,3 +173,37 @@ def test_conv2d_gradient_matches_torch_autograd(xs: tuple, ws: tuple, strides: t
     assert tw.grad is not None and tx.grad is not None
     np.testing.assert_allclose(dw, tw.grad.numpy(), rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_a_weight_gradient_past_l2_takes_long_k_blocks() -> None:
+    """Where the weight gradient (C) does not fit in half of L2, K (the pixels) is cut into
+    blocks of up to four L1s of B's micro-panel instead of the GEMM's default half L1, as
+    evenly as it goes: C round-trips through memory between blocks (conv_grad_kernels.schedule)."""
+    from kiln.loops import conv_grad_kernels as cgk
+    from kiln.loops.gemm import GemmSchedule
+
+    spr = Target.parse("llvm -mcpu=sapphirerapids")  # 32 KiB L1, 1 MiB L2
+    assert cgk.schedule(512, 4608, 392, spr).kc == 392  # one block, not four
+    assert cgk.schedule(256, 2304, 1568, spr).kc == 784  # two of 784, not fourteen
+    # a small C (the first layer's 64 x 147) keeps the GEMM's default
+    default = GemmSchedule.default(1, 64, 147, 100352, "float32", a_prepacked=True,
+                                   target=spr)
+    assert cgk.schedule(64, 147, 100352, spr) == default
+
+
+def test_long_k_blocks_with_a_fused_update_match_torch() -> None:
+    # a weight gradient of 160 x 2304 taps (1.5 MB, past half this machine's L2 when it
+    # has 2 MiB or less) over K = 1600 pixels, in the phase planes (256 channels), the
+    # momentum update of SGD fused in its epilogue, against torch in float64
+    xs, o = (4, 256, 20, 20), 160
+    g, x = inputs(xs, o, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1))
+    v = RNG.standard_normal((o, 256, 3, 3)).astype(np.float32)
+    gv, xv, vv = (kiln.var(n, shape=a.shape, dtype="float32")
+                  for n, a in (("g", g), ("x", x), ("v", v)))
+    dw = nn.conv2d_backward_weight(gv, xv, kernel_size=(3, 3), padding=(1, 1))
+    body = kiln.op.add(kiln.op.multiply(kiln.const(np.float32(0.9)), vv), dw)
+    exe = kiln.build(kiln.IRModule.from_expr(kiln.Function((gv, xv, vv), body)), threads=1)
+    kernels = [d.ops for d in exe.program.kernels.values()]
+    assert any("nn.conv2d_backward_weight" in ops and "add" in ops for ops in kernels)
+    want = 0.9 * v + reference(g, x, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1))
+    np.testing.assert_allclose(exe(g, x, v), want, rtol=1e-4, atol=2e-5 * 1600)
