@@ -6,7 +6,9 @@ weights: forward, cross-entropy loss, gradients of every parameter, and the opti
 (SGD with momentum 0.9, or --optimizer adam). kiln's step is one compiled program that updates
 the weights in place; PyTorch's is ``zero_grad``, forward, ``backward``, ``opt.step()``. The two
 are timed alternately, one step each, and the medians reported, with the bytes a kiln step
-allocates after the first (tracemalloc).
+allocates after the first (tracemalloc). With ``--threads 1`` the medians of the CPU time of
+the calling thread (which runs both frameworks' kernels then) are reported too: on a machine
+other jobs share, they leave out the time a step waits for a core.
 
     .venv/bin/python benchmarks/training.py                 # MLP, small CNN, 2-layer encoder
     .venv/bin/python benchmarks/training.py --full          # + ResNet-18 b8, 4-layer encoder
@@ -160,20 +162,26 @@ def run(case: Case, optimizer: str, repeat: int, threads: int | None,
     step(x, y)
     allocated = tracemalloc.get_traced_memory()[1] - base
     tracemalloc.stop()
-    kiln_t, torch_t = [], []
+    kiln_t, torch_t, kiln_c, torch_c = [], [], [], []
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        c0, t0 = time.thread_time(), time.perf_counter()
         step(x, y)
-        t1 = time.perf_counter()
+        c1, t1 = time.thread_time(), time.perf_counter()
         torch_step()
-        t2 = time.perf_counter()
+        c2, t2 = time.thread_time(), time.perf_counter()
         kiln_t.append(t1 - t0)
         torch_t.append(t2 - t1)
+        kiln_c.append(c1 - c0)
+        torch_c.append(c2 - c1)
     k, t = 1000 * statistics.median(kiln_t), 1000 * statistics.median(torch_t)
+    kc, tc = 1000 * statistics.median(kiln_c), 1000 * statistics.median(torch_c)
+    cpu = threads == 1
     print(f"{case.name}")
-    print(f"  kiln.train.Step   {k:9.3f} ms   (import and build {built:.1f} s; "
-          f"{allocated} bytes traced per step, {step.results_allocated} result arrays)")
-    print(f"  torch eager       {t:9.3f} ms   torch/kiln {t / k:.2f}x")
+    print(f"  kiln.train.Step   {k:9.3f} ms" + (f"  cpu {kc:9.3f} ms" if cpu else "")
+          + f"   (import and build {built:.1f} s; {allocated} bytes traced per step, "
+          f"{step.results_allocated} result arrays)")
+    print(f"  torch eager       {t:9.3f} ms" + (f"  cpu {tc:9.3f} ms" if cpu else "")
+          + f"   torch/kiln {t / k:.2f}x" + (f" (cpu {tc / kc:.2f}x)" if cpu else ""))
     if profile:  # the step's program, on the inputs of its last call
         for program in step._programs:
             print(program.exe.profile(*program.inputs, repeat=max(3, repeat // 2)))
