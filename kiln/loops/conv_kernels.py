@@ -184,9 +184,16 @@ class Planes:
             return [For(i, Const(0), Const(count), Store(out, (start + i,), padding),
                         "vectorized")]
 
+        # the phases some tap reads (a 1×1 kernel of stride 2 reads one of the four): the
+        # others are left unwritten, their place only read by the columns past the last
+        # pixel, whose results are thrown away
+        (dh, dw), (kh, kw) = self.dilation, self.kernel
+        read = {((ky * dh) % sh, (kx * dw) % sw) for ky in range(kh) for kx in range(kw)}
         stmts: list[Stmt] = []
         for py in range(sh):
             for px in range(sw):
+                if (py, px) not in read:
+                    continue
                 base = ((py * sw + px) * self.channels + ch) * plane
                 # plane row pr holds input row pr·sh + py - top; column pc, pc·sw + px - left
                 r0 = max(0, -((py - top) // sh))

@@ -49,7 +49,6 @@ from kiln.loops.ir import (
     Expr,
     For,
     IfThenElse,
-    LetStmt,
     Load,
     Seq,
     Stmt,
@@ -140,60 +139,54 @@ def _tap(geo: Planes, group: int, ky: int, kx: int) -> int:
     return int(offset.value)
 
 
+BLOCK_PIXELS = 2 * TILE_WORDS  # a block: two tiles of pixels
+BAND_BYTES = 256 * 1024  # a band's B words and sums, kept in a core's L2
+
+
+@dataclass(frozen=True)
+class _Band:
+    """The work of one thread at a time: output rows [u·rows, u·rows + rows) (fewer in the
+    last band) of every output channel, or — by channel pair (``by_m``, deep layers with
+    few pixels) — every row of channels 32·u .. 32·u + 31. Its pixels are the product's
+    columns from ``u·rows·pitch`` (0 by channel pair), in ``blocks`` blocks of 32 (the last
+    one past the band's pixels), ``width`` = 32·blocks columns."""
+
+    rows: int
+    blocks: int
+    units: int
+    by_m: bool
+
+    @property
+    def width(self) -> int:
+        return self.blocks * BLOCK_PIXELS
+
+
 @dataclass(frozen=True)
 class _Source:
     """Where a form's B tiles come from: ``setup`` once per call (within ``owned``),
     ``fill(img)`` once per image (within ``per_image``), ``words`` words per pixel that
-    ``block(buf, at, np, s, y0)`` writes for block ``np`` into ``buf`` from element ``at``
-    (rows of 32 words; None: none), ``tile(k, j, np, at, buf)`` the first word of pixel
-    tile j of block np at K step k (rows ``stride`` apart; its words from element ``at`` of
-    ``buf``, where it has any), and ``pitch``: how far apart two output rows' pixels are in
-    the product's N."""
+    ``band_words(buf, y0, count)`` writes for output rows y0 .. y0 + count - 1 into ``buf``
+    (rows of ``width`` words; None: none), ``tile(k, col, buf)`` the first word of the
+    16 pixels from product column ``col`` (from the band's first) at K step k, rows
+    ``stride`` apart (None: the band's width), and ``pitch``: how far apart two output
+    rows' pixels are in the product's columns."""
 
     owned: tuple[LBuffer, ...]
     setup: Stmt | None
     per_image: tuple[LBuffer, ...]
     fill: Callable[[Expr], Stmt]
     words: int
-    block: Callable[[LBuffer, Expr, Expr, Expr, Expr], Stmt] | None
-    tile: Callable[[Expr, int, Expr, Expr, LBuffer | None], Load]
-    stride: int
+    band_words: Callable[[LBuffer, Expr, Expr, int], Stmt] | None
+    tile: Callable[[Expr, Expr, Expr, LBuffer | None, int], Load]
+    stride: int | None
     pitch: int
 
 
-BLOCK_PIXELS = 2 * TILE_WORDS  # a block: two tiles of pixels
-BAND_BYTES = 256 * 1024  # a band's B words and sums, kept in a core's L2
-
-
-def _reach(pitch: int) -> int:
-    """Output rows a block of `BLOCK_PIXELS` can touch, from any column of a row."""
-    return -(-(pitch - 1 + BLOCK_PIXELS) // pitch)
-
-
-def _block_pixels(pitch: int, valid: int, s: Expr, cols: Expr,
-                  body: Callable[[int, Expr, Expr], Stmt]) -> Stmt:
-    """A block's pixels, one run of columns per output row it touches: the block's column c
-    (< ``cols``) is pixel x = c + s - r·pitch of its row r (from row y0, at column s), a
-    result where 0 ≤ x < ``valid``; ``body(r, c, x)`` for each (the test proves c < 32 and
-    0 ≤ x < valid to the verifier; it always holds)."""
-    runs: list[Stmt] = []
-    for r in range(_reach(pitch)):
-        c = Var("c")
-        lo = Binary("min", Binary("max", Const(r * pitch, INDEX) - s, Const(0, INDEX)), cols)
-        hi = Binary("min", Const((r + 1) * pitch, INDEX) - s, cols)
-        xe = c + (s - r * pitch)
-        inside = Binary("and", Binary("and", Binary("lt", c, Const(BLOCK_PIXELS, INDEX)),
-                                      Binary("ge", xe, Const(0, INDEX))),
-                        Binary("lt", xe, Const(valid, INDEX)))
-        runs.append(For(c, lo, Binary("max", hi - lo, Const(0, INDEX)),
-                        IfThenElse(inside, body(r, c, xe)), "vectorized"))
-    return Seq(tuple(runs))
-
-
-def _channel_planes(x: Tensor, chosen: TilePlan, kernel: tuple[int, int], npad: int,
+def _channel_planes(x: Tensor, chosen: TilePlan, kernel: tuple[int, int], last: int,
                     pad_value: int, tgt: Target) -> _Source:
     """The "channels" form: the VNNI kernel's phase planes, 4 channels a word, read in
-    place; a K step's 16 rows are 16 channel groups at one tap, a plane apart."""
+    place; a K step's 16 rows are 16 channel groups at one tap, a plane apart. ``last``:
+    the product column past every column a band reads."""
     geo = chosen.planes
     assert geo is not None  # the "channels" form has planes
     kh, kw = kernel
@@ -203,8 +196,8 @@ def _channel_planes(x: Tensor, chosen: TilePlan, kernel: tuple[int, int], npad: 
     starts = [_tap(geo, TILE_ROWS * cb, ky, kx)
               for ky in range(kh) for kx in range(kw) for cb in range(cblocks)]
     span = 1 << max(max(starts), 1).bit_length()
-    reach = (TILE_ROWS - 1) * geo.plane + npad  # a B tile's pixels past its first element
-    used = geo.size(npad)
+    reach = (TILE_ROWS - 1) * geo.plane + last  # a B tile's pixels past its first element
+    used = geo.size(last)
     planes = LBuffer("planes", (max(used, span + reach),), "int32", "local")
     taps = LBuffer("taps", (len(starts),), INDEX, "local")
 
@@ -215,9 +208,9 @@ def _channel_planes(x: Tensor, chosen: TilePlan, kernel: tuple[int, int], npad: 
                             False) for k in range(4)]
         return q.pack_lanes(vals, 8)
 
-    def tile(k: Expr, j: int, np_: Expr, at: Expr, buf: LBuffer | None) -> Load:
+    def tile(k: Expr, start: Expr, col: Expr, buf: LBuffer | None, width: int) -> Load:
         off = Binary("floormod", Load(taps, (k,)), Const(span, INDEX))
-        return Load(planes, (off + (np_ * 2 + j) * TILE_WORDS,))
+        return Load(planes, (off + start + col,))
 
     table = Seq(tuple(Store(taps, (Const(i, INDEX),), Const(v, INDEX))
                       for i, v in enumerate(starts)))
@@ -231,9 +224,9 @@ def _tap_rows(x: Tensor, chosen: TilePlan, kernel: tuple[int, int], strides: Seq
               pad_value: int) -> _Source:
     """The "taps" form: a K word is 4 neighbouring taps of one kernel row and channel, so it
     is 4 consecutive bytes of the padded input. Each call pads the input once (bytes) and
-    makes every 4-byte window of it a word (contiguous vector loads); each block of 32
-    pixels copies its words of every (channel, ky, kx // 4) into 32-word rows (one int32
-    load a word, ``sw`` apart: interleaved loads), 16 rows a K step for its B tiles."""
+    makes every 4-byte window of it a word (contiguous vector loads); each band copies the
+    words of every (channel, ky, kx // 4) for its pixels into rows (one int32 load a word,
+    ``sw`` apart: interleaved loads), 16 rows a K step for its B tiles."""
     kh, kw = kernel
     (sh, sw), dh = (int(strides[0]), int(strides[1])), int(dilation[0])
     top, left = int(padding[0]), int(padding[1])
@@ -244,7 +237,6 @@ def _tap_rows(x: Tensor, chosen: TilePlan, kernel: tuple[int, int], strides: Seq
     image = LBuffer("padded", (c, hp, wp + 3), x.dtype, "local")
     windows = LBuffer("windows", (c, hp, wp), "int32", "local")
     pad = Const(pad_value, x.dtype)
-    words = chosen.steps * TILE_ROWS
 
     def fill(img: Expr) -> Stmt:
         ch, r, col = Var("ci"), Var("r"), Var("col")
@@ -258,24 +250,22 @@ def _tap_rows(x: Tensor, chosen: TilePlan, kernel: tuple[int, int], strides: Seq
         return Seq((copy, For(ch, Const(0), Const(c), For(r, Const(0), Const(hp), For(
             col, Const(0), Const(wp), Store(windows, (ch, r, col), window), "vectorized")))))
 
-    def block(buf: LBuffer, at: Expr, np_: Expr, s: Expr, y0: Expr) -> Stmt:
-        cols = Binary("min", Const(BLOCK_PIXELS, INDEX), Const(oh * ow, INDEX) - np_ * BLOCK_PIXELS)
-        cc, ky, qq = Var("c"), Var("ky"), Var("q")
+    def band_words(buf: LBuffer, y0: Expr, count: Expr, width: int) -> Stmt:
+        cc, ky, qq, y, xx = Var("c"), Var("ky"), Var("q"), Var("y"), Var("x")
         g = (cc * kh + ky) * nq + qq
-
-        def put(r: int, col: Expr, xe: Expr) -> Stmt:
-            y = Binary("min", y0 + r, Const(oh - 1, INDEX))  # past the last row: no run
-            word = Load(windows, (cc, y * sh + ky * dh, xe * sw + qq * 4))
-            return Store(buf, (at + g * BLOCK_PIXELS + col,), word)
-
+        row = Binary("min", y0 + y, Const(oh - 1, INDEX))  # a no-op: y < count
+        word = Load(windows, (cc, row * sh + ky * dh, xx * sw + qq * 4))
         return For(cc, Const(0), Const(c), For(ky, Const(0), Const(kh), For(
-            qq, Const(0), Const(nq), _block_pixels(ow, ow, s, cols, put))))
+            qq, Const(0), Const(nq), For(y, Const(0), count, For(
+                xx, Const(0), Const(ow), Store(buf, (g * width + y * ow + xx,), word),
+                "vectorized")))))
 
-    def tile(k: Expr, j: int, np_: Expr, at: Expr, buf: LBuffer | None) -> Load:
-        assert buf is not None  # this form's blocks have words
-        return Load(buf, (at + k * (TILE_ROWS * BLOCK_PIXELS) + j * TILE_WORDS,))
+    def tile(k: Expr, start: Expr, col: Expr, buf: LBuffer | None, width: int) -> Load:
+        assert buf is not None  # this form's bands have words
+        return Load(buf, (k * (TILE_ROWS * width) + col,))
 
-    return _Source((), None, (image, windows), fill, words, block, tile, BLOCK_PIXELS, ow)
+    return _Source((), None, (image, windows), fill, chosen.steps * TILE_ROWS, band_words,
+                   tile, None, ow)
 
 
 def conv2d_tiled(x: Tensor, wt: LBuffer, strides: Sequence[int], padding: Sequence[int],
@@ -293,99 +283,82 @@ def conv2d_tiled(x: Tensor, wt: LBuffer, strides: Sequence[int], padding: Sequen
     if chosen is None or chosen.form != form or tuple(wt.shape) != (
             chosen.mtiles, chosen.steps, TILE_ROWS, TILE_WORDS):
         return None
-    steps, mtiles, ntiles = chosen.steps, chosen.mtiles, chosen.ntiles
-    npad = ntiles * TILE_WORDS
-    src = (_channel_planes(x, chosen, (kh, kw), npad, pad_value, tgt) if form == "channels"
+    steps, mtiles = chosen.steps, chosen.mtiles
+    mpairs = -(-mtiles // 2)
+    pitch = ow if form == "taps" else chosen.planes.cols if chosen.planes else ow
+    # The work goes in bands, each on one thread: its B words (the "taps" form), then all
+    # its tile products back to back (the tile unit idles between short bursts: a product
+    # and an epilogue per block took several times the sum of their times), then its
+    # epilogue, whole output rows read from its sums with no test per pixel (vector code).
+    words = chosen.steps * TILE_ROWS if form == "taps" else 0
+    by_m = chosen.parallel == "m" and form == "channels"
+    held = 2 * TILE_ROWS if by_m else mpairs * 2 * TILE_ROWS  # output channels a band holds
+    if by_m:
+        band = _Band(oh, -(-oh * pitch // BLOCK_PIXELS), mpairs, True)
+    else:
+        rows = max(1, min(oh, BAND_BYTES // (4 * pitch * (held + words))))
+        if chosen.parallel:
+            rows = max(1, min(rows, -(-oh // (CHUNKS_PER_THREAD * tgt.cores))))
+        band = _Band(rows, -(-rows * pitch // BLOCK_PIXELS), -(-oh // rows), False)
+    width = band.width
+    last = band.units * band.rows * pitch + width  # past every product column a band reads
+    src = (_channel_planes(x, chosen, (kh, kw), last, pad_value, tgt) if form == "channels"
            else _tap_rows(x, chosen, (kh, kw), strides, padding, dilation, (oh, ow),
                           pad_value))
-    pitch = src.pitch
-    n = (oh - 1) * pitch + ow  # the product's columns: pixel (y, x) is y·pitch + x
-    mpairs, npairs = -(-mtiles // 2), ntiles // 2
-    # The work goes in units, each on one thread: its blocks' B words (the "taps" form),
-    # then all its products back to back (the tile unit idles between short bursts: a
-    # product and an epilogue per block took several times the sum of their times), then
-    # its epilogues. Over pixels: a band of blocks, every output channel; over channels
-    # ("m", deep layers with few pixels): a pair of channel tiles, every block.
-    by_m = chosen.parallel == "m" and src.block is None
-    rows = 2 * TILE_ROWS if by_m else mpairs * 2 * TILE_ROWS  # output channels a unit holds
-    per_block = 4 * BLOCK_PIXELS * (rows + src.words)
-    if by_m:
-        band = npairs
-    else:
-        band = max(1, min(npairs, BAND_BYTES // per_block))
-        if chosen.parallel:
-            band = max(1, min(band, -(-npairs // (CHUNKS_PER_THREAD * tgt.cores))))
-    units = mpairs if by_m else -(-npairs // band)
-    sums = LBuffer("sums", (band * rows * BLOCK_PIXELS,), "int32", "local")
-    words = (LBuffer("words", (band * src.words * BLOCK_PIXELS,), "int32", "local")
-             if src.words else None)
+    stride = src.stride if src.stride is not None else width
+    sums = LBuffer("sums", (held * width,), "int32", "local")
+    bwords = LBuffer("words", (words * width,), "int32", "local") if words else None
 
-    def product(mp: Expr, np_: Expr, at_b: Expr, at_c: Expr, count: int) -> Stmt:
+    def product(mp: Expr, start: Expr, blk: Expr, o0: Expr, count: int) -> Stmt:
         k = Var("k")
         a = tuple(Load(wt, (mp * 2 + i, k, Const(0, INDEX), Const(0, INDEX)))
                   for i in range(count))
-        b = tuple(src.tile(k, j, np_, at_b, words) for j in range(2))
-        cs = tuple(Load(sums, (at_c + (i * TILE_ROWS * BLOCK_PIXELS + j * TILE_WORDS),))
+        b = tuple(src.tile(k, start, blk * BLOCK_PIXELS + j * TILE_WORDS, bwords, width)
+                  for j in range(2))
+        cs = tuple(Load(sums, ((o0 + i * TILE_ROWS) * width + blk * BLOCK_PIXELS
+                               + j * TILE_WORDS,))
                    for i in range(count) for j in range(2))
-        return TileProduct(k, Const(steps, INDEX), a, b, cs, TILE_WORDS, src.stride,
-                           BLOCK_PIXELS, weight_dtype, x.dtype)
+        return TileProduct(k, Const(steps, INDEX), a, b, cs, TILE_WORDS, stride, width,
+                           weight_dtype, x.dtype)
 
-    def products(mp: Expr, np_: Expr, at_b: Expr, at_c: Expr) -> Stmt:
+    def products(mp: Expr, start: Expr, blk: Expr, o0: Expr) -> Stmt:
         if mtiles % 2 == 0 or mtiles == 1:
-            return product(mp, np_, at_b, at_c, min(mtiles, 2))
+            return product(mp, start, blk, o0, min(mtiles, 2))
         return IfThenElse(Binary("lt", mp, Const(mtiles // 2, INDEX)),
-                          product(mp, np_, at_b, at_c, 2), product(mp, np_, at_b, at_c, 1))
-
-    def at(np_: Expr, body: Callable[[Expr, Expr], Stmt]) -> Stmt:
-        """``body(s, y0)``: block ``np_``'s first pixel is column s of output row y0."""
-        s, y0 = Var("s"), Var("y0")
-        j0 = np_ * BLOCK_PIXELS
-        return LetStmt(s, j0 % pitch, LetStmt(y0, j0 // pitch, body(s, y0)))
-
-    def epilogue(write: WriteFn, img: Expr, o0: Expr, np_: Expr, at_c: Expr) -> Stmt:
-        o = Var("o")
-        count = Binary("min", Const(rows, INDEX), Const(oc, INDEX) - o0)
-        ch = Binary("min", o0 + o, Const(oc - 1, INDEX))  # a no-op: o < count
-        cols = Binary("min", Const(BLOCK_PIXELS, INDEX), Const(n, INDEX) - np_ * BLOCK_PIXELS)
-
-        def body(s: Expr, y0: Expr) -> Stmt:
-            def put(r: int, col: Expr, xe: Expr) -> Stmt:
-                y = Binary("min", y0 + r, Const(oh - 1, INDEX))  # past the last row: no run
-                return write((img, ch, y, xe), Load(sums, (at_c + o * BLOCK_PIXELS + col,)))
-            return For(o, Const(0), count, _block_pixels(pitch, ow, s, cols, put))
-
-        return at(np_, body)
+                          product(mp, start, blk, o0, 2), product(mp, start, blk, o0, 1))
 
     def unit(write: WriteFn, img: Expr, u: Expr) -> Stmt:
-        nb, b = Var("nb"), Var("b")
-        if by_m:
-            mp_of: Callable[[Expr], Expr] = lambda mb: u  # noqa: E731
-            blocks: Expr = Const(npairs, INDEX)
-            np_of: Callable[[Expr], Expr] = lambda bl: bl  # noqa: E731
+        if band.by_m:
+            y0: Expr = Const(0, INDEX)
+            count: Expr = Const(oh, INDEX)
         else:
-            mp_of = lambda mb: mb  # noqa: E731
-            blocks = Binary("min", Const(band, INDEX), Const(npairs, INDEX) - u * band)
-            np_of = lambda bl: Binary("min", u * band + bl, Const(npairs - 1, INDEX))  # noqa
+            y0 = u * band.rows
+            count = Binary("min", Const(band.rows, INDEX), Const(oh, INDEX) - y0)
+        start = y0 * pitch  # the band's first product column
+        blocks = (count * pitch + (BLOCK_PIXELS - 1)) // BLOCK_PIXELS
         stmts: list[Stmt] = []
-        if src.block is not None and words is not None:
-            fill_block = src.block
-            stmts.append(For(b, Const(0), blocks, at(np_of(b), lambda s, y0: fill_block(
-                words, b * (src.words * BLOCK_PIXELS), np_of(b), s, y0))))
-        mb, b2 = Var("mb"), Var("b")
-        m_loop = (Const(1, INDEX) if by_m else Const(mpairs, INDEX))
-        stmts.append(For(b2, Const(0), blocks, For(mb, Const(0), m_loop, products(
-            mp_of(mb), np_of(b2), b2 * (src.words * BLOCK_PIXELS),
-            (b2 * rows + mb * 2 * TILE_ROWS) * BLOCK_PIXELS))))
-        o0 = u * (2 * TILE_ROWS) if by_m else Const(0, INDEX)
-        stmts.append(For(nb, Const(0), blocks, epilogue(write, img, o0, np_of(nb),
-                                                         nb * (rows * BLOCK_PIXELS))))
-        body: Stmt = Seq(tuple(stmts))
-        body = Allocate(sums, body)
-        return Allocate(words, body) if words is not None else body
+        if src.band_words is not None and bwords is not None:
+            stmts.append(src.band_words(bwords, y0, count, width))
+        blk, mb = Var("b"), Var("mb")
+        if band.by_m:
+            stmts.append(For(blk, Const(0), blocks, products(u, start, blk, Const(0, INDEX))))
+        else:
+            stmts.append(For(blk, Const(0), blocks, For(mb, Const(0), Const(mpairs), products(
+                mb, start, blk, mb * (2 * TILE_ROWS)))))
+        o, y, xx = Var("o"), Var("y"), Var("x")
+        o_first = u * (2 * TILE_ROWS) if band.by_m else Const(0, INDEX)
+        channels = Binary("min", Const(held, INDEX), Const(oc, INDEX) - o_first)
+        ch = Binary("min", o_first + o, Const(oc - 1, INDEX))  # a no-op: o < channels
+        row = Binary("min", y0 + y, Const(oh - 1, INDEX))  # a no-op: y < count
+        value = Load(sums, (o * width + (y * pitch + xx),))
+        stmts.append(For(o, Const(0), channels, For(y, Const(0), count, For(
+            xx, Const(0), Const(ow), write((img, ch, row, xx), value), "vectorized"))))
+        body: Stmt = Allocate(sums, Seq(tuple(stmts)))
+        return Allocate(bwords, body) if bwords is not None else body
 
     def emit(write: WriteFn) -> Stmt:
         img, u = Var("n"), Var("u")
-        tiles = For(u, Const(0), Const(units), unit(write, img, u),
+        tiles = For(u, Const(0), Const(band.units), unit(write, img, u),
                     "parallel" if chosen.parallel else "serial")
         per_image: Stmt = Seq((src.fill(img), tiles))
         for buf in src.per_image:
@@ -398,7 +371,7 @@ def conv2d_tiled(x: Tensor, wt: LBuffer, strides: Sequence[int], padding: Sequen
         return stmt
 
     t = extern((nimg, oc, oh, ow), "int32", emit)
-    t.schedule = {"kernel": "amx", "form": form, "mtiles": mtiles, "ntiles": ntiles,
-                  "steps": steps, "parallel": chosen.parallel, "band": band,
+    t.schedule = {"kernel": "amx", "form": form, "mtiles": mtiles, "steps": steps,
+                  "parallel": chosen.parallel, "band_rows": band.rows, "by_channels": band.by_m,
                   "prepacked": True}
     return t
