@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from math import prod
 
 from kiln.loops import int8_gemm as q
 from kiln.loops import oplib
@@ -57,6 +58,7 @@ from kiln.loops.ir import (
     Var,
 )
 from kiln.loops.ir import Buffer as LBuffer
+from kiln.loops.linear_kernels import split_index
 from kiln.loops.schedule import lowering_target, worth_parallel
 from kiln.target import Target
 
@@ -374,4 +376,98 @@ def conv2d_tiled(x: Tensor, wt: LBuffer, strides: Sequence[int], padding: Sequen
     t.schedule = {"kernel": "amx", "form": form, "mtiles": mtiles, "steps": steps,
                   "parallel": chosen.parallel, "band_rows": band.rows, "by_channels": band.by_m,
                   "prepacked": True}
+    return t
+
+
+# --- dense ---------------------------------------------------------------------------------
+
+UNIT_BYTES = 512 * 1024  # a unit's A rows and B columns, kept in a core's L2
+
+
+def dense_usable(m: int, units: int, k: int, target: Target | None = None) -> bool:
+    """Whether an 8-bit dense of these sizes takes `dense_tiled` on ``target``: AMX, and
+    enough of it for tiles (a batch-1 dense keeps the dot-product kernel)."""
+    return usable(target) and m >= 8 and units >= 16 and k >= 32
+
+
+def dense_tiled(x: Tensor, wt: LBuffer, units: int, out_shape: Sequence[int],
+                weight_dtype: str, target: Target | None = None) -> Tensor | None:
+    """``x @ W.T`` in int32 for 8-bit ``x`` (..., K) and W's tiles ``wt`` (``(NT, S, 16,
+    16)`` int32, kiln/op/nn/int8_tiled.py: word (r, c) of tile (t, s) holds W[16t + c, 64s +
+    4r .. 64s + 4r + 3]). Each call packs x's rows as words (4 consecutive K values each,
+    rows of S·16 words: the A tiles), then units of up to 4 pairs of row tiles by pairs of
+    column tiles (A and B in a core's L2) do their tile products back to back and their
+    epilogue rows, on the thread pool. None where `dense_usable` says no or ``wt`` is not
+    these tiles."""
+    tgt = lowering_target(target)
+    lead = tuple(x.shape[:-1])
+    m, k = prod(lead), x.shape[-1]
+    steps = -(-k // (4 * TILE_WORDS))
+    ntiles, mtiles = -(-units // TILE_WORDS), -(-m // TILE_ROWS)
+    if not dense_usable(m, units, k, tgt) or tuple(wt.shape) != (ntiles, steps, TILE_ROWS,
+                                                                 TILE_WORDS):
+        return None
+    mpairs, npairs = -(-mtiles // 2), -(-ntiles // 2)
+    row_words = steps * TILE_WORDS
+    mb = min(mpairs, 4)
+    nb = max(1, min(npairs, UNIT_BYTES // (2 * TILE_ROWS * 4 * row_words) - mb))
+    munits, nunits = -(-mpairs // mb), -(-npairs // nb)
+    words = LBuffer("rows", (mpairs * 2 * TILE_ROWS * row_words,), "int32", "local")
+    width = nb * 2 * TILE_WORDS
+    sums = LBuffer("sums", (mb * 2 * TILE_ROWS * width,), "int32", "local")
+    kw = -(-k // 4)  # words that hold K values (the rest of a row meets zero weights)
+
+    def product(mp: Expr, np_: Expr, i0: Expr, j0: Expr, rows: int, cols: int) -> Stmt:
+        kk = Var("k")
+        a = tuple(Load(words, ((mp * 2 + i) * (TILE_ROWS * row_words) + kk * TILE_WORDS,))
+                  for i in range(rows))
+        b = tuple(Load(wt, (np_ * 2 + j, kk, Const(0, INDEX), Const(0, INDEX)))
+                  for j in range(cols))
+        cs = tuple(Load(sums, ((i0 + i * TILE_ROWS) * width + j0 + j * TILE_WORDS,))
+                   for i in range(rows) for j in range(cols))
+        return TileProduct(kk, Const(steps, INDEX), a, b, cs, row_words, TILE_WORDS, width,
+                           x.dtype, weight_dtype)
+
+    def products(mp: Expr, np_: Expr, i0: Expr, j0: Expr) -> Stmt:
+        def cols_of(rows: int) -> Stmt:
+            if ntiles % 2 == 0 or ntiles == 1:
+                return product(mp, np_, i0, j0, rows, min(ntiles, 2))
+            return IfThenElse(Binary("lt", np_, Const(ntiles // 2, INDEX)),
+                              product(mp, np_, i0, j0, rows, 2),
+                              product(mp, np_, i0, j0, rows, 1))
+        if mtiles % 2 == 0 or mtiles == 1:
+            return cols_of(min(mtiles, 2))
+        return IfThenElse(Binary("lt", mp, Const(mtiles // 2, INDEX)), cols_of(2), cols_of(1))
+
+    def emit(write: WriteFn) -> Stmt:
+        row, w4 = Var("m"), Var("w")
+        vals = [q.lane_byte(x(*split_index(row, lead),
+                              Binary("min", w4 * 4 + i, Const(k - 1, INDEX))), False)
+                for i in range(4)]  # past K: the last again, times zero weights
+        pack = For(row, Const(0), Const(m), For(w4, Const(0), Const(kw), Store(
+            words, (row * row_words + w4,), q.pack_lanes(vals, 8)), "vectorized"),
+            "parallel" if worth_parallel(m * k * 4, tgt.cores) and tgt.cores > 1 else "serial")
+        u, mi, ni = Var("u"), Var("mi"), Var("ni")
+        mu, nu = u // nunits, u % nunits
+        mp = Binary("min", mu * mb + mi, Const(mpairs - 1, INDEX))  # a no-op: mi < count
+        np_ = Binary("min", nu * nb + ni, Const(npairs - 1, INDEX))
+        mcount = Binary("min", Const(mb, INDEX), Const(mpairs, INDEX) - mu * mb)
+        ncount = Binary("min", Const(nb, INDEX), Const(npairs, INDEX) - nu * nb)
+        tiles = For(mi, Const(0), mcount, For(ni, Const(0), ncount, products(
+            mp, np_, mi * (2 * TILE_ROWS), ni * (2 * TILE_WORDS))))
+        r, c = Var("r"), Var("c")
+        first_row, first_col = mu * (mb * 2 * TILE_ROWS), nu * width
+        rows = Binary("min", Const(mb * 2 * TILE_ROWS, INDEX), Const(m, INDEX) - first_row)
+        cols = Binary("min", Const(width, INDEX), Const(units, INDEX) - first_col)
+        at_row = Binary("min", first_row + r, Const(m - 1, INDEX))  # no-ops: r < rows
+        at_col = Binary("min", first_col + c, Const(units - 1, INDEX))  # and c < cols
+        out = For(r, Const(0), rows, For(c, Const(0), cols, write(
+            (*split_index(at_row, lead), at_col), Load(sums, (r * width + c,))), "vectorized"))
+        work = For(u, Const(0), Const(munits * nunits), Allocate(sums, Seq((tiles, out))),
+                   "parallel" if tgt.cores > 1 and munits * nunits > 1 else "serial")
+        return Allocate(words, Seq((pack, work)))
+
+    t = extern(tuple(out_shape), "int32", emit)
+    t.schedule = {"kernel": "amx", "mtiles": mtiles, "ntiles": ntiles, "steps": steps,
+                  "unit": (mb, nb), "prepacked": True}
     return t

@@ -63,8 +63,10 @@ def _packed(node: Expr) -> Expr | None:
 
 def _int8_packed(node: Expr) -> Expr | None:
     """``nn.dense_int8_packed`` for an 8-bit dense call that qualifies (module docstring)."""
+    from kiln.loops import int8_amx
     from kiln.loops.int8_gemm import Int8Schedule
     from kiln.op.nn.int8_packed import dense_int8_packed, pack_int8_weight
+    from kiln.op.nn.int8_tiled import dense_int8_tiled, pack_tiled_dense_weight
 
     if not (isinstance(node, Call) and isinstance(node.op, Op) and node.op.name == "nn.dense"):
         return None
@@ -81,6 +83,9 @@ def _int8_packed(node: Expr) -> Expr | None:
         rows *= d
     if min(rows, units, k) == 0:
         return None
+    if int8_amx.dense_usable(rows, units, k):
+        return dense_int8_tiled(x, const(pack_tiled_dense_weight(w.data)), units=units, k=k,
+                                weight_dtype=w.dtype)
     s = Int8Schedule.default(1, rows, units, k, xt.dtype, w.dtype)
     group = 4 if s.form == "vnni" else 2
     return dense_int8_packed(x, const(pack_int8_weight(w.data, s.nr, group)), units=units,

@@ -348,6 +348,11 @@ for _group in (2, 4):  # the int16-pair and byte layouts: one runs the int8 GEMM
         a, b, units=3, k=5, weight_dtype="int8", group=g), ints(2, 5, dtype="int8"),
         arg(1, -(-5 // _group) + 1, 8, dtype="int32", values=op.nn.int8_packed.pack_int8_weight(
             _W8.astype(np.int8), 8, _group)))
+# 20 units of 40 inputs by 9 rows: the AMX kernel where the host has it; the plain loops else
+_WD = ((np.arange(20 * 40) * 11) % 256 - 128).reshape(20, 40).astype(np.int8)
+add("nn.dense_int8_tiled", lambda a, b: nn.dense_int8_tiled(a, b, units=20, k=40),
+    ints(9, 40, dtype="int8", low=-128, high=127),
+    arg(2, 1, 16, 16, dtype="int32", values=op.nn.int8_tiled.pack_tiled_dense_weight(_WD)))
 _WC = (np.arange(-60, 75) % 256 - 128).reshape(3, 5, 3, 3)  # an int8 OIHW weight
 for _group, _mr in ((4, 2), (2, 3)):  # byte and int16 lanes, panels of another tile height
     add("nn.conv2d_int8_packed", lambda a, b, g=_group: nn.conv2d_int8_packed(

@@ -300,3 +300,59 @@ def test_alter_layout_tiles_only_for_amx() -> None:
     with target_scope(Target.parse(AMX)):  # 3 channels: words of 4 taps, not of 4 channels
         text = kiln.astext(kiln.optimize(kiln.IRModule.from_expr(kiln.Function([small], body))))
     assert "nn.conv2d_int8_tiled" in text and 'form="taps"' in text, text[:600]
+
+
+# --- dense on tiles ----------------------------------------------------------------------
+
+DENSES = [(37, 50, 100), (64, 512, 784), (8, 16, 32), (33, 17, 65), (2, 3, 48, 40)]
+
+
+def dense_call(i: int, dtype: str, shape: tuple) -> tuple[kiln.Var, kiln.Expr, np.ndarray,
+                                                          np.ndarray]:
+    *lead, n, k = shape
+    x = kiln.var(f"x{i}", shape=(*lead, k), dtype=dtype)
+    w = rand8((n, k), dtype)
+    a = rand8((*lead, k), dtype)
+    want = (a.astype(np.int64) @ w.T.astype(np.int64)).astype(np.int32)
+    return x, nn.dense(x, kiln.const(w), out_dtype="int32"), a, want
+
+
+def test_dense_on_tiles_exact() -> None:
+    # int8 and uint8 (nn.dense takes one dtype), rows and units not multiples of 16 or 32,
+    # K not of 64, leading axes
+    t = amx_host()
+    params, bodies, arrays, wants = [], [], [], []
+    for dtype in ("int8", "uint8"):
+        for shape in DENSES:
+            x, body, a, want = dense_call(len(params), dtype, shape)
+            params += [x]
+            bodies += [body]
+            arrays += [a]
+            wants += [want]
+    exe = kiln.build(kiln.IRModule.from_expr(kiln.Function(params, kiln.Tuple(bodies))),
+                     target=t)
+    ops = {op for decl in exe.program.kernels.values() for op in decl.kernel.attrs["ops"]}
+    assert "nn.dense_int8_tiled" in ops and "nn.dense" not in ops, ops
+    for count in (1, 2):
+        with threads(count):
+            for got, want in zip(exe(*arrays), wants):
+                np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype,shape", [("int8", (37, 50, 100)), ("uint8", (33, 17, 65))])
+def test_dense_on_tiles_in_the_evaluator(dtype: str, shape: tuple) -> None:
+    from kiln.op.nn.int8_tiled import pack_tiled_dense_weight
+
+    t = Target.parse(AMX)
+    m, n, k = shape
+    w = rand8((n, k), dtype)
+    wt = pack_tiled_dense_weight(w)
+    xv = kiln.var("x", shape=(m, k), dtype=dtype)
+    pv = kiln.var("wt", shape=wt.shape, dtype="int32")
+    kernel = primitive_kernel([xv, pv], nn.dense_int8_tiled(xv, pv, units=n, k=k,
+                                                            weight_dtype=dtype), t)
+    (name, knobs), = kernel.attrs["schedules"]
+    assert name == "nn.dense_int8_tiled" and knobs["kernel"] == "amx"
+    a = rand8((m, k), dtype)
+    np.testing.assert_array_equal(evaluate(kernel, a, wt)[0],
+                                  (a.astype(np.int64) @ w.T.astype(np.int64)).astype(np.int32))

@@ -82,3 +82,26 @@ def test_conv2d_int8_tiled_pads_with_its_pad_value() -> None:
     check("nn.conv2d_int8_tiled", [x, pack_tiled_conv_weight(w)], want,
           padding=(2, 1, 1, 2), channels=6, kernel_size=(3, 3), out_dtype="int32",
           weight_dtype="int8", pad_value=77)
+
+
+@covers("nn.dense_int8_tiled")
+@pytest.mark.parametrize("dtype", ["int8", "uint8"])
+@pytest.mark.parametrize("units,k", [(3, 5), (17, 64), (40, 130)])
+def test_dense_int8_tiled_against_numpy(dtype: str, units: int, k: int) -> None:
+    from kiln.op.nn.int8_tiled import pack_tiled_dense_weight, unpack_tiled_dense_weight
+
+    rng = np.random.default_rng(units * k)
+    x, w = rand8(rng, (2, 3, k), dtype), rand8(rng, (units, k), dtype)
+    wt = pack_tiled_dense_weight(w)
+    assert wt.shape == (-(-units // 16), -(-k // 64), 16, 16) and wt.dtype == np.int32
+    np.testing.assert_array_equal(unpack_tiled_dense_weight(wt, units, k, dtype), w)
+    # word (r, c) of tile (t, s) holds W[16t + c, 64s + 4r .. 4r + 3], read back here
+    raw = wt.astype("<i4").view(np.uint8).reshape(wt.shape + (4,))
+    for o, p in [(0, 0), (units - 1, k - 1), (units // 2, k // 3)]:
+        assert raw[o // 16, p // 64, (p % 64) // 4, o % 16, p % 4] == w[o, p].astype(np.uint8)
+    want = (x.astype(np.int64) @ w.T.astype(np.int64)).astype(np.int32)
+    check("nn.dense_int8_tiled", [x, wt], want, units=units, k=k, weight_dtype=dtype)
+    with pytest.raises(kiln.TypeCheckError, match="cannot hold"):
+        infer("nn.dense_int8_tiled", [TensorType((2, k), dtype), TensorType((9, 9, 16, 16),
+                                                                            "int32")],
+              units=units, k=k, weight_dtype=dtype)

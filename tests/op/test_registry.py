@@ -37,6 +37,7 @@ REQUIRED_ATTRS = {
     "fixed_point_multiply": {"multiplier": 1, "shift": 0},
     "nn.contrib_conv2d_NCHWc": {"data_layout": "NCHW8c", "kernel_layout": "OIHW8i8o"},
     "nn.dense_int8_packed": {"units": 1, "k": 1},
+    "nn.dense_int8_tiled": {"units": 1, "k": 1},
     "nn.conv2d_int8_packed": {"channels": 1, "kernel_size": (1, 1), "out_dtype": "int32"},
     "nn.conv2d_int8_tiled": {"channels": 1, "kernel_size": (1, 1), "out_dtype": "int32"},
 }

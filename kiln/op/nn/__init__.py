@@ -5,7 +5,7 @@ from kiln.op.nn.conv import conv2d, conv2d_backward_weight, conv2d_transpose
 from kiln.op.nn.conv_nchwc import contrib_conv2d_nchwc
 from kiln.op.nn.dropout import dropout_train
 from kiln.op.nn.int8_packed import conv2d_int8_packed, dense_int8_packed
-from kiln.op.nn.int8_tiled import conv2d_int8_tiled
+from kiln.op.nn.int8_tiled import conv2d_int8_tiled, dense_int8_tiled
 from kiln.op.nn.linear import batch_matmul, bias_add, dense
 from kiln.op.nn.norm import batch_norm, dropout, layer_norm
 from kiln.op.nn.packed import conv2d_packed, dense_packed
@@ -26,7 +26,7 @@ __all__ = [
     "conv2d", "conv2d_backward_weight", "conv2d_int8_packed", "conv2d_int8_tiled",
     "conv2d_packed", "conv2d_transpose",
     "dense",
-    "dense_int8_packed", "dense_packed", "dropout", "dropout_train",
+    "dense_int8_packed", "dense_int8_tiled", "dense_packed", "dropout", "dropout_train",
     "global_avg_pool2d", "global_max_pool2d", "layer_norm", "leaky_relu", "log_softmax",
     "max_pool2d", "max_pool2d_grad", "pad", "relu", "softmax",
 ]

@@ -26,13 +26,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from kiln.errors import TypeCheckError
+from kiln.ir.attrs import Attrs
 from kiln.ir.ty import TensorType, Type
 from kiln.loops import oplib
 from kiln.loops.compute import BufferTensor, Tensor
 from kiln.loops.int8_amx import FORMS, tile_steps
-from kiln.loops.ir import Cast, Const
+from kiln.loops.ir import INDEX, Binary, Cast, Const
 from kiln.loops.ir import Expr as LExpr
-from kiln.op.common import require_rank, shape_str, tensor_args
+from kiln.op.common import as_array, check_dims_equal, require_rank, shape_str, tensor_args
 from kiln.op.nn.conv import Conv2DAttrs
 from kiln.op.nn.int8_packed import EIGHT_BIT, _lane, _padded
 from kiln.op.registry import Attr, OpPattern, register
@@ -209,4 +210,104 @@ conv2d_int8_tiled = register(
         "int32 tiles for AMX (tiles, steps, 16, 16): see alter-layout.",
     differentiable=False,
     lower=oplib.zeros_if_empty(_lower),
+)
+
+
+# --- nn.dense_int8_tiled ---------------------------------------------------------------------
+
+
+def pack_tiled_dense_weight(w: np.ndarray) -> np.ndarray:
+    """An 8-bit dense weight ``W`` (units, K) as AMX B tiles ``(NT, S, 16, 16)`` int32: word
+    (r, c) of tile (t, s) holds the 4 bytes ``W[16·t + c, 64·s + 4·r + i]`` (zero past W)."""
+    units, k = w.shape
+    nt, steps = -(-units // WORDS), -(-k // BLOCK)
+    padded = np.zeros((nt * WORDS, steps * BLOCK), dtype=np.int64)
+    padded[:units, :k] = w
+    bytes_ = (padded & 255).astype(np.uint8).reshape(nt, WORDS, steps, ROWS, 4)
+    tiles = np.ascontiguousarray(bytes_.transpose(0, 2, 3, 1, 4))  # (t, s, r, c, i)
+    return tiles.view("<i4").astype(np.int32).reshape(nt, steps, ROWS, WORDS)
+
+
+def unpack_tiled_dense_weight(wt: np.ndarray, units: int, k: int, dtype: str) -> np.ndarray:
+    """The (units, K) weight of ``dtype`` held in the tiles ``wt``."""
+    nt, steps, _, _ = wt.shape
+    raw = np.ascontiguousarray(wt).astype("<i4").view(np.uint8).reshape(nt, steps, ROWS,
+                                                                          WORDS, 4)
+    w = raw.transpose(0, 3, 1, 2, 4).reshape(nt * WORDS, steps * BLOCK)[:units, :k]
+    return w.view(np.int8).astype(dtype) if dtype == "int8" else w.astype(dtype)
+
+
+class DenseInt8TiledAttrs(Attrs):
+    __slots__ = ()
+    units: int
+    k: int
+    weight_dtype: str
+
+
+def _dense_relation(arg_types: Sequence[Type], attrs: DenseInt8TiledAttrs) -> Type | None:
+    args = tensor_args(arg_types, ("data", "weight"))
+    if args is None:
+        return None
+    data, weight = args
+    if data.dtype not in EIGHT_BIT or attrs.weight_dtype not in EIGHT_BIT:
+        raise TypeCheckError(f"data ({data.dtype}) and weight_dtype ({attrs.weight_dtype}) "
+                             "must be int8 or uint8")
+    if weight.dtype != "int32":
+        raise TypeCheckError(f"the tiled weight must be int32 tiles, not {weight.dtype}")
+    require_rank(weight, "tiled weight (tiles, steps, 16, 16)", 4)
+    if data.ndim < 1:
+        raise TypeCheckError("data must have at least one dimension, but is a scalar")
+    check_dims_equal(data.shape[-1], attrs.k,
+                     f"data of shape {shape_str(data.shape)} has not k={attrs.k} inputs")
+    want = (-(-attrs.units // WORDS), -(-attrs.k // BLOCK), ROWS, WORDS)
+    if all(isinstance(d, int) for d in weight.shape) and tuple(weight.shape) != want:
+        raise TypeCheckError(f"a tiled weight of shape {shape_str(weight.shape)} cannot hold "
+                             f"{attrs.units} units of {attrs.k} inputs in 16×16 tiles")
+    return TensorType((*data.shape[:-1], attrs.units), "int32")
+
+
+def _dense_compute(arrays: list[np.ndarray], attrs: DenseInt8TiledAttrs) -> np.ndarray:
+    x, wt = np.asarray(arrays[0]), np.asarray(arrays[1])
+    w = unpack_tiled_dense_weight(wt, attrs.units, attrs.k, attrs.weight_dtype)
+    return as_array(np.matmul(x.astype(np.int64), w.astype(np.int64).T), "int32")
+
+
+def _dense_lower(inputs: list, attrs: DenseInt8TiledAttrs, out_type: Type) -> Tensor:
+    from kiln.loops import int8_amx
+    from kiln.loops.compute import reduce
+
+    out = oplib.out_tensor_type(out_type)
+    x, wt = inputs
+    if isinstance(wt, BufferTensor) and min(x.shape) > 0:
+        t = int8_amx.dense_tiled(x, wt.buffer, attrs.units, out.static_shape,
+                                 attrs.weight_dtype)
+        if t is not None:
+            return t
+
+    def weight(j: LExpr, p: LExpr) -> LExpr:  # the tiles read as W (a Target without AMX)
+        word = wt(j // WORDS, p // BLOCK, (p % BLOCK) // 4, j % WORDS)
+        return _lane(word, p % 4, 4, attrs.weight_dtype)
+
+    def body(o: tuple, r: tuple) -> LExpr:
+        return Binary("mul", Cast(INDEX, x(*o[:-1], r[0])), weight(o[-1], r[0]))
+
+    return reduce(out.static_shape, "int32", (attrs.k,), "add", body, Const(0, INDEX),
+                  lambda v, o: Cast("int32", v), INDEX)
+
+
+dense_int8_tiled = register(
+    "nn.dense_int8_tiled",
+    inputs=("data", "weight"),
+    attrs_type=DenseInt8TiledAttrs,
+    attrs=(
+        Attr("units", kind="int", doc="output size (the tiles are padded)"),
+        Attr("k", kind="int", doc="inputs per unit (the tiles pad K to 64)"),
+        Attr("weight_dtype", "int8", kind="dtype", doc="the tiled weight's int8 or uint8"),
+    ),
+    relation=_dense_relation,
+    compute=_dense_compute,
+    pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
+    doc="data @ W.T in int32 with an 8-bit W packed in AMX B tiles: see alter-layout.",
+    differentiable=False,
+    lower=oplib.zeros_if_empty(_dense_lower),
 )
