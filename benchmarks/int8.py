@@ -9,8 +9,10 @@ One process, one machine, medians of ``--repeat`` calls, interleaved round by ro
   1×1 ``nn.conv2d`` of uint8 data and int8 weight: C[oc, pixel] over K channels), the weight
   an argument (the im2col GEMM, both operands packed every call) and a constant
   (nn.conv2d_int8_packed: the input read in place from channel-group planes,
-  kiln/loops/int8_conv.py),
-- kiln float32 dense and numpy (OpenBLAS) float32 ``@`` of the same shape.
+  kiln/loops/int8_conv.py; on AMX hosts nn.conv2d_int8_tiled and nn.dense_int8_tiled,
+  kiln/loops/int8_amx.py),
+- kiln float32 dense and numpy (OpenBLAS) float32 ``@`` of the same shape (numpy in rounds
+  of its own, after the others: OpenBLAS's spinning threads slow what runs right after it).
 
 GFLOP/s count 2·M·N·K operations (a multiply and an add) for every product. The script prints
 the Target (`kiln.Target.host()`, or ``--target``), the form of the int8 dot products it
@@ -108,14 +110,17 @@ def main() -> None:
     u8c = build([xu, wu], nn.conv2d(xu, wu, out_dtype="int32"), {"w": wu_arr})
     assert np.array_equal(u8c(au).reshape(n, n), want_u), "packed uint8 x int8 conv differs"
 
+    # numpy is timed in rounds of its own, last: right after an OpenBLAS call its threads
+    # spin for a while, and kiln's float32 1024³ dense interleaved with it took 23-29 ms
+    # against 11 alone on the 2-core Sapphire Rapids-class VM (docs/runtime.md)
     med = timings({
         "kiln int8 x int8 dense": lambda: s8(a8, b8),
         "kiln int8 x int8, constant weight": lambda: s8c(a8),
         "kiln uint8 x int8 (1x1 conv)": lambda: u8(au, wu_arr),
         "kiln uint8 x int8 conv, constant weight": lambda: u8c(au),
         "kiln float32 dense": lambda: f32(af, bf),
-        "numpy float32 @": lambda: af @ bft,
     }, args.repeat)
+    med.update(timings({"numpy float32 @": lambda: af @ bft}, args.repeat))
     knobs = int8_schedule(s8)
     flops = 2.0 * n ** 3
     print(f"target: {target.describe()}")
