@@ -247,17 +247,24 @@ def _conv_relation(arg_types: Sequence[Type], attrs: Conv2DInt8PackedAttrs) -> T
 
 
 def _conv_compute(arrays: list[np.ndarray], attrs: Conv2DInt8PackedAttrs) -> np.ndarray:
-    from kiln.op.nn.conv import _conv2d
-
     x, wp = np.asarray(arrays[0]), np.asarray(arrays[1])
     channels, kernel = attrs.channels, attrs.kernel_size
     assert channels is not None and kernel is not None  # the relation requires both
     w = unpack_int8_conv_weight(wp, channels, x.shape[1] // attrs.groups, kernel,
                                 attrs.weight_dtype, attrs.group)
-    if attrs.pad_value:
+    return padded_conv_reference(x, w, attrs, attrs.pad_value)
+
+
+def padded_conv_reference(x: np.ndarray, w: np.ndarray, attrs: Conv2DAttrs,
+                          pad_value: int) -> np.ndarray:
+    """conv2d's reference for data padded with ``pad_value`` (a packed 8-bit convolution's
+    attribute) rather than zero."""
+    from kiln.op.nn.conv import _conv2d
+
+    if pad_value:
         top, left, bottom, right = attrs.padding
         x = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)),
-                   constant_values=attrs.pad_value)
+                   constant_values=pad_value)
         attrs = attrs.with_(padding=(0, 0, 0, 0))
     return _conv2d([x, w], attrs)
 

@@ -35,7 +35,7 @@ from kiln.loops.ir import INDEX, Binary, Cast, Const
 from kiln.loops.ir import Expr as LExpr
 from kiln.op.common import as_array, check_dims_equal, require_rank, shape_str, tensor_args
 from kiln.op.nn.conv import Conv2DAttrs
-from kiln.op.nn.int8_packed import EIGHT_BIT, _lane, _padded
+from kiln.op.nn.int8_packed import EIGHT_BIT, _lane, _padded, padded_conv_reference
 from kiln.op.registry import Attr, OpPattern, register
 
 ROWS, WORDS, BLOCK = 16, 16, 64  # a tile: 16 rows of 16 int32; 64 input channels a K step
@@ -90,6 +90,15 @@ def unpack_tiled_conv_weight(wt: np.ndarray, channels: int, in_channels: int,
     return w.view(np.int8).astype(dtype) if dtype == "int8" else w.astype(dtype)
 
 
+def _check_tiles(data: TensorType, weight: TensorType, weight_dtype: str) -> None:
+    """What both tiled operators ask of their data and weight."""
+    if data.dtype not in EIGHT_BIT or weight_dtype not in EIGHT_BIT:
+        raise TypeCheckError(f"data ({data.dtype}) and weight_dtype ({weight_dtype}) "
+                             "must be int8 or uint8")
+    if weight.dtype != "int32":
+        raise TypeCheckError(f"the tiled weight must be int32 tiles, not {weight.dtype}")
+
+
 class Conv2DInt8TiledAttrs(Conv2DAttrs):
     __slots__ = ()
     weight_dtype: str
@@ -104,11 +113,7 @@ def _relation(arg_types: Sequence[Type], attrs: Conv2DInt8TiledAttrs) -> Type | 
     if args is None:
         return None
     data, weight = args
-    if data.dtype not in EIGHT_BIT or attrs.weight_dtype not in EIGHT_BIT:
-        raise TypeCheckError(f"data ({data.dtype}) and weight_dtype ({attrs.weight_dtype}) "
-                             "must be int8 or uint8")
-    if weight.dtype != "int32":
-        raise TypeCheckError(f"the tiled weight must be int32 tiles, not {weight.dtype}")
+    _check_tiles(data, weight, attrs.weight_dtype)
     if attrs.out_dtype != "int32":
         raise TypeCheckError(f"out_dtype must be int32, got {attrs.out_dtype!r}")
     if attrs.groups != 1:
@@ -137,18 +142,11 @@ def _relation(arg_types: Sequence[Type], attrs: Conv2DInt8TiledAttrs) -> Type | 
 
 
 def _compute(arrays: list[np.ndarray], attrs: Conv2DInt8TiledAttrs) -> np.ndarray:
-    from kiln.op.nn.conv import _conv2d
-
     x, wt = np.asarray(arrays[0]), np.asarray(arrays[1])
     assert attrs.channels is not None and attrs.kernel_size is not None  # the relation's
     w = unpack_tiled_conv_weight(wt, attrs.channels, x.shape[1], attrs.kernel_size,
                                  attrs.weight_dtype, attrs.form)
-    if attrs.pad_value:
-        top, left, bottom, right = attrs.padding
-        x = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)),
-                   constant_values=attrs.pad_value)
-        attrs = attrs.with_(padding=(0, 0, 0, 0))
-    return _conv2d([x, w], attrs)
+    return padded_conv_reference(x, w, attrs, attrs.pad_value)
 
 
 def _lower(inputs: list, attrs: Conv2DInt8TiledAttrs, out_type: Type) -> Tensor:
@@ -249,11 +247,7 @@ def _dense_relation(arg_types: Sequence[Type], attrs: DenseInt8TiledAttrs) -> Ty
     if args is None:
         return None
     data, weight = args
-    if data.dtype not in EIGHT_BIT or attrs.weight_dtype not in EIGHT_BIT:
-        raise TypeCheckError(f"data ({data.dtype}) and weight_dtype ({attrs.weight_dtype}) "
-                             "must be int8 or uint8")
-    if weight.dtype != "int32":
-        raise TypeCheckError(f"the tiled weight must be int32 tiles, not {weight.dtype}")
+    _check_tiles(data, weight, attrs.weight_dtype)
     require_rank(weight, "tiled weight (tiles, steps, 16, 16)", 4)
     if data.ndim < 1:
         raise TypeCheckError("data must have at least one dimension, but is a scalar")
