@@ -25,6 +25,8 @@ from kiln.op import nn
 from kiln.runtime.kernel_format import MalformedKernel, read_kernel, write_kernel
 from kiln.target import Target
 
+from .test_int8_gemm import conv_reference
+
 AMX = "llvm -mcpu=sapphirerapids"  # AMX-INT8 (the table's features; code checked, not run)
 VNNI = "llvm -mcpu=znver4"  # AVX-512-VNNI, no AMX
 PAIRS = [("int8", "uint8"), ("uint8", "int8"), ("int8", "int8"), ("uint8", "uint8")]
@@ -175,25 +177,6 @@ CONVS = [  # (data shape, weight shape, strides, padding (t, l, b, r), dilation)
 ]
 
 
-def conv_reference(x: np.ndarray, w: np.ndarray, strides: tuple, padding: tuple,
-                   dilation: tuple, pad_value: int = 0) -> np.ndarray:
-    """NCHW × OIHW in int64, tap by tap, wrapped to int32."""
-    top, left, bottom, right = padding
-    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (top, bottom), (left, right)),
-                constant_values=pad_value)
-    o, _, kh, kw = w.shape
-    (sh, sw), (dh, dw) = strides, dilation
-    oh = (xp.shape[2] - (kh - 1) * dh - 1) // sh + 1
-    ow = (xp.shape[3] - (kw - 1) * dw - 1) // sw + 1
-    out = np.zeros((x.shape[0], o, oh, ow), np.int64)
-    for ky in range(kh):
-        for kx in range(kw):
-            patch = xp[:, :, ky * dh:ky * dh + sh * (oh - 1) + 1:sh,
-                       kx * dw:kx * dw + sw * (ow - 1) + 1:sw]
-            out += np.einsum("nchw,oc->nohw", patch, w[:, :, ky, kx].astype(np.int64))
-    return out.astype(np.int32)
-
-
 def rand8(shape: tuple[int, ...], dtype: str) -> np.ndarray:
     info = np.iinfo(dtype)
     x = RNG.integers(info.min, int(info.max) + 1, shape)
@@ -217,23 +200,26 @@ def conv_call(i: int, da: str, dw: str, case: tuple, pad_value: int = 0
                      padding=(0, 0, 0, 0) if pad_value else padding, channels=ws[0],
                      kernel_size=ws[2:], out_dtype="int32")
     a = rand8(xs, da)
-    want = conv_reference(a, w, strides, padding, dilation, pad_value) + bias
+    want = conv_reference(a, w, strides, padding, dilation, pad_value=pad_value) + bias
     return x, kiln.op.add(conv, kiln.const(bias)), a, want
+
+
+def build_all(calls: list, t: Target) -> tuple[kiln.Executable, list[np.ndarray],
+                                               list[np.ndarray]]:
+    """One executable of every ``call(i)`` (its variable, body, input and answer), its
+    inputs and answers: one build for many kernels."""
+    cases = [call(i) for i, call in enumerate(calls)]
+    params, bodies = [c[0] for c in cases], [c[1] for c in cases]
+    exe = kiln.build(kiln.IRModule.from_expr(kiln.Function(params, kiln.Tuple(bodies))),
+                     target=t)
+    return exe, [c[2] for c in cases], [c[3] for c in cases]
 
 
 def test_convolutions_on_tiles_exact() -> None:
     # every pair of dtypes on every shape, one executable; alter-layout chose the tiles
     t = amx_host()
-    params, bodies, arrays, wants = [], [], [], []
-    for da, dw in PAIRS:
-        for case in CONVS:
-            x, body, a, want = conv_call(len(params), da, dw, case)
-            params += [x]
-            bodies += [body]
-            arrays += [a]
-            wants += [want]
-    exe = kiln.build(kiln.IRModule.from_expr(kiln.Function(params, kiln.Tuple(bodies))),
-                     target=t)
+    exe, arrays, wants = build_all([lambda i, p=pair, c=case: conv_call(i, *p, c)
+                                    for pair in PAIRS for case in CONVS], t)
     ops = {op for decl in exe.program.kernels.values() for op in decl.kernel.attrs["ops"]}
     assert "nn.conv2d_int8_tiled" in ops and "nn.conv2d" not in ops, ops
     for got, want in zip(exe(*arrays), wants):
@@ -321,16 +307,8 @@ def test_dense_on_tiles_exact() -> None:
     # int8 and uint8 (nn.dense takes one dtype), rows and units not multiples of 16 or 32,
     # K not of 64, leading axes
     t = amx_host()
-    params, bodies, arrays, wants = [], [], [], []
-    for dtype in ("int8", "uint8"):
-        for shape in DENSES:
-            x, body, a, want = dense_call(len(params), dtype, shape)
-            params += [x]
-            bodies += [body]
-            arrays += [a]
-            wants += [want]
-    exe = kiln.build(kiln.IRModule.from_expr(kiln.Function(params, kiln.Tuple(bodies))),
-                     target=t)
+    exe, arrays, wants = build_all([lambda i, d=dtype, sh=shape: dense_call(i, d, sh)
+                                    for dtype in ("int8", "uint8") for shape in DENSES], t)
     ops = {op for decl in exe.program.kernels.values() for op in decl.kernel.attrs["ops"]}
     assert "nn.dense_int8_tiled" in ops and "nn.dense" not in ops, ops
     for count in (1, 2):

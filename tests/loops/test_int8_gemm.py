@@ -278,15 +278,17 @@ def test_batch_matmul_exact(spec: str) -> None:
 
 def conv_reference(x: np.ndarray, w: np.ndarray, stride: tuple[int, int],
                    pad: tuple[int, int, int, int], dilation: tuple[int, int],
-                   groups: int = 1) -> np.ndarray:
-    """NCHW / OIHW convolution in int64 by explicit windows, wrapped to int32."""
+                   groups: int = 1, pad_value: int = 0) -> np.ndarray:
+    """NCHW / OIHW convolution in int64 by explicit windows, wrapped to int32 (the input
+    padded with ``pad_value``)."""
     if groups > 1:
         og, cg = w.shape[0] // groups, w.shape[1]
         return np.concatenate([conv_reference(x[:, g * cg:(g + 1) * cg], w[g * og:(g + 1) * og],
                                               stride, pad, dilation)
                                for g in range(groups)], axis=1)
     top, left, bottom, right = pad
-    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (top, bottom), (left, right)))
+    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (top, bottom), (left, right)),
+                constant_values=pad_value)
     o, _, kh, kw = w.shape
     sh, sw = stride
     dh, dw = dilation
