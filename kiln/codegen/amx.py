@@ -20,10 +20,9 @@ from kiln.codegen.emit_expr import Memo
 from kiln.codegen.function import FunctionState
 from kiln.codegen.llvmtypes import I64, PTR, VOID, ModuleContext
 from kiln.errors import InternalError
-from kiln.loops.ir import TILE_ROWS, TILE_WORDS, Const, Load, TileProduct
+from kiln.loops.ir import TILE_FEATURES, TILE_ROWS, TILE_WORDS, Const, Load, TileProduct
 
 I16 = ir.IntType(16)
-FEATURES = ("amx-tile", "amx-int8")
 ROW_BYTES = 4 * TILE_WORDS
 
 # The product instruction by the signedness of A (first) and B: s = int8, u = uint8.
@@ -53,7 +52,7 @@ def _shape() -> list[ir.Constant]:
 
 def emit_tile_product(mc: ModuleContext, f: FunctionState, s: TileProduct) -> None:
     """``s`` at the builder's position (see the module docstring)."""
-    missing = [x for x in FEATURES if x not in mc.features]
+    missing = [x for x in TILE_FEATURES if x not in mc.features]
     if missing:
         raise InternalError(f"codegen: a tile product for a Target without {', '.join(missing)}"
                             " (the lowering chose AMX for a Target that has none)")

@@ -119,6 +119,11 @@ def heap_allocations(kernel: Kernel) -> list[Buffer]:
     return out
 
 
+def uses_tiles(kernel: Kernel) -> bool:
+    """Whether ``kernel`` has a `TileProduct` (AMX: its process needs the tile state)."""
+    return any(isinstance(s, TileProduct) for s in _pre_order(kernel))
+
+
 def status_messages(kernel: Kernel) -> list[str]:
     """The message of each nonzero status (index status - 1)."""
     out = [c.message for c in checks(kernel)]

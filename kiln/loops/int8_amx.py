@@ -42,6 +42,7 @@ from kiln.loops.conv_kernels import CHUNKS_PER_THREAD, MAX_PHASES, Planes
 from kiln.loops.int8_conv import padding_word
 from kiln.loops.ir import (
     INDEX,
+    TILE_FEATURES,
     TILE_ROWS,
     TILE_WORDS,
     Allocate,
@@ -62,7 +63,6 @@ from kiln.loops.linear_kernels import split_index
 from kiln.loops.schedule import lowering_target, worth_parallel
 from kiln.target import Target
 
-FEATURES = ("amx-tile", "amx-int8")
 BLOCK_CHANNELS = 4 * TILE_ROWS  # input channels per K step: 16 groups of 4
 MIN_CHANNELS = 32  # fewer: padding to 64 would be most of the work (the VNNI kernel instead)
 
@@ -70,7 +70,7 @@ MIN_CHANNELS = 32  # fewer: padding to 64 would be most of the work (the VNNI ke
 def usable(target: Target | None = None) -> bool:
     """Whether ``target`` (default: the lowering's) has AMX's 8-bit tile products."""
     t = lowering_target(target)
-    return all(t.has(f) for f in FEATURES)
+    return all(t.has(f) for f in TILE_FEATURES)
 
 
 FORMS = ("channels", "taps")

@@ -575,6 +575,7 @@ class Check(Stmt):
 TILE_ROWS = 16
 TILE_WORDS = 16
 TILE_DTYPES = ("uint8", "int8")
+TILE_FEATURES = ("amx-tile", "amx-int8")  # what a Target needs for a TileProduct (LLVM's names)
 
 
 @dataclass(frozen=True, eq=False)

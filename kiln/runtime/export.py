@@ -39,7 +39,6 @@ from kiln.errors import Error, InternalError
 from kiln.ir.expr import Expr
 from kiln.ir.module import IRModule
 from kiln.ir.ty import TupleType, Type
-from kiln.loops.ir import Allocate, For, IfThenElse, Kernel, LetStmt, Seq, TileProduct
 from kiln.runtime.export_c import (
     CTensor,
     WrapperParts,
@@ -211,7 +210,7 @@ def export_library(
     links (default: `default_cc`).
     """
     from kiln.codegen import elf
-    from kiln.codegen.emit import status_messages
+    from kiln.codegen.emit import status_messages, uses_tiles
     from kiln.codegen.export_objects import (
         compile_export_objects,
         compile_pool_object,
@@ -286,7 +285,7 @@ def export_library(
             kernel_symbols=[objects.kernel_symbols[k.name] for k in kernels],
             kernel_messages=[status_messages(k) for k in kernels], constant_offsets=offsets,
             weights_file="weights.bin" if program.constants else None,
-            tiles=any(_uses_tiles(k) for k in kernels))
+            tiles=any(uses_tiles(k) for k in kernels))
         header = render_header(prefix, out.name, inputs, outputs, code.stack_bytes,
                                f"{tgt.triple}, CPU {tgt.cpu}", signature)
         Path(tmp, header_path.name).write_text(header)
@@ -298,22 +297,6 @@ def export_library(
     return ExportedLibrary(out, header_path, prefix, run_prototype(prefix, inputs, outputs),
                            tuple(inputs), tuple(outputs), tgt, code.stack_bytes, len(blob),
                            objects.compiled)
-
-
-def _uses_tiles(kernel: Kernel) -> bool:
-    """Whether ``kernel`` has a `TileProduct` (AMX: the library asks for the tile state)."""
-    stack: list[object] = [kernel.body]
-    while stack:
-        s = stack.pop()
-        if isinstance(s, TileProduct):
-            return True
-        if isinstance(s, Seq):
-            stack.extend(s.stmts)
-        elif isinstance(s, (For, LetStmt, Allocate)):
-            stack.append(s.body)
-        elif isinstance(s, IfThenElse):
-            stack.extend(x for x in (s.then_case, s.else_case) if x is not None)
-    return False
 
 
 def _install(src: Path, dst: Path) -> None:
