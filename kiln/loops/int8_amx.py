@@ -287,7 +287,7 @@ def conv2d_tiled(x: Tensor, wt: LBuffer, strides: Sequence[int], padding: Sequen
         return None
     steps, mtiles = chosen.steps, chosen.mtiles
     mpairs = -(-mtiles // 2)
-    pitch = ow if form == "taps" else chosen.planes.cols if chosen.planes else ow
+    pitch = chosen.planes.cols if chosen.planes is not None else ow  # taps: no padding columns
     # The work goes in bands, each on one thread: its B words (the "taps" form), then all
     # its tile products back to back (the tile unit idles between short bursts: a product
     # and an epilogue per block took several times the sum of their times), then its
