@@ -36,25 +36,22 @@ from kiln.text.printer import type_text
 _DTYPES = {name: np.dtype(name) for name in DTYPES}
 
 
-class _Field:
-    """Where a value sits in an argument, for messages: built for every field checked, and
-    made into text only for an error (an argument may be a tree of thousands of cells)."""
-
-    __slots__ = ("parent", "index", "ctor")
-
-    def __init__(self, parent: object, index: int, ctor: str | None = None) -> None:
-        self.parent, self.index, self.ctor = parent, index, ctor
-
-    def __str__(self) -> str:
-        parts: list[str] = []
-        node: object = self
-        while isinstance(node, _Field):
-            parts.append(f", field {node.index}" + (f" of {node.ctor}" if node.ctor else ""))
-            node = node.parent
-        return str(node) + "".join(reversed(parts))
+def _where(what: object) -> str:
+    """Where a value sits in an argument, as text: ``what`` is the argument's description,
+    or a field of one as ``(parent, index, constructor or None)`` — tuples made for every
+    field checked and rendered only for an error (an argument may be a tree of thousands of
+    cells)."""
+    parts: list[str] = []
+    node = what
+    while isinstance(node, tuple):
+        parent, index, ctor = node
+        parts.append(f", field {index}" + (f" of {ctor}" if ctor else ""))
+        node = parent
+    return str(node) + "".join(reversed(parts))
 
 
-def _tensor(value: Any, ty: TensorType, what: object, dims: dict[str, int]) -> np.ndarray:
+def _tensor(value: Any, ty: TensorType, where: object, dims: dict[str, int]) -> np.ndarray:
+    what = _where(where)
     if isinstance(value, (np.ndarray, np.generic)):
         array = np.asarray(value)
         if array.dtype != _DTYPES[ty.dtype] and array.dtype.name != ty.dtype:
@@ -87,7 +84,13 @@ def check_value(value: Any, ty: Type, what: object, dims: dict[str, int],
     may be thousands of cells long), and rebuilt only where a field had to be converted.
     Reference cells are shared state, so their contents are left as they are.
     """
+    if not isinstance(ty, TensorType) and _ready_as_is(value, ty, program):
+        return value
     results: list[Any] = []
+    # per tensor type: (shape, dtype) when static, for arrays that are already right; per
+    # (ADT type, constructor): the constructor's field types, or None when it is not used
+    ready: dict[int, tuple[tuple[int, ...], np.dtype] | None] = {}
+    fields_of: dict[tuple[int, str], list[Type] | None] = {}
     # ("check", value, type, what) or ("tuple", n, None, None) / ("adt", n, original, ctor)
     stack: list[tuple[Any, Any, Any, Any]] = [("check", value, ty, what)]
     while stack:
@@ -105,39 +108,108 @@ def check_value(value: Any, ty: Type, what: object, dims: dict[str, int],
             continue
         v, t, w = a, b, c
         if isinstance(t, TensorType):
-            results.append(_tensor(v, t, w, dims))
+            key = id(t)
+            if key not in ready:
+                ready[key] = (t.static_shape, _DTYPES[t.dtype]) if t.is_static else None
+            fast = ready[key]
+            if (fast is not None and type(v) is np.ndarray and v.shape == fast[0]
+                    and v.dtype == fast[1] and v.flags.c_contiguous and v.flags.aligned):
+                results.append(v)  # what native code reads as it is (a tree's leaves)
+            else:
+                results.append(_tensor(v, t, w, dims))
         elif isinstance(t, TupleType):
             if not isinstance(v, (tuple, list)) or len(v) != len(t.fields):
-                raise Error(f"{w} expects a tuple of {len(t.fields)} field(s) of type "
+                raise Error(f"{_where(w)} expects a tuple of {len(t.fields)} field(s) of type "
                             f"{type_text(t)}, but got {_kind(v)}")
             stack.append(("tuple", len(t.fields), None, None))
-            stack.extend(("check", x, ft, _Field(w, i))
-                         for i, (x, ft) in reversed(list(enumerate(zip(v, t.fields)))))
+            for i in range(len(v) - 1, -1, -1):
+                stack.append(("check", v[i], t.fields[i], (w, i, None)))
         elif isinstance(t, TypeCall):
             if not isinstance(v, ConstructorValue) or v.constructor.belong_to != t.func:
-                raise Error(f"{w} expects a value of type {type_text(t)}, built by its "
+                raise Error(f"{_where(w)} expects a value of type {type_text(t)}, built by its "
                             f"constructors, but got {_kind(v)}")
-            ctor = program.constructors.get(v.name) if program is not None else None
-            if program is None or ctor is None or len(v.fields) != len(ctor.inputs):
+            name = v.name
+            key2 = (id(t), name)
+            if key2 not in fields_of:
+                fields_of[key2] = _constructor_fields(program, t, name)
+            types = fields_of[key2]
+            if types is None or len(v.fields) != len(types):
                 results.append(v)  # a constructor the program never uses: nothing reads it
                 continue
-            params = program.adt_params.get(t.func.name, ())
-            mapping: dict[Type, Type] = dict(zip(params, t.args))
-            stack.append(("adt", len(v.fields), v, None))
-            stack.extend(("check", x, substitute(ft, mapping) if mapping else ft,
-                          _Field(w, i, v.name))
-                         for i, (x, ft) in reversed(list(enumerate(zip(v.fields,
-                                                                      ctor.inputs)))))
+            stack.append(("adt", len(types), v, None))
+            vf = v.fields
+            for i in range(len(types) - 1, -1, -1):
+                stack.append(("check", vf[i], types[i], (w, i, name)))
         elif isinstance(t, RefType):
             if not isinstance(v, RefValue):
-                raise Error(f"{w} expects a reference of type {type_text(t)}, but got "
+                raise Error(f"{_where(w)} expects a reference of type {type_text(t)}, but got "
                             f"{_kind(v)}")
             results.append(v)
         elif isinstance(t, FuncType):
-            results.append(_function(v, t, w))
+            results.append(_function(v, t, _where(w)))
         else:
             results.append(v)  # a type variable: anything
     return results[0]
+
+
+def _ready_as_is(value: Any, ty: Type, program: Program | None) -> bool:
+    """Whether ``value`` (tuples, ADT values, references) is already exactly what the
+    executor reads: every tensor in it an array of its static shape and dtype that native
+    code reads in place. The common case, checked without rebuilding anything; anything
+    else (a conversion, a symbolic dimension, a function, an error) is `check_value`'s."""
+    fields_of: dict[tuple[int, str], list[Type] | None] = {}
+    ready: dict[int, tuple[tuple[int, ...], np.dtype] | None] = {}
+    stack: list[tuple[Any, Type]] = [(value, ty)]
+    while stack:
+        v, t = stack.pop()
+        kind = type(t)
+        if kind is TensorType:
+            assert isinstance(t, TensorType)
+            key = id(t)
+            if key not in ready:
+                ready[key] = (t.static_shape, _DTYPES[t.dtype]) if t.is_static else None
+            fast = ready[key]
+            if not (fast is not None and type(v) is np.ndarray and v.shape == fast[0]
+                    and v.dtype == fast[1] and v.flags.c_contiguous and v.flags.aligned):
+                return False
+        elif kind is TypeCall:
+            assert isinstance(t, TypeCall)
+            if type(v) is not ConstructorValue:
+                return False
+            adt = v.constructor.belong_to
+            if adt is not t.func and adt != t.func:
+                return False
+            key2 = (id(t), v.name)
+            if key2 not in fields_of:
+                fields_of[key2] = _constructor_fields(program, t, v.name)
+            types = fields_of[key2]
+            if types is None:
+                continue  # a constructor the program never uses
+            if len(v.fields) != len(types):
+                return False
+            stack.extend(zip(v.fields, types))
+        elif kind is TupleType:
+            assert isinstance(t, TupleType)
+            if type(v) is not tuple or len(v) != len(t.fields):
+                return False
+            stack.extend(zip(v, t.fields))
+        elif kind is RefType:
+            if not isinstance(v, RefValue):
+                return False
+        else:
+            return False
+    return True
+
+
+def _constructor_fields(program: Program | None, t: TypeCall, name: str) -> list[Type] | None:
+    """The field types of constructor ``name`` in ADT type ``t`` (its parameters
+    substituted), or None when ``program`` does not use the constructor."""
+    ctor = program.constructors.get(name) if program is not None else None
+    if program is None or ctor is None:
+        return None
+    params = program.adt_params.get(t.func.name, ())
+    mapping: dict[Type, Type] = dict(zip(params, t.args))
+    return [substitute(ft, mapping) if mapping else ft for ft in ctor.inputs]
 
 
 def _function(value: Any, ty: FuncType, what: object) -> Any:
