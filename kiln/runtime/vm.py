@@ -30,6 +30,8 @@ import numpy as np
 from kiln.errors import Error, EvalError, InternalError
 from kiln.eval.values import ConstructorValue, RefValue
 from kiln.ir.ty import TensorType, TupleType, Type
+from kiln.runtime.chains import chain_end, chain_step
+from kiln.runtime.chains import users as chain_users
 from kiln.runtime.host_ops import host_step
 from kiln.runtime.kernel import KernelFunction
 from kiln.runtime.pointers import DATA_OFFSET, data_pointer
@@ -78,7 +80,7 @@ class _Code:
 
 
 class _Frame:
-    __slots__ = ("code", "regs", "block", "ip", "dest", "arena")
+    __slots__ = ("code", "regs", "block", "ip", "dest", "arena", "base")
 
     def __init__(self, code: _Code, args: list[Any] | tuple[Any, ...]) -> None:
         self.code = code
@@ -90,10 +92,13 @@ class _Frame:
         self.ip = 0
         self.dest = -1  # the caller's register for our result
         self.arena: np.ndarray | None = None
+        self.base = 0  # the arena's address (kernel chains take it)
         if code.arena_bytes:
             raw = np.empty(code.arena_bytes + 64, np.uint8)
-            skip = (-data_pointer(raw)) % 64
+            start = data_pointer(raw)
+            skip = (-start) % 64
             self.arena = raw[skip: skip + code.arena_bytes]
+            self.base = start + skip
 
 
 MAX_SPECIALIZATIONS = "KILN_MAX_SPECIALIZATIONS"
@@ -183,6 +188,7 @@ class VM:
                 c = c.copy()
                 c.setflags(write=False)
             self.constants.append(c)
+        self.chained = 0  # kernel calls made from chains (kiln/runtime/chains.py)
         self.codes: dict[str, _Code] = {}
         for name, fn in program.functions.items():
             self.codes[name] = self._compile(fn)
@@ -208,14 +214,24 @@ class VM:
         code.params = [r(p) for p in fn.params]
         check_frame(fn)  # sizes beyond the allocation limit are refused before any call
         code.arena_bytes = fn.arena_bytes
+        users = chain_users(fn)
         for b in fn.blocks:
             blk = _Block()
             blk.params = [r(p) for p in b.params]
             t = b.terminator
             if t is None:
                 raise InternalError(f"VM: block '{b.name} of @{fn.name} has no terminator")
-            for k, ins in enumerate(b.instrs):
-                tail = (k == len(b.instrs) - 1 and t.op == "ret" and t.operands[0] is ins)
+            instrs = b.instrs
+            k = 0
+            while k < len(instrs):
+                ins = instrs[k]
+                end = self._chain_end(instrs, k)
+                if end > k:  # a run with kernels to call in one native call
+                    blk.steps.append((_STEP, self._chain(instrs[k:end], r, users)))
+                    k = end
+                    continue
+                tail = (k == len(instrs) - 1 and t.op == "ret" and t.operands[0] is ins)
+                k += 1
                 args = [r(v) for v in ins.operands]
                 if ins.op == "call":
                     blk.steps.append((_CALL, r(ins), ins.attrs["func"], args, tail))
@@ -243,6 +259,27 @@ class VM:
             code.blocks.append(blk)
         code.nregs = len(reg)
         return code
+
+    def _chainable(self, ins: Instr) -> bool:
+        """Whether kernel instruction ``ins`` can go in a chain (kiln/runtime/chains.py):
+        machine code of fixed shapes, on the trusted path."""
+        if not self._trusted:
+            return False
+        f = self.kernels.get(ins.attrs["kernel"])
+        from kiln.codegen.library import CompiledKernel  # here: the VM runs without LLVM
+
+        return isinstance(f, CompiledKernel) and not f.kernel.is_symbolic
+
+    def _chain_end(self, instrs: list[Instr], start: int) -> int:
+        if not self._trusted:
+            return start
+        return chain_end(instrs, start, self._chainable)
+
+    def _chain(self, run: list[Instr], r: Callable[[Value], int],
+               uses: dict[Value, list[Instr | None]]) -> Callable[[list[Any], _Frame], None]:
+        self.chained += sum(ins.op == "kernel" for ins in run)
+        return chain_step(run, self.kernels, self.constants, r, uses,
+                          lambda ins: self._step(ins, r(ins), [r(v) for v in ins.operands]))
 
     def _step(self, ins: Instr, dest: int, args: list[int]) -> Callable[[list[Any], _Frame], None]:
         a = ins.attrs
