@@ -304,5 +304,5 @@ def test_k_blocks_are_exact_where_they_can_be(spec: str) -> None:
             assert (kc * blocks, blocks) == (k, exact[0])
         else:
             assert blocks == fewest
-    # Zen 3's 32 KiB L1 (kc <= 256): 6 blocks of 192; Zen 5's 48 KiB with AVX2 (384): 3
+    # Zen 3's 32 KiB L1 (kc <= 256): 6 blocks of 192; 48 KiB with AVX2 (384): 3
     assert k_blocking(1152, Target.parse("llvm -mcpu=znver3")) == (192, 6)
