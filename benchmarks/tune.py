@@ -39,14 +39,20 @@ from kiln.codegen import num_threads
 from kiln.testing import models, torch_models
 
 INNER = 3  # calls per runner per round
+PAUSE_S = 0.05  # before each runner's block: another runtime's spinning workers go to sleep
+# ... and after numpy: OpenBLAS's workers spin about 0.1 s after a call (its thread
+# timeout), and a parallel kiln kernel started meanwhile runs at one thread's speed
+PAUSE_AFTER_NUMPY_S = 0.25
 
 
 def interleaved(runners: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
     """Median seconds per call of each runner, timed in interleaved rounds."""
     times: dict[str, list[float]] = {name: [] for name in runners}
+    last = ""
     for _ in range(rounds):
         for name, f in runners.items():
-            time.sleep(0.05)  # let another runtime's spinning workers go to sleep
+            time.sleep(PAUSE_AFTER_NUMPY_S if last == "numpy" else PAUSE_S)
+            last = name
             f()
             for _ in range(INNER):
                 t0 = time.perf_counter()

@@ -66,6 +66,9 @@ class ProgramCode:
     stack_bytes: int
     frames: dict[str, int] = field(default_factory=dict)  # frame bytes of each function
     call_sites: int = 0  # kernel and function calls in the code: its size, roughly
+    # the entry point that writes results in place (see `emit_program`), or None
+    direct_symbol: str | None = None
+    direct_text: str | None = None
 
 
 def _aligned(n: int) -> int:
@@ -198,11 +201,16 @@ class _Layout:
 
 class _FunctionEmitter:
     def __init__(self, program: Program, fn: Function, layout: _Layout,
-                 kernel_index: dict[str, int]) -> None:
+                 kernel_index: dict[str, int], direct: dict[Value, int] | None = None) -> None:
         self.program = program
         self.fn = fn
         self.layout = layout
         self.kernel_index = kernel_index
+        self.direct = direct or {}  # allocations that are result j itself (`emit_program`)
+        self.outs: list[str] = []
+        self.alloc_of: dict[str, Instr] = {}  # pointer -> the alloc it names
+        self.returned: list[str] | None = None  # the pointers the (one) ret copies out
+        self.rets = 0
         self.num_constants = len(program.constants)
         self.n = count()
         self.head: list[str] = []  # the LLVM entry block
@@ -246,6 +254,7 @@ class _FunctionEmitter:
             name = f"%o{j}"
             self.sizes[name] = tensor_bytes(t)
             outs.append(name)
+        self.outs = outs
         for b in fn.blocks:
             if b in lay.staging:
                 ps: list[str] = []
@@ -287,8 +296,13 @@ class _FunctionEmitter:
                 offset = a.get("offset")
                 t = ins.type
                 assert isinstance(t, TensorType)
-                name = self.slot(offset if offset is not None else self.layout.slots[ins][0], t)
+                if ins in self.direct:  # the caller's result array itself
+                    name = self.outs[self.direct[ins]]
+                else:
+                    name = self.slot(offset if offset is not None else self.layout.slots[ins][0],
+                                     t)
                 self.values[ins] = [name]
+                self.alloc_of[name] = ins
                 self.writable.add(name)
             case "tuple":
                 self.values[ins] = [x for v in ins.operands for x in self.values[v]]
@@ -395,32 +409,84 @@ class _FunctionEmitter:
                         self.body.append(f"{edge}:")
                         self.branch_to(tgt.block, tgt.args, labels)
             case "ret":
-                for d, s in zip(outs, self.values[t.operands[0]]):
+                self.rets += 1
+                self.returned = list(self.values[t.operands[0]])
+                for d, s in zip(outs, self.returned):
                     self.copy(d, s)
                 self.body.append("  ret i32 0")
 
 
+# Results at least this large (bytes, all together) get an entry point that writes them in
+# place (`emit_program`); smaller ones cost less to copy than a second entry costs to build.
+DIRECT_MIN_BYTES = 1 << 16
+
+
 def emit_program(program: Program, triple: str = "", data_layout: str = "") -> ProgramCode:
-    """The native entry point of ``program`` as LLVM IR; `NotStatic` when it has none."""
+    """The native entry point of ``program`` as LLVM IR; `NotStatic` when it has none.
+
+    The entry copies @main's results into the caller's arrays at its ``ret``, after every
+    kernel has read its inputs, so a result array may be one of the inputs (donation). Where
+    results are large, a second entry (``direct_symbol``, its own module ``direct_text``)
+    lets the kernels that make them write the caller's arrays directly instead — each
+    result that is an allocation of @main returned in one place — saving the copy (4 MiB
+    for a 1024² product); its caller must pass result arrays that overlap nothing.
+    """
     order = _call_order(program)
     for decl in program.kernels.values():
         if not decl.is_static:
             raise NotStatic(f"kernel {decl.name} has symbolic shapes")
     layouts = {name: _Layout(program.functions[name]) for name in order}
-    needs: dict[str, int] = {}
     kernel_index: dict[str, int] = {}
+    text, symbol, needs, sites, main_emitter = _module(program, order, layouts, kernel_index,
+                                                       {}, triple, data_layout)
+    if len(kernel_index) >= 1 << (31 - STATUS_SHIFT):
+        raise NotStatic("the program has more kernels than the status code can name")
+    main = program.main
+    inputs = tuple(t for p in main.params for t in _leaves(p.type, "an argument"))
+    outputs = tuple(_leaves(main.ret_type, "the result"))
+    direct = _direct_results(main_emitter)
+    direct_symbol = direct_text = None
+    if sum(tensor_bytes(outputs[j]) for j in direct.values()) >= DIRECT_MIN_BYTES:
+        direct_text, direct_symbol, _, _, _ = _module(program, order, layouts, kernel_index,
+                                                      direct, triple, data_layout)
+    return ProgramCode(symbol, text, tuple(kernel_index), len(program.constants), inputs,
+                       outputs, needs[program.entry],
+                       {n: layouts[n].frame_bytes for n in order}, sites,
+                       direct_symbol, direct_text)
+
+
+def _direct_results(main: _FunctionEmitter) -> dict[Value, int]:
+    """The allocations of @main that can be its results' arrays: returned by its only
+    ``ret``, each at one place."""
+    if main.rets != 1 or main.returned is None:
+        return {}
+    out: dict[Value, int] = {}
+    for j, p in enumerate(main.returned):
+        ins = main.alloc_of.get(p)
+        if ins is not None and main.returned.count(p) == 1:
+            out[ins] = j
+    return out
+
+
+def _module(program: Program, order: list[str], layouts: dict[str, _Layout],
+            kernel_index: dict[str, int], direct: dict[Value, int], triple: str,
+            data_layout: str) -> tuple[str, str, dict[str, int], int, _FunctionEmitter]:
+    """(LLVM text, entry symbol, stack bytes per function, call sites, @main's emitter) of
+    one entry point; ``direct``: @main's allocations that are result arrays."""
+    needs: dict[str, int] = {}
     texts = []
     sites = 0
+    emitter = None
     for name in order:  # callees first
         fn = program.functions[name]
         lay = layouts[name]
         callees = {ins.attrs["func"] for ins in fn.instructions() if ins.op == "call"}
         needs[name] = lay.frame_bytes + max((needs[c] for c in callees), default=0)
-        emitter = _FunctionEmitter(program, fn, lay, kernel_index)
+        emitter = _FunctionEmitter(program, fn, lay, kernel_index,
+                                   direct if name == program.entry else None)
         texts.append(emitter.emit())
         sites += emitter.call_sites
-    if len(kernel_index) >= 1 << (31 - STATUS_SHIFT):
-        raise NotStatic("the program has more kernels than the status code can name")
+    assert emitter is not None  # the entry is last
     body = "\n\n".join(texts)
     main = program.main
     inputs = tuple(t for p in main.params for t in _leaves(p.type, "an argument"))
@@ -450,10 +516,7 @@ def emit_program(program: Program, triple: str = "", data_layout: str = "") -> P
         header.append(f'target triple = "{triple}"')
     if data_layout:
         header.append(f'target datalayout = "{data_layout}"')
-    text = "\n".join(header + [text])
-    return ProgramCode(symbol, text, tuple(kernel_index), len(program.constants), inputs,
-                       outputs, needs[program.entry],
-                       {n: layouts[n].frame_bytes for n in order}, sites)
+    return "\n".join(header + [text]), symbol, needs, sites, emitter
 
 
 __all__ = ["NotStatic", "ProgramCode", "emit_program"]

@@ -67,8 +67,13 @@ class NativeExecutor:
         self._pointer = data_pointer
         self._kernel_functions = [kernels.functions[name] for name in code.kernels]
         self._fn: Callable[..., int] | None = None
+        # the entry that writes results in the caller's arrays directly (program.py), for
+        # `run`'s fresh arrays; absent in a file saved before it existed
+        self._direct: Callable[..., int] | None = None
         if library.runnable:  # else: built to be saved, for another machine
             self._fn = _ENTRY(library.function_address(code.symbol))
+            if code.direct_symbol is not None and library.defines(code.direct_symbol):
+                self._direct = _ENTRY(library.function_address(code.direct_symbol))
         constants = []
         for c in program.constants:
             c = np.require(c, requirements=["C", "A"])
@@ -118,12 +123,13 @@ class NativeExecutor:
                 _flatten_into(a, leaves)
         outs = [np.empty(shape, dtype) for shape, dtype in self._outputs]
         self.results_allocated += len(outs)
-        self.run_into(leaves, outs)
+        self.run_into(leaves, outs, fresh=True)
         if self._tuple_result:
             return _rebuild(self._ret_type, outs)
         return outs[0]
 
-    def run_into(self, leaves: list[np.ndarray], outs: list[np.ndarray]) -> None:
+    def run_into(self, leaves: list[np.ndarray], outs: list[np.ndarray],
+                 fresh: bool = False) -> None:
         """Run on the input arrays ``leaves`` (tuples flattened, checked by the caller),
         writing the results into the caller's arrays ``outs`` (flattened, of the result's
         shapes and dtypes, C-contiguous): nothing is allocated.
@@ -132,9 +138,11 @@ class NativeExecutor:
         entry point writes its results only at the end, once every kernel has read its
         inputs, so a result computed from the input it overwrites is right. A result that
         is itself a copy of a donated input is not (`kiln.ssa.memory.donation_hazards`
-        says which; give those a scratch array).
+        says which; give those a scratch array). ``fresh``: ``outs`` overlap nothing (new
+        arrays), so the kernels may write them directly (the direct entry, when the program
+        has one).
         """
-        fn = self._fn
+        fn = self._direct if fresh and self._direct is not None else self._fn
         if fn is None:  # built for another machine: check_runnable says why it cannot run here
             check_runnable(self.library.target, "this program")
             raise InternalError("the program's entry point is not loaded")
@@ -201,8 +209,9 @@ def make_native_executor(program: Program, kernels: KernelSet,
         if not library.defines(code.symbol):
             raise Error("the saved native entry point was compiled from another program")
     else:
+        modules = [code.text] + ([code.direct_text] if code.direct_text else [])
         library = compile_kernels([], kernels.target, entry_opt_level(code, kernels.opt_level),
-                                  modules=[code.text])
+                                  modules=modules)
         kernels.compile_seconds += library.stats.seconds
         kernels.cache_hits += library.stats.cache_hits
     return NativeExecutor(program, kernels, code, library)

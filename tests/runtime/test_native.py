@@ -393,3 +393,62 @@ def test_random_programs():
         ran.append(exe.stats().executor)
         assert_same(exe(*inputs), kiln.interpret(mod, *inputs), rtol=1e-4, atol=1e-5)
     assert ran.count("native") >= 2, ran
+
+
+# Large results are written by their kernels straight into the caller's arrays (the direct
+# entry point, kiln/codegen/program.py); `run_into` keeps the entry that copies at `ret`.
+BIG = """
+def @main(%x: Tensor[(128, 256), float32], %w: Tensor[(256, 256), float32]) {
+  let %y = nn.relu(nn.dense(%x, %w));
+  (%y, nn.softmax(%y), %y, %x)
+}
+"""
+
+
+def test_large_results_are_written_in_place_and_agree():
+    exe = native(BIG)
+    ex = exe.executor
+    assert ex._direct is not None  # 128×256 floats: over DIRECT_MIN_BYTES
+    x, w = rand(128, 256, seed=1), rand(256, 256, seed=2)
+    want = kiln.interpret(kiln.parse(BIG), x, w)
+    got = exe(x, w)
+    assert_same(got, want)
+    # %y comes back twice and %x is an input: none of the four shares memory with another
+    # or with the inputs
+    arrays = list(got) + [x, w]
+    for i, a in enumerate(arrays):
+        for b in arrays[i + 1:]:
+            assert not np.shares_memory(a, b)
+    again = exe(x, w)
+    assert not any(np.shares_memory(a, b) for a, b in zip(got, again))
+    assert_same(again, want)
+
+
+def test_run_into_with_donated_arrays_keeps_copying_at_ret():
+    # y = relu(x @ w) donated into x's own array: safe only if nothing writes x before the
+    # kernels have read it, which the copying entry guarantees
+    text = """
+def @main(%x: Tensor[(128, 256), float32], %w: Tensor[(256, 256), float32]) {
+  nn.relu(nn.dense(%x, %w)) + %x
+}
+"""
+    exe = native(text)
+    x, w = rand(128, 256, seed=3), rand(256, 256, seed=4)
+    want = kiln.interpret(kiln.parse(text), x, w)
+    x_donated = x.copy()
+    exe.executor.run_into([x_donated, w], [x_donated])
+    assert_same(x_donated, want)
+
+
+def test_a_saved_program_keeps_its_in_place_entry(tmp_path):
+    exe = native(BIG)
+    exe.save(tmp_path / "big.kiln")
+    loaded = kiln.load(tmp_path / "big.kiln")
+    assert loaded.stats().executor == "native" and loaded.executor._direct is not None
+    x, w = rand(128, 256, seed=5), rand(256, 256, seed=6)
+    assert_same(loaded(x, w), kiln.interpret(kiln.parse(BIG), x, w))
+
+
+def test_small_results_have_only_the_copying_entry():
+    exe = native("def @main(%x: Tensor[(4, 4), float32]) { nn.relu(%x) }")
+    assert exe.executor._direct is None
