@@ -63,6 +63,7 @@ from kiln.loops.ir import (
     IfThenElse,
     Kernel,
     LetStmt,
+    Prefetch,
     Seq,
     Stmt,
     Store,
@@ -202,6 +203,8 @@ class _KernelEmitter:
                     self._check(f, item, work)
                 case TileProduct():
                     emit_tile_product(self.mc, f, item)
+                case Prefetch():
+                    self._prefetch(f, item)
                 case Stmt():
                     raise InternalError(f"codegen: unknown statement {type(item).__name__}")
                 case _:
@@ -217,6 +220,12 @@ class _KernelEmitter:
         if s.buffer.dtype == "bool":
             value = f.b.zext(value, with_element(value.type, I8))
         f.b.store(value, ptr, align=itemsize(s.buffer.dtype))
+
+    def _prefetch(self, f: FunctionState, s: Prefetch) -> None:
+        # llvm.prefetch(address, read (0), locality 3: keep in every level, data cache (1))
+        ptr = f.x.address(s.ref.buffer, s.ref.indices, {})
+        fn = self.mc.declare("llvm.prefetch.p0", VOID, [PTR, I32, I32, I32])
+        f.b.call(fn, [ptr, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
 
     def _let(self, f: FunctionState, s: LetStmt, work: Work) -> None:
         value = f.expr(s.value, {})

@@ -17,6 +17,7 @@ from kiln.loops.ir import (
     Kernel,
     LetStmt,
     Load,
+    Prefetch,
     Select,
     Seq,
     Stmt,
@@ -30,7 +31,8 @@ from kiln.loops.verify import verify
 __all__ = [
     "FMA", "Allocate", "Binary", "Broadcast", "Buffer", "Cast", "Check", "Const", "DotProduct",
     "Expr", "For",
-    "IfThenElse", "Kernel", "LetStmt", "Load", "Select", "Seq", "Stmt", "Store", "TileProduct",
+    "IfThenElse", "Kernel", "LetStmt", "Load", "Prefetch", "Select", "Seq", "Stmt", "Store",
+    "TileProduct",
     "Unary", "Var",
     "evaluate", "verify",
 ]

@@ -62,6 +62,7 @@ from kiln.loops.ir import (
     Kernel,
     LetStmt,
     Load,
+    Prefetch,
     Select,
     Seq,
     Stmt,
@@ -482,10 +483,11 @@ _STMT_FIELDS: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {
     IfThenElse: (("cond",), ("then_case", "else_case")),
     Check: (("cond",), ()),
     TileProduct: (("steps", "a", "b", "c"), ()),
+    Prefetch: (("ref",), ()),
 }
 
 
-_STMT_TYPES = (For, Store, LetStmt, Allocate, Seq, IfThenElse, Check, TileProduct)
+_STMT_TYPES = (For, Store, LetStmt, Allocate, Seq, IfThenElse, Check, TileProduct, Prefetch)
 
 
 def _stmt_children(s: Stmt) -> list[Stmt]:

@@ -41,6 +41,7 @@ from kiln.loops.ir import (
     Kernel,
     LetStmt,
     Load,
+    Prefetch,
     Select,
     Seq,
     Stmt,
@@ -259,6 +260,8 @@ class _Machine:
                     raise EvalError(msg)
             case TileProduct():
                 self.tiles(s)
+            case Prefetch():
+                pass  # a hint: nothing to compute
             case _:
                 raise InternalError(f"loop evaluator: unknown statement {type(s).__name__}")
 

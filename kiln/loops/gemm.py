@@ -56,6 +56,7 @@ from kiln.loops.ir import (
     IfThenElse,
     LetStmt,
     Load,
+    Prefetch,
     Select,
     Seq,
     Stmt,
@@ -415,6 +416,11 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
     tmb, tnb = s.mc // mr, s.nc // nr
     nbm, nbn = _ceil(mt, tmb), _ceil(nt, tnb)
     zero = Const(0.0, dtype)
+    # A prepacked B too large to stay in L2 streams from memory: the first row tile of each
+    # column tile prefetches the next column tile's panel, a cache line per step and line
+    # (see `micro`)
+    line = 64 // dtype_of(dtype).itemsize
+    stream_b = b_panel is not None and k * n * dtype_of(dtype).itemsize > t.l2
     bp = Buffer("Bp", (tnb, kc, nr), dtype, "local")
     ap = Buffer("Ap", (tmb, kc, mr), dtype, "local")
     cp = Buffer("Cp", (mt * mr, nt * nr), dtype, "local") if nk > 1 else None
@@ -456,8 +462,9 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
         return tile_blocks(ic, tmb, mt, "ta", tile_body)
 
     def micro(bt: Expr, pc: Expr, tn: Expr, tile_n: Expr, tm: Expr, tile_m: Expr,
-              width: int = nr) -> Stmt:
-        # ``width`` < nr: the last column tile, narrower (its other columns are padding)
+              width: int = nr, prefetch: bool = False) -> Stmt:
+        # ``width`` < nr: the last column tile, narrower (its other columns are padding);
+        # ``prefetch``: step p also prefetches row p of the next column tile's B panel
         acc = Buffer("acc", (mr, nr), dtype, "local")
         vecs = [(i, v * lanes) for i in range(mr) for v in range(width // lanes)]
 
@@ -483,7 +490,14 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
                 return b_panel(bt, tile_n, pc * kc + p, Const(c, INDEX))
             return Load(bp, (tn, p, Const(c)), lanes)
 
-        kloop = _k_loop(acc, a_at, b_at, kc, mr, width, lanes, s.unroll)
+        def ahead(p: Expr) -> list[Stmt]:
+            assert b_panel is not None
+            nxt = index_min(tile_n + 1, nt - 1)
+            refs = [b_panel(bt, nxt, pc * kc + p, Const(c, INDEX)) for c in range(0, nr, line)]
+            return [Prefetch(r) for r in refs if isinstance(r, Load)]
+
+        kloop = _k_loop(acc, a_at, b_at, kc, mr, width, lanes, s.unroll,
+                        ahead if prefetch else None)
         finish = epilogue(bt, acc, tile_m, tile_n, width)
         if cp is not None:
             keep = Seq(tuple(Store(cp, (tile_m * mr + i, tile_n * nr + c), acc_at(i, c))
@@ -579,6 +593,9 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
     def m_block(bt: Expr, jc: Expr, pc: Expr, ic: Expr) -> Stmt:
         def tile(tn: Expr, tile_n: Expr, tm: Expr, tile_m: Expr) -> Stmt:
             full = micro(bt, pc, tn, tile_n, tm, tile_m)
+            if stream_b and nt > 1:  # the block's first row tile fetches the next panel
+                full = IfThenElse(Binary("eq", tm, Const(0, INDEX)),
+                                  micro(bt, pc, tn, tile_n, tm, tile_m, prefetch=True), full)
             if not 0 < n % nr <= lanes < nr:
                 return full
             # the last column tile has at most `lanes` columns: one vector of B per step
@@ -614,21 +631,23 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
 
 
 def _k_loop(acc: Buffer, a_at: Callable[[Expr, int], Expr], b_at: Callable[[Expr, int], Expr],
-            kc: int, mr: int, nr: int, lanes: int, unroll: int) -> Stmt:
+            kc: int, mr: int, nr: int, lanes: int, unroll: int,
+            ahead: Callable[[Expr], list[Stmt]] | None = None) -> Stmt:
     """``acc += A[:, p]ᵀ · B[p, :]`` for p in [0, kc) over the packed panels: the FMA
-    micro-kernel (``a_at(p, i)`` a scalar, ``b_at(p, c)`` a vector)."""
+    micro-kernel (``a_at(p, i)`` a scalar, ``b_at(p, c)`` a vector; ``ahead(p)``: prefetches
+    to issue at step p)."""
     dtype = acc.dtype
 
     def step(p: Expr) -> Stmt:
         bvs = [Var(f"b{v}", dtype, lanes) for v in range(nr // lanes)]
         avs = [Var(f"a{i}", dtype) for i in range(mr)]
-        fmas = []
+        fmas: list[Stmt] = []
         for i in range(mr):
             for v in range(nr // lanes):
                 at = (Const(i), Const(v * lanes))
                 fmas.append(Store(acc, at, FMA(Broadcast(avs[i], lanes), bvs[v],
                                                Load(acc, at, lanes))))
-        stmt: Stmt = Seq(tuple(fmas))
+        stmt: Stmt = Seq(tuple((ahead(p) if ahead is not None else []) + fmas))
         for i in reversed(range(mr)):
             stmt = LetStmt(avs[i], a_at(p, i), stmt)
         for v in reversed(range(nr // lanes)):

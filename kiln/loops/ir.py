@@ -571,6 +571,16 @@ class Check(Stmt):
     message: str
 
 
+@dataclass(frozen=True, eq=False)
+class Prefetch(Stmt):
+    """A hint: bring the cache line of ``ref``'s first element closer (LLVM's
+    ``llvm.prefetch``, for reading, into all cache levels). Reads nothing and changes
+    nothing; ``ref`` must still lie inside its buffer (the verifier checks it as a load).
+    The GEMM prefetches the next panel of a streamed weight (kiln/loops/gemm.py)."""
+
+    ref: Load
+
+
 # A matrix tile of `TileProduct`: 16 rows of 64 bytes (16 int32), the shape of an AMX tile.
 TILE_ROWS = 16
 TILE_WORDS = 16

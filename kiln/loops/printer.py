@@ -18,6 +18,7 @@ from kiln.loops.ir import (
     Kernel,
     LetStmt,
     Load,
+    Prefetch,
     Select,
     Seq,
     Stmt,
@@ -109,6 +110,8 @@ def stmt_text(s: Stmt, indent: int = 0) -> str:
                 lines.append(f"{pad}tiles<{node.a_dtype}, {node.b_dtype}> over {node.var.name} "
                              f"in [0, {expr_text(node.steps)}): A {refs(node.a, node.a_stride)}; "
                              f"B {refs(node.b, node.b_stride)} -> C {refs(node.c, node.c_stride)}")
+            case Prefetch(ref=r):
+                lines.append(f"{pad}prefetch &{expr_text(r)}")
             case _:
                 lines.append(f"{pad}<{type(node).__name__}>")
     return "\n".join(lines)

@@ -46,6 +46,7 @@ from kiln.loops.ir import (
     Kernel,
     LetStmt,
     Load,
+    Prefetch,
     Select,
     Seq,
     Stmt,
@@ -396,6 +397,8 @@ class _Verifier:
                         raise self.fail(f"the check {expr_text(c)} is not a scalar bool")
                 case TileProduct():
                     self.check_tiles(s)
+                case Prefetch(ref=r):
+                    self.check_expr(r)
                 case _:
                     raise self.fail(f"unknown statement {type(s).__name__}")
 

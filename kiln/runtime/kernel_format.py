@@ -44,6 +44,7 @@ from kiln.loops.ir import (
     Kernel,
     LetStmt,
     Load,
+    Prefetch,
     Select,
     Seq,
     Store,
@@ -101,6 +102,8 @@ def _kids(n: Any) -> list[Any]:
             return [n.cond]
         case TileProduct():
             return [n.var, n.steps, *n.a, *n.b, *n.c]
+        case Prefetch():
+            return [n.ref]
     raise InternalError(f"cannot save a loop-IR node {type(n).__name__}")
 
 
@@ -222,6 +225,8 @@ def write_kernel(k: Kernel) -> dict[str, Any]:
                 entry = ["TileProduct", ref[0], ref[1], ref[2:2 + na], ref[2 + na:2 + na + nb],
                          ref[2 + na + nb:], n.a_stride, n.b_stride, n.c_stride, n.a_dtype,
                          n.b_dtype]
+            case Prefetch():
+                entry = ["Prefetch", ref[0]]
         index[id(n)] = len(nodes)
         nodes.append(entry)
     return {
@@ -239,7 +244,7 @@ def write_kernel(k: Kernel) -> dict[str, Any]:
 
 
 _EXPR = (Const, Var, Load, Binary, Unary, Cast, Bitcast, Select, Broadcast, FMA, DotProduct)
-_STMT = (For, Store, LetStmt, Allocate, Seq, IfThenElse, Check, TileProduct)
+_STMT = (For, Store, LetStmt, Allocate, Seq, IfThenElse, Check, TileProduct, Prefetch)
 
 
 def read_kernel(doc: Any) -> Kernel:
@@ -376,4 +381,7 @@ def _read_node(kind: str, f: list[Any], node: Any, buf: Any, var: Any) -> Any:
 
             return TileProduct(var(v), node(steps), tiles(a), tiles(b), tiles(c), sa, sb, sc,
                                ta, tb)
+        case "Prefetch":
+            (ref,) = f
+            return Prefetch(node(ref, (Load,)))
     raise MalformedKernel(f"malformed kernel: unknown node kind {kind!r}")

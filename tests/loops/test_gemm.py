@@ -306,3 +306,66 @@ def test_k_blocks_are_exact_where_they_can_be(spec: str) -> None:
             assert blocks == fewest
     # Zen 3's 32 KiB L1 (kc <= 256): 6 blocks of 192; 48 KiB with AVX2 (384): 3
     assert k_blocking(1152, Target.parse("llvm -mcpu=znver3")) == (192, 6)
+
+
+def test_a_weight_larger_than_l2_is_read_with_prefetches() -> None:
+    # A prepacked weight that does not stay in L2 streams from memory: the first row tile of
+    # each column tile prefetches the next tile's panel. Here L2 is made small (64 KiB) so a
+    # small weight counts as large; the results must not change, for 1 and 2 threads.
+    from kiln.loops.printer import kernel_text
+
+    t = dataclasses.replace(Target.parse("llvm"), l2=64 * 1024)
+    m, n, k = 29, 150, 300  # a 176 KiB weight, over several column tiles and K blocks
+    x = kiln.var("x", shape=(m, k), dtype="float32")
+    w = kiln.var("w", shape=(n, k), dtype="float32")
+    b = rand(n, k)
+    with target_scope(t):
+        exe = kiln.build(kiln.IRModule.from_expr(kiln.Function([x, w], nn.relu(
+            nn.dense(x, w)))), params={"w": b}, target=t)
+    (f,) = exe.kernels.functions.values()
+    assert "prefetch &" in kernel_text(f.kernel)
+    if t.arch == "x86_64":
+        assert "prefetcht0" in assembly(f.kernel, target=t)
+    a = rand(m, k)
+    want = np.maximum(a.astype(np.float64) @ b.T.astype(np.float64), 0)
+    with threads(1):
+        one = exe(a)
+    with threads(2):
+        two = exe(a)
+    close(one, want, k)
+    np.testing.assert_array_equal(one, two)
+
+
+def test_a_prefetch_is_checked_saved_and_evaluated_like_a_load() -> None:
+    from kiln.errors import InternalError
+    from kiln.loops import evaluate
+    from kiln.loops.ir import For, Prefetch, Seq, Var
+    from kiln.runtime.kernel_format import MalformedKernel, read_kernel, write_kernel
+
+    src = Buffer("src", (64,), "float32")
+    dst = Buffer("dst", (64,), "float32")
+
+    def kernel(ahead: int) -> Kernel:
+        i = Var("i")
+        nxt = Binary("min", Binary("add", i, Const(ahead)), Const(63))
+        body = For(i, Const(0), Const(64), Seq((
+            Prefetch(Load(src, (nxt if ahead <= 16 else Binary("add", i, Const(ahead)),))),
+            Store(dst, (i,), Binary("mul", Load(src, (i,)), Const(2.0, "float32"))))))
+        return Kernel("pf", (src,), (dst,), body)
+
+    good = verify(kernel(16))
+    with pytest.raises(InternalError, match="src"):
+        verify(kernel(17))  # i + 17 runs past the end: refused as a load would be
+    data = rand(64)
+    np.testing.assert_array_equal(evaluate(good, data)[0], data * 2)
+    again = read_kernel(write_kernel(good))
+    np.testing.assert_array_equal(evaluate(again, data)[0], data * 2)
+    doc = write_kernel(good)
+    bad = write_kernel(kernel(17))
+    assert doc != bad
+    with pytest.raises(MalformedKernel):
+        read_kernel(bad)
+    lib = compile_kernels([good])
+    out = np.zeros(64, np.float32)
+    lib["pf"](data, out)
+    np.testing.assert_array_equal(out, data * 2)
