@@ -244,13 +244,21 @@ def time_rounds(runners: dict[str, Callable[[], Any]], repeat: int) -> Timing:
     """Interleaved rounds: each runtime in turn, after a pause and an untimed call, INNER calls.
 
     The runtimes' thread pools spin for a while after a parallel region; on 2 cores one that
-    starts while another's workers still spin runs many times slower, hence the pause.
+    starts while another's workers still spin runs many times slower, hence the pause. The
+    order turns by one each round, so that no runtime always follows the same one: a pool
+    that spins longer than the pause keeps a core's vCPU awake for whoever comes next (in
+    a VM, waking a halted vCPU takes 0.5-5 ms, longer than a small model's whole call).
     """
     times: dict[str, list[float]] = {name: [] for name in runners}
     first = next(iter(runners))
     deadline = time.perf_counter() + CASE_SECONDS
+    names = list(runners)
+    turn = 0
     while len(times[first]) < repeat:
-        for name, f in runners.items():
+        order = names[turn % len(names):] + names[:turn % len(names)]
+        turn += 1
+        for name in order:
+            f = runners[name]
             time.sleep(0.05)
             f()
             for _ in range(INNER):
