@@ -28,9 +28,8 @@ import ctypes
 import threading
 from collections.abc import Callable
 
-import llvmlite.binding as llvm
-
-from kiln.codegen.target import host_target, initialize
+from kiln.codegen.target import initialize
+from kiln.codegen.threads import host_engine
 from kiln.errors import InternalError
 
 CHAIN_SYMBOL = "kiln_run_chain"
@@ -118,16 +117,7 @@ def run_chain() -> Callable[[int, object], int]:
     with _lock:
         if _function is None:
             initialize()
-            m = host_target(2)
-            try:
-                module = llvm.parse_assembly(chain_ir(m.triple))
-                module.verify()
-            except RuntimeError as exc:
-                raise InternalError(f"LLVM rejected kiln's kernel chain runner: {exc}") from None
-            module.data_layout = m.data_layout
-            m.optimize(module)
-            engine = llvm.create_mcjit_compiler(module, m.new_machine())
-            engine.finalize_object()
+            engine = host_engine(chain_ir, "kiln's kernel chain runner")
             address = engine.get_function_address(CHAIN_SYMBOL)
             if not address:
                 raise InternalError("kiln's kernel chain runner has no entry point")

@@ -25,8 +25,9 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import llvmlite.binding as llvm
 
@@ -97,19 +98,27 @@ def ensure_runtime() -> None:
         _ready = True
 
 
-def _install_pool() -> None:
-    """Compile the pool (pool.py) for this machine and register ``kiln_parallel_for``."""
-    global _pool_engine, _parallel_for
-    m = host_target(2)  # it runs in this process, so it is built for this machine
+def host_engine(ir_of: Callable[[str], str], what: str) -> Any:
+    """An MCJIT engine holding the LLVM module ``ir_of(triple)`` compiled for this machine
+    (code that runs in this process: the pool, the VM's chain runner); ``what`` names it in
+    the error LLVM's refusal raises."""
+    m = host_target(2)
     try:
-        module = llvm.parse_assembly(pool_ir(m.triple))
+        module = llvm.parse_assembly(ir_of(m.triple))
         module.verify()
     except RuntimeError as exc:
-        raise InternalError(f"LLVM rejected kiln's thread pool: {exc}") from None
+        raise InternalError(f"LLVM rejected {what}: {exc}") from None
     module.data_layout = m.data_layout
     m.optimize(module)
     engine = llvm.create_mcjit_compiler(module, m.new_machine())
     engine.finalize_object()
+    return engine
+
+
+def _install_pool() -> None:
+    """Compile the pool (pool.py) for this machine and register ``kiln_parallel_for``."""
+    global _pool_engine, _parallel_for
+    engine = host_engine(pool_ir, "kiln's thread pool")
     _parallel_for = engine.get_function_address(PARALLEL_FOR_SYMBOL)
     spin = engine.get_global_value_address(SPIN_NS_SYMBOL)
     if not _parallel_for or not spin:
