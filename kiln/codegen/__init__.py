@@ -21,12 +21,20 @@ from kiln.codegen.emit import emit_kernel, status_messages
 from kiln.codegen.library import CompiledKernel, ForeignKernel, KernelLibrary, LibraryStats
 from kiln.codegen.program import NotStatic, ProgramCode, emit_program
 from kiln.codegen.target import Machine, check_runnable, host_target, machine
-from kiln.codegen.threads import num_threads, set_num_threads, set_spin_ms, spin_ms, threads
+from kiln.codegen.threads import (
+    flush_denormals,
+    num_threads,
+    set_num_threads,
+    set_spin_ms,
+    spin_ms,
+    threads,
+)
 
 __all__ = [
     "CompiledKernel", "DiskCache", "ForeignKernel", "KernelLibrary", "LibraryStats", "Machine",
     "NotStatic", "ProgramCode", "assembly", "check_runnable", "compile_ir", "compile_kernels",
-    "emit_kernel", "emit_program", "fingerprint", "host_target", "kernel_symbol",
+    "emit_kernel", "emit_program", "fingerprint", "flush_denormals", "host_target",
+    "kernel_symbol",
     "llvm_ir", "machine", "num_threads", "optimized_ir", "set_num_threads", "set_spin_ms",
     "spin_ms", "status_messages",
     "threads",

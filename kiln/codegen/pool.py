@@ -72,6 +72,11 @@ CALLER_SPINS = 1024
 SPIN_NS_SYMBOL = "kiln_pool_spin_ns"
 # Worker threads the pool creates at most (kiln_num_threads beyond this + 1 are not used).
 MAX_WORKERS = 255
+# ``i32 kiln_fp_update(i32 keep, i32 set)``: this thread's floating-point control word
+# (MXCSR on x86) becomes ``(old & keep) | set`` in one step, and ``old`` is returned;
+# elsewhere it does nothing and returns 0 (threads.py `flush_denormals`). A parallel
+# region's workers run its chunks in its caller's mode.
+FP_SWAP_SYMBOL = "kiln_fp_update"
 # Bytes reserved for a pthread_mutex_t and for a pthread_cond_t (glibc: 40 and 48 on x86-64,
 # 48 and 48 on aarch64), aligned to 16.
 SYNC_BYTES = 128
@@ -85,14 +90,44 @@ def _pause(triple: str) -> tuple[str, str]:
     return ("", "")
 
 
+def _fp_mode(triple: str) -> dict[str, str]:
+    """The IR that reads and sets the thread's floating-point control word (x86's MXCSR:
+    flush-to-zero and denormals-are-zero among its bits), or nothing where the pool does not
+    carry it over: the template's ``fp_*`` pieces."""
+    arch = triple.split("-")[0]
+    if arch not in ("x86_64", "i386", "i686"):
+        return {"fp_decl": "", "fp_publish": "", "fp_enter": "", "fp_leave": "",
+                "fp_swap": "  ret i32 0"}
+    return {
+        "fp_decl": "declare void @llvm.x86.sse.stmxcsr(ptr)\n"
+                   "declare void @llvm.x86.sse.ldmxcsr(ptr)",
+        # the caller's mode, for the workers that join its job
+        "fp_publish": "  call void @llvm.x86.sse.stmxcsr(ptr @pool.fpmode)",
+        # a worker runs the job's chunks in the caller's mode, then goes back to its own
+        "fp_enter": "  call void @llvm.x86.sse.stmxcsr(ptr %own)\n"
+                    "  call void @llvm.x86.sse.ldmxcsr(ptr @pool.fpmode)",
+        "fp_leave": "  call void @llvm.x86.sse.ldmxcsr(ptr %own)",
+        "fp_swap": "  %old = alloca i32, align 4\n"
+                   "  %new = alloca i32, align 4\n"
+                   "  call void @llvm.x86.sse.stmxcsr(ptr %old)\n"
+                   "  %was = load i32, ptr %old, align 4\n"
+                   "  %kept = and i32 %was, %keep\n"
+                   "  %mode = or i32 %kept, %set\n"
+                   "  store i32 %mode, ptr %new, align 4\n"
+                   "  call void @llvm.x86.sse.ldmxcsr(ptr %new)\n"
+                   "  ret i32 %was",
+    }
+
+
 def pool_ir(triple: str) -> str:
     """The pool's LLVM module for ``triple``, as text."""
     pause, pause_decl = _pause(triple)
     return _TEMPLATE.format(
         triple=triple, pause=pause, pause_decl=pause_decl, nthreads=NUM_THREADS_SYMBOL,
         parallel_for=PARALLEL_FOR_SYMBOL, worker_spins=WORKER_SPINS, spin_ns=SPIN_NS_SYMBOL,
-        worker_pause_spins=WORKER_PAUSE_SPINS,
-        caller_spins=CALLER_SPINS, max_workers=MAX_WORKERS, sync=SYNC_BYTES)
+        worker_pause_spins=WORKER_PAUSE_SPINS, fp_swap_symbol=FP_SWAP_SYMBOL,
+        caller_spins=CALLER_SPINS, max_workers=MAX_WORKERS, sync=SYNC_BYTES,
+        **_fp_mode(triple))
 
 
 # Names: @pool.* are internal. Hot words each have a cache line (align 64), so that the
@@ -118,6 +153,7 @@ target triple = "{triple}"
 @pool.grain = internal global i64 0
 @pool.chunks = internal global i64 0
 @pool.helpers = internal global i64 0
+@pool.fpmode = internal global i32 0, align 4
 @{spin_ns} = hidden global i64 0, align 8
 
 declare i32 @pthread_create(ptr, ptr, ptr, ptr)
@@ -131,6 +167,12 @@ declare i32 @pthread_cond_broadcast(ptr)
 declare i32 @sched_yield()
 declare i32 @clock_gettime(i32, ptr)
 {pause_decl}
+{fp_decl}
+
+define i32 @{fp_swap_symbol}(i32 %keep, i32 %set) nounwind {{
+entry:
+{fp_swap}
+}}
 
 ; CLOCK_MONOTONIC (1 on Linux, every architecture) in nanoseconds.
 define internal i64 @pool.now() nounwind {{
@@ -193,6 +235,7 @@ exit:
 ; A worker: wait for a job it has not seen, join it, claim chunks, leave; forever.
 define internal ptr @pool.worker(ptr %arg) nounwind {{
 entry:
+  %own = alloca i32, align 4  ; the worker's own floating-point mode, while it runs a job
   br label %wait
 wait:
   ; 0 is never an open job: a new worker joins the job open when it starts, if any
@@ -264,7 +307,9 @@ work:
   %n = load i64, ptr @pool.n, align 8
   %grain = load i64, ptr @pool.grain, align 8
   %chunks = load i64, ptr @pool.chunks, align 8
+{fp_enter}
   %ran = call i64 @pool.claim(ptr %fn, ptr %data, i64 %n, i64 %grain, i64 %chunks)
+{fp_leave}
   %d0 = atomicrmw add ptr @pool.done, i64 %ran seq_cst
   br label %leave
 leave:
@@ -343,6 +388,7 @@ release.alone:
   store atomic i32 0, ptr @pool.owned seq_cst, align 4
   br label %serial
 publish:
+{fp_publish}
   store ptr %fn, ptr @pool.fn, align 8
   store ptr %data, ptr @pool.data, align 8
   store i64 %n, ptr @pool.n, align 8

@@ -388,3 +388,41 @@ def test_big_blocks_come_from_the_heap_once_the_runtime_starts() -> None:
     done = subprocess.run([sys.executable, "-c", "import kiln.codegen as c; c.num_threads()"],
                           env=env, text=True, capture_output=True, timeout=300, cwd=_repo())
     assert done.returncode != 0 and "KILN_KEEP_MEMORY must be 0 or 1" in done.stderr
+
+
+def test_workers_run_a_region_in_its_callers_floating_point_mode() -> None:
+    # Inside flush_denormals every chunk, on whichever thread, flushes a subnormal product
+    # to zero (numpy's float32 multiply runs on the thread's SSE mode); outside it, and on
+    # the workers afterwards, the product is the subnormal again.
+    from kiln.codegen import flush_denormals
+
+    tiny = np.float32(1e-20)
+    want = tiny * tiny
+    assert want != 0
+    if kiln.Target.host().arch == "x86_64":  # elsewhere the mode is not carried
+        seen: list[tuple[int, bool]] = []
+
+        def chunk(_data, lo: int, hi: int) -> None:
+            seen.append((threading.get_ident(), bool(tiny * tiny == 0)))
+            time.sleep(0.02)
+
+        fn = CHUNK(chunk)
+        run = PARALLEL_FOR(parallel_for_address())
+        with threads(2):
+            for _ in range(10):  # until a worker took a chunk (see the test above)
+                seen.clear()
+                with flush_denormals():
+                    run(ctypes.cast(fn, ctypes.c_void_p), None, 8, 1)
+                if len({t for t, _ in seen}) > 1:
+                    break
+            assert len({t for t, _ in seen}) > 1
+            assert all(flushed for _, flushed in seen)
+            seen.clear()
+            run(ctypes.cast(fn, ctypes.c_void_p), None, 8, 1)
+            assert not any(flushed for _, flushed in seen)
+    with pytest.raises(RuntimeError):
+        with flush_denormals():
+            raise RuntimeError("the mode comes back even so")
+    assert tiny * tiny == want
+    with flush_denormals(False):
+        assert tiny * tiny == want

@@ -212,3 +212,29 @@ def test_the_momentum_update_fuses_with_the_gradients_last_kernel() -> None:
     products = [k.ops for k in kernels if "nn.conv2d_backward_weight" in k.ops]
     assert len(products) == 2, products  # c1 and c2
     assert all("add" in ops and "multiply" in ops for ops in products), products
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_subnormal_gradients_are_flushed_unless_asked_not_to(split) -> None:
+    # loss = sum(w * x) with x = 1e-20 and the loss scaled by 1e-20: every gradient is
+    # 1e-40, a subnormal float32. Flushed (the default, as TensorFlow and oneDNN do), the
+    # momentum buffer stays 0; kept, it holds the subnormal gradient exactly as numpy has it.
+    from kiln.ir.expr import Function, const, var
+    from kiln.op import sum_
+
+    x = var("x", shape=(64,))
+    w = var("w", shape=(64,))
+    f = Function((x, w), sum_(w * x) * const(np.float32(1e-20)))
+    params = {"w": np.ones(64, np.float32)}
+    batch = np.full(64, 1e-20, np.float32)
+    want = np.float32(1e-20) * np.float32(1e-20)
+    assert want != 0 and abs(want) < np.finfo(np.float32).tiny  # a subnormal
+    flushed = kiln.train.Step(f, params, SGD(lr=0.1, momentum=0.9), split=split)
+    kept = kiln.train.Step(f, params, SGD(lr=0.1, momentum=0.9), split=split,
+                           flush_denormals=False)
+    flushed(batch)
+    kept(batch)
+    np.testing.assert_array_equal(flushed.optimizer_state["w"][0], np.zeros(64, np.float32))
+    np.testing.assert_array_equal(kept.optimizer_state["w"][0], np.full(64, want, np.float32))
+    # the calling thread's own mode is back: numpy still computes the subnormal
+    assert np.float32(1e-20) * np.float32(1e-20) == want
