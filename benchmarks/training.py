@@ -182,9 +182,12 @@ def run(case: Case, optimizer: str, repeat: int, threads: int | None,
           f"{step.results_allocated} result arrays)")
     print(f"  torch eager       {t:9.3f} ms" + (f"  cpu {tc:9.3f} ms" if cpu else "")
           + f"   torch/kiln {t / k:.2f}x" + (f" (cpu {tc / kc:.2f}x)" if cpu else ""))
-    if profile:  # the step's program, on the inputs of its last call
+    if profile:  # the step's program, on the inputs of its last call, in the step's mode
+        from kiln.codegen import flush_denormals
+
         for program in step._programs:
-            print(program.exe.profile(*program.inputs, repeat=max(3, repeat // 2)))
+            with flush_denormals(step.flush_denormals):
+                print(program.exe.profile(*program.inputs, repeat=max(3, repeat // 2)))
 
 
 def main() -> None:
