@@ -7,7 +7,9 @@ instruction becomes a small Python closure over those indices (a `call` or
 `invoke_closure` stays data, since it switches frames). Frames live on an explicit stack, so
 recursion is bounded by memory rather than Python's stack; a call whose result the next
 statement returns is a tail call and replaces its frame, so tail recursion runs in constant
-space even across functions (``@is_even``/``@is_odd``).
+space even across functions (``@is_even``/``@is_odd``). The kernels of a straight stretch of
+a block, with only reference moves between them, run as one native call (a chain:
+kiln/runtime/chains.py).
 
 Values: numpy arrays (tensors), Python tuples, `kiln.ConstructorValue`, `kiln.RefValue` and
 `VMClosure`. A frame allocates its function's arena once, and each planned ``alloc`` is a view
@@ -188,7 +190,7 @@ class VM:
                 c = c.copy()
                 c.setflags(write=False)
             self.constants.append(c)
-        self.chained = 0  # kernel calls made from chains (kiln/runtime/chains.py)
+        self.chained = 0  # kernel instructions run in chains (kiln/runtime/chains.py)
         self.codes: dict[str, _Code] = {}
         for name, fn in program.functions.items():
             self.codes[name] = self._compile(fn)
