@@ -76,7 +76,7 @@ MAX_WORKERS = 255
 # (MXCSR on x86) becomes ``(old & keep) | set`` in one step, and ``old`` is returned;
 # elsewhere it does nothing and returns 0 (threads.py `flush_denormals`). A parallel
 # region's workers run its chunks in its caller's mode.
-FP_SWAP_SYMBOL = "kiln_fp_update"
+FP_UPDATE_SYMBOL = "kiln_fp_update"
 # Bytes reserved for a pthread_mutex_t and for a pthread_cond_t (glibc: 40 and 48 on x86-64,
 # 48 and 48 on aarch64), aligned to 16.
 SYNC_BYTES = 128
@@ -97,7 +97,7 @@ def _fp_mode(triple: str) -> dict[str, str]:
     arch = triple.split("-")[0]
     if arch not in ("x86_64", "i386", "i686"):
         return {"fp_decl": "", "fp_publish": "", "fp_enter": "", "fp_leave": "",
-                "fp_swap": "  ret i32 0"}
+                "fp_update": "  ret i32 0"}
     return {
         "fp_decl": "declare void @llvm.x86.sse.stmxcsr(ptr)\n"
                    "declare void @llvm.x86.sse.ldmxcsr(ptr)",
@@ -107,7 +107,7 @@ def _fp_mode(triple: str) -> dict[str, str]:
         "fp_enter": "  call void @llvm.x86.sse.stmxcsr(ptr %own)\n"
                     "  call void @llvm.x86.sse.ldmxcsr(ptr @pool.fpmode)",
         "fp_leave": "  call void @llvm.x86.sse.ldmxcsr(ptr %own)",
-        "fp_swap": "  %old = alloca i32, align 4\n"
+        "fp_update": "  %old = alloca i32, align 4\n"
                    "  %new = alloca i32, align 4\n"
                    "  call void @llvm.x86.sse.stmxcsr(ptr %old)\n"
                    "  %was = load i32, ptr %old, align 4\n"
@@ -125,7 +125,7 @@ def pool_ir(triple: str) -> str:
     return _TEMPLATE.format(
         triple=triple, pause=pause, pause_decl=pause_decl, nthreads=NUM_THREADS_SYMBOL,
         parallel_for=PARALLEL_FOR_SYMBOL, worker_spins=WORKER_SPINS, spin_ns=SPIN_NS_SYMBOL,
-        worker_pause_spins=WORKER_PAUSE_SPINS, fp_swap_symbol=FP_SWAP_SYMBOL,
+        worker_pause_spins=WORKER_PAUSE_SPINS, fp_update_symbol=FP_UPDATE_SYMBOL,
         caller_spins=CALLER_SPINS, max_workers=MAX_WORKERS, sync=SYNC_BYTES,
         **_fp_mode(triple))
 
@@ -169,9 +169,9 @@ declare i32 @clock_gettime(i32, ptr)
 {pause_decl}
 {fp_decl}
 
-define i32 @{fp_swap_symbol}(i32 %keep, i32 %set) nounwind {{
+define i32 @{fp_update_symbol}(i32 %keep, i32 %set) nounwind {{
 entry:
-{fp_swap}
+{fp_update}
 }}
 
 ; CLOCK_MONOTONIC (1 on Linux, every architecture) in nanoseconds.

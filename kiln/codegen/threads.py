@@ -33,7 +33,7 @@ import llvmlite.binding as llvm
 
 from kiln.codegen.memory import keep_freed_memory
 from kiln.codegen.outline import NUM_THREADS_SYMBOL
-from kiln.codegen.pool import FP_SWAP_SYMBOL, PARALLEL_FOR_SYMBOL, SPIN_NS_SYMBOL, pool_ir
+from kiln.codegen.pool import FP_UPDATE_SYMBOL, PARALLEL_FOR_SYMBOL, SPIN_NS_SYMBOL, pool_ir
 from kiln.codegen.target import host_target, initialize
 from kiln.errors import Error, InternalError
 
@@ -128,14 +128,14 @@ def _install_pool() -> None:
     global _spin_ns
     _spin_ns = ctypes.c_int64.from_address(spin)
     _spin_ns.value = int(default_spin_ms() * 1e6)
-    global _fp_swap
-    _fp_swap = ctypes.CFUNCTYPE(ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32)(
-        engine.get_function_address(FP_SWAP_SYMBOL))
+    global _fp_update
+    _fp_update = ctypes.CFUNCTYPE(ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32)(
+        engine.get_function_address(FP_UPDATE_SYMBOL))
 
 
 # MXCSR bits: flush-to-zero (results) and denormals-are-zero (operands)
 _FTZ_DAZ = 0x8040
-_fp_swap: Callable[[int, int], int] | None = None
+_fp_update: Callable[[int, int], int] | None = None
 
 
 @contextmanager
@@ -150,14 +150,14 @@ def flush_denormals(enabled: bool = True) -> Iterator[None]:
     Values below 1.2e-38 become 0, as TensorFlow's and oneDNN's defaults do; `kiln.train.Step`
     flushes unless told not to, inference does not."""
     ensure_runtime()
-    if not enabled or _fp_swap is None:
+    if not enabled or _fp_update is None:
         yield
         return
-    old = _fp_swap(0xFFFFFFFF, _FTZ_DAZ)
+    old = _fp_update(0xFFFFFFFF, _FTZ_DAZ)
     try:
         yield
     finally:
-        _fp_swap(0, old)
+        _fp_update(0, old)
 
 
 def parallel_for_address() -> int:

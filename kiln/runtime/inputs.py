@@ -87,9 +87,7 @@ def check_value(value: Any, ty: Type, what: object, dims: dict[str, int],
     if not isinstance(ty, TensorType) and _ready_as_is(value, ty, program):
         return value
     results: list[Any] = []
-    # per tensor type: (shape, dtype) when static, for arrays that are already right; per
-    # (ADT type, constructor): the constructor's field types, or None when it is not used
-    ready: dict[int, tuple[tuple[int, ...], np.dtype] | None] = {}
+    # per (ADT type, constructor): the constructor's field types, or None when it is unused
     fields_of: dict[tuple[int, str], list[Type] | None] = {}
     # ("check", value, type, what) or ("tuple", n, None, None) / ("adt", n, original, ctor)
     stack: list[tuple[Any, Any, Any, Any]] = [("check", value, ty, what)]
@@ -108,15 +106,7 @@ def check_value(value: Any, ty: Type, what: object, dims: dict[str, int],
             continue
         v, t, w = a, b, c
         if isinstance(t, TensorType):
-            key = id(t)
-            if key not in ready:
-                ready[key] = (t.static_shape, _DTYPES[t.dtype]) if t.is_static else None
-            fast = ready[key]
-            if (fast is not None and type(v) is np.ndarray and v.shape == fast[0]
-                    and v.dtype == fast[1] and v.flags.c_contiguous and v.flags.aligned):
-                results.append(v)  # what native code reads as it is (a tree's leaves)
-            else:
-                results.append(_tensor(v, t, w, dims))
+            results.append(_tensor(v, t, w, dims))
         elif isinstance(t, TupleType):
             if not isinstance(v, (tuple, list)) or len(v) != len(t.fields):
                 raise Error(f"{_where(w)} expects a tuple of {len(t.fields)} field(s) of type "
