@@ -151,6 +151,61 @@ def test_conv2d_plans_and_threads(spec: str) -> None:
         np.testing.assert_allclose(results[0], want, rtol=1e-4, atol=2e-5 * xs[1] * 9)
 
 
+# several images, the weight an input (a training step's): the kernel packs the weight once
+# per call and splits the images between the threads, each image's product on one thread
+BATCH_CASES = [
+    ((4, 16, 12, 12), (24, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # pixels as columns
+    ((4, 128, 6, 6), (40, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # K 1152: as rows
+    ((2, 100, 9, 9), (70, 3, 3), (1, 1), (1, 0, 1, 2), (1, 1), 1),  # 70 channels, K 900 padded
+    ((6, 16, 24, 24), (24, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 2),  # grouped, strided
+    ((8, 3, 64, 64), (16, 4, 4), (4, 4), (0, 0, 0, 0), (1, 1), 1),  # im2col rows
+    ((8, 3, 29, 29), (16, 7, 7), (2, 2), (3, 3, 3, 3), (1, 1), 1),  # a ResNet stem's shape
+]
+
+
+@pytest.mark.parametrize("spec", TARGETS)
+@pytest.mark.parametrize("xs,ws,strides,padding,dilation,groups", BATCH_CASES)
+def test_conv2d_images_with_weight_input(xs: tuple, ws: tuple, strides: tuple, padding: tuple,
+                                         dilation: tuple, groups: int, spec: str) -> None:
+    from dataclasses import replace
+
+    from kiln.runtime.backend import lower
+
+    o, kh, kw = ws
+    wshape = (o, xs[1] // groups, kh, kw)
+    x = kiln.var("x", shape=xs, dtype="float32")
+    w = kiln.var("w", shape=wshape, dtype="float32")
+    body = nn.relu(nn.conv2d(x, w, strides=strides, padding=padding, dilation=dilation,
+                             groups=groups))
+    mod = kiln.IRModule.from_expr(kiln.Function([x, w], body))
+    target = replace(Target.parse(spec), cores=2)  # as on a two-core machine, whatever this is
+    with target_scope(target):
+        low = lower(mod, target, 3, upto="lower-kernels")
+        exe = kiln.build(mod, target=target)
+    (schedule,) = [d.kernel.attrs["schedules"][0][1] for d in low.program.kernels.values()]
+    assert schedule["weight"] == "packed per call"
+    assert schedule["images"] == "parallel" and schedule["parallel"] is None
+    a = RNG.standard_normal(xs).astype(np.float32)
+    b = RNG.standard_normal(wshape).astype(np.float32)
+    results = []
+    for count in (1, 2, 3):
+        with threads(count):
+            results.append(exe(a, b))
+    np.testing.assert_array_equal(results[0], results[1])
+    np.testing.assert_array_equal(results[0], results[2])
+    want = np.maximum(reference(a, b, strides, padding, dilation, groups), 0)
+    np.testing.assert_allclose(results[0], want, rtol=1e-4, atol=2e-5 * wshape[1] * kh * kw)
+
+
+def test_images_share_threads_only_when_they_split_evenly() -> None:
+    from kiln.loops.conv_kernels import _images_split
+
+    assert _images_split(8, 2) and _images_split(2, 2) and _images_split(9, 2)
+    assert not _images_split(3, 2)  # two images on one thread, one on the other: columns
+    assert not _images_split(1, 2) and not _images_split(8, 1)
+    assert _images_split(12, 4) and not _images_split(6, 4) and _images_split(16, 4)
+
+
 def test_many_stride_phases_take_im2col_rows() -> None:
     # a ViT's 16×16 stride-16 patches would be 256 phase planes (each its loops to compile:
     # minutes); the kernel reads im2col rows instead, and agrees with torch
