@@ -10,8 +10,8 @@ parameters are marked ``noalias`` and ``dereferenceable`` (inputs never overlap 
 every buffer is exactly its shape): inlined, that becomes alias metadata the vectorizer uses.
 
 Statements. Loops are rotated basic-block loops; ``vectorized`` ones carry
-``llvm.loop.vectorize.enable``, ``unrolled`` ones are emitted unrolled (their extents are
-small constants), ``parallel`` ones are outlined and run on kiln's thread pool (outline.py).
+``llvm.loop.vectorize.enable`` (``scalar`` ones the hint that forbids it), ``unrolled`` ones
+are emitted unrolled (their extents are small constants), ``parallel`` ones are outlined and run on kiln's thread pool (outline.py).
 A local `Allocate` of up to `STACK_LIMIT` bytes (and `STACK_BUDGET` for the kernel) is an
 ``alloca`` in the function's entry block (SROA turns register tiles into registers); a
 larger one is ``malloc``/``free``d, NULL-checked. A failed `Check` frees the live heap
@@ -360,10 +360,10 @@ class _KernelEmitter:
     def _loop_metadata(self, kind: str) -> ir.MDValue:
         md = self.module
         hints = [md.add_metadata([ir.MetaDataString(md, "llvm.loop.mustprogress")])]
-        if kind == "vectorized":
+        if kind in ("vectorized", "scalar"):
             hints.append(self.module.add_metadata(
                 [ir.MetaDataString(self.module, "llvm.loop.vectorize.enable"),
-                 ir.Constant(I1, 1)]))
+                 ir.Constant(I1, int(kind == "vectorized"))]))
         # A loop ID refers to itself, so that each loop's node is distinct.
         node = self.module.add_metadata(
             [ir.MetaDataString(self.module, f"kiln.loop.{len(self.module.metadata)}")])

@@ -691,8 +691,8 @@ def _pack_weight(out: Buffer, weight: Callable[[Expr, Expr, Expr], Expr], og: in
     kind = "parallel" if groups == 1 and tiles > 1 and out.size >= PARALLEL_MIN_ELEMENTS \
         else "serial"
     return For(gi, Const(0), Const(groups), For(t, Const(0), Const(tiles), For(
-        p, Const(0), Const(kp), For(i, Const(0), Const(lanes), Store(out, (gi, t, p, i), value))),
-        kind))
+        p, Const(0), Const(kp), For(i, Const(0), Const(lanes), Store(out, (gi, t, p, i), value),
+                                    "unrolled"), "scalar"), kind))
 
 
 def depthwise(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequence[int],

@@ -443,7 +443,9 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
             # unrolled: whatever the read computes from the column alone (a conv's pixel
             # coordinates) is hoisted out of the loop over p
             inner = For(j, Const(0), Const(nr), Store(bp, (t, p, j), value), "unrolled")
-            return For(p, Const(0), Const(kc), inner)
+            # not vectorized: LLVM would scatter along p (8 lanes a store), slower than the
+            # scalar stores; 0-8 % on 1024-row products with K or N of 256, 1 and 2 threads
+            return For(p, Const(0), Const(kc), inner, "scalar")
 
         return tile_blocks(jc, tnb, nt, "tb", tile_body)
 
@@ -456,8 +458,9 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
                 conds = conds + [Binary("lt", row, Const(m, INDEX))]
                 row = index_min(row, m - 1)
             value = _guarded(a(bt, row, kk), conds, dtype)
-            return For(p, Const(0), Const(kc), For(i, Const(0), Const(mr),
-                                                    Store(ap, (t, p, i), value)))
+            # like B's: the row's mr stores unrolled, p not vectorized
+            return For(p, Const(0), Const(kc), For(i, Const(0), Const(mr), Store(
+                ap, (t, p, i), value), "unrolled"), "scalar")
 
         return tile_blocks(ic, tmb, mt, "ta", tile_body)
 

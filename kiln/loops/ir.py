@@ -493,7 +493,7 @@ class Stmt:
         return stmt_text(self)
 
 
-LOOP_KINDS = ("serial", "parallel", "vectorized", "unrolled")
+LOOP_KINDS = ("serial", "parallel", "vectorized", "unrolled", "scalar")
 
 
 @dataclass(frozen=True, eq=False)
@@ -502,7 +502,9 @@ class For(Stmt):
 
     ``kind``: serial; parallel (iterations run on the thread pool; they must not depend on
     each other); vectorized (a hint: the code generator asks LLVM to vectorize this innermost
-    loop); unrolled (fully unrolled; the extent must be a small constant).
+    loop); unrolled (fully unrolled; the extent must be a small constant); scalar (serial,
+    and LLVM must not vectorize it: a copy that transposes, which it would vectorize with
+    scatters, each slower than the scalar stores it replaces).
     """
 
     var: Var

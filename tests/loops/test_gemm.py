@@ -369,3 +369,29 @@ def test_a_prefetch_is_checked_saved_and_evaluated_like_a_load() -> None:
     out = np.zeros(64, np.float32)
     lib["pf"](data, out)
     np.testing.assert_array_equal(out, data * 2)
+
+
+def test_packing_is_not_vectorized_into_scatters() -> None:
+    # The packing loops transpose (A's rows and dense's Bᵀ into panels); they are "scalar"
+    # loops, which LLVM must not vectorize: on AVX-512 it scattered 8 lanes at a time, slower
+    # than the scalar stores. The loop kind reaches LLVM as a hint, is saved and read back,
+    # and the product stays right.
+    from kiln.codegen.compile import llvm_ir
+    from kiln.loops.printer import kernel_text
+    from kiln.runtime.kernel_format import read_kernel, write_kernel
+
+    t = Target.parse("llvm")
+    m, n, k = 40, 70, 300
+    x = kiln.var("x", shape=(m, k), dtype="float32")
+    w = kiln.var("w", shape=(n, k), dtype="float32")
+    with target_scope(t):
+        exe = kiln.build(kiln.IRModule.from_expr(kiln.Function([x, w], nn.dense(x, w))),
+                         target=t)
+    (f,) = exe.kernels.functions.values()
+    assert "scalar" in kernel_text(f.kernel)
+    assert '!"llvm.loop.vectorize.enable", i1 0' in llvm_ir(f.kernel, target=t)
+    assert kernel_text(read_kernel(write_kernel(f.kernel))) == kernel_text(f.kernel)
+    if t.arch == "x86_64" and t.has("avx512f"):
+        assert "vscatter" not in assembly(f.kernel, target=t)
+    a, b = rand(m, k), rand(n, k)
+    close(exe(a, b), a.astype(np.float64) @ b.T.astype(np.float64), k)
