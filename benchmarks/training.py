@@ -10,6 +10,13 @@ allocates after the first (tracemalloc). With ``--threads 1`` the medians of the
 the calling thread (which runs both frameworks' kernels then) are reported too: on a machine
 other jobs share, they leave out the time a step waits for a core.
 
+Both run with subnormal numbers flushed to zero: kiln's Step does so by default
+(docs/training.md, "Subnormal numbers") and PyTorch is given ``torch.set_flush_denormal(True)``,
+so that neither is timed on the slow path the other skips. The gradients of these nearly
+constant losses decay through the subnormal range after a few steps: PyTorch's ResNet-18 steps
+then took 3-18 s instead of 0.4 s on a Sapphire Rapids-class VM. ``--torch-subnormals``
+leaves PyTorch in its default mode.
+
     .venv/bin/python benchmarks/training.py                 # MLP, small CNN, 2-layer encoder
     .venv/bin/python benchmarks/training.py --full          # + ResNet-18 b8, 4-layer encoder
     .venv/bin/python benchmarks/training.py --models mlp --repeat 50 --threads 1
@@ -199,17 +206,22 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--profile", action="store_true",
                         help="also print the step's per-kernel profile (exe.profile)")
+    parser.add_argument("--torch-subnormals", action="store_true",
+                        help="leave PyTorch computing subnormals (its default; slow once the "
+                        "gradients decay into them)")
     parser.add_argument("--threads", type=int, default=None,
                         help="threads for both kiln and torch (default: each its own default)")
     args = parser.parse_args()
+    # before PyTorch starts its threads, which take the mode of the thread that creates them
+    flush = not args.torch_subnormals and torch.set_flush_denormal(True)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     names = args.models or (DEFAULT + FULL if args.full else DEFAULT)
     print(f"CPU: {cpu_name()}; {kiln.Target.host().describe()}")
     kiln_threads = args.threads or "default"
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, kiln {kiln_threads}; "
-          f"optimizer "
-          f"{args.optimizer}; median of {args.repeat} steps each, interleaved")
+          f"optimizer {args.optimizer}; median of {args.repeat} steps each, interleaved; "
+          f"PyTorch {'flushes subnormals to zero' if flush else 'computes subnormals'}")
     for name in names:
         run(CASES[name], args.optimizer, args.repeat, args.threads, args.profile)
 
