@@ -152,21 +152,28 @@ def test_conv2d_plans_and_threads(spec: str) -> None:
 
 
 # several images, the weight an input (a training step's): the kernel packs the weight once
-# per call and splits the images between the threads, each image's product on one thread
+# per call, and splits the images between the threads (each image's product on one thread),
+# or, on small maps, makes all the images' pixels the rows of one product
 BATCH_CASES = [
-    ((4, 16, 12, 12), (24, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # pixels as columns
-    ((4, 128, 6, 6), (40, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # K 1152: as rows
-    ((2, 100, 9, 9), (70, 3, 3), (1, 1), (1, 0, 1, 2), (1, 1), 1),  # 70 channels, K 900 padded
-    ((6, 16, 24, 24), (24, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 2),  # grouped, strided
-    ((8, 3, 64, 64), (16, 4, 4), (4, 4), (0, 0, 0, 0), (1, 1), 1),  # im2col rows
-    ((8, 3, 29, 29), (16, 7, 7), (2, 2), (3, 3, 3, 3), (1, 1), 1),  # a ResNet stem's shape
+    ((4, 16, 12, 12), (24, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, "parallel"),  # columns
+    ((4, 128, 9, 9), (40, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, "parallel"),  # K 1152: rows
+    ((2, 100, 9, 9), (70, 3, 3), (1, 1), (1, 0, 1, 2), (1, 1), 1, "parallel"),  # K 900 padded
+    ((6, 16, 24, 24), (24, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 2, "parallel"),  # grouped
+    ((8, 3, 64, 64), (16, 4, 4), (4, 4), (0, 0, 0, 0), (1, 1), 1, "parallel"),  # im2col rows
+    ((8, 3, 29, 29), (16, 7, 7), (2, 2), (3, 3, 3, 3), (1, 1), 1, "parallel"),  # a stem's shape
+    # folded: small maps, whole output rows a tile (one on AVX2, two on AVX-512: tiles that
+    # cross from one image to the next), the last tile past the last image
+    ((5, 128, 5, 6), (40, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, "rows"),
+    ((3, 130, 13, 11), (36, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1, "rows"),  # 7×6, K padded
+    ((4, 1024, 5, 5), (20, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, "rows"),  # 1×1, K 1024
 ]
 
 
 @pytest.mark.parametrize("spec", TARGETS)
-@pytest.mark.parametrize("xs,ws,strides,padding,dilation,groups", BATCH_CASES)
+@pytest.mark.parametrize("xs,ws,strides,padding,dilation,groups,images", BATCH_CASES)
 def test_conv2d_images_with_weight_input(xs: tuple, ws: tuple, strides: tuple, padding: tuple,
-                                         dilation: tuple, groups: int, spec: str) -> None:
+                                         dilation: tuple, groups: int, images: str,
+                                         spec: str) -> None:
     from dataclasses import replace
 
     from kiln.runtime.backend import lower
@@ -179,14 +186,17 @@ def test_conv2d_images_with_weight_input(xs: tuple, ws: tuple, strides: tuple, p
                              groups=groups))
     mod = kiln.IRModule.from_expr(kiln.Function([x, w], body))
     target = replace(Target.parse(spec), cores=2)  # as on a two-core machine, whatever this is
+    a = RNG.standard_normal(xs).astype(np.float32)
+    b = RNG.standard_normal(wshape).astype(np.float32)
     with target_scope(target):
         low = lower(mod, target, 3, upto="lower-kernels")
         exe = kiln.build(mod, target=target)
+        packed = kiln.build(mod, target=target, params={"w": b})  # weight packed ahead
     (schedule,) = [d.kernel.attrs["schedules"][0][1] for d in low.program.kernels.values()]
     assert schedule["weight"] == "packed per call"
-    assert schedule["images"] == "parallel" and schedule["parallel"] is None
-    a = RNG.standard_normal(xs).astype(np.float32)
-    b = RNG.standard_normal(wshape).astype(np.float32)
+    assert schedule["images"] == images
+    if images == "parallel":
+        assert schedule["parallel"] is None
     results = []
     for count in (1, 2, 3):
         with threads(count):
@@ -194,7 +204,31 @@ def test_conv2d_images_with_weight_input(xs: tuple, ws: tuple, strides: tuple, p
     np.testing.assert_array_equal(results[0], results[1])
     np.testing.assert_array_equal(results[0], results[2])
     want = np.maximum(reference(a, b, strides, padding, dilation, groups), 0)
-    np.testing.assert_allclose(results[0], want, rtol=1e-4, atol=2e-5 * wshape[1] * kh * kw)
+    atol = 2e-5 * wshape[1] * kh * kw
+    np.testing.assert_allclose(results[0], want, rtol=1e-4, atol=atol)
+    np.testing.assert_allclose(packed(a), want, rtol=1e-4, atol=atol)
+
+
+def test_resnet_small_layers_fold_their_images() -> None:
+    # ResNet-18's 512-channel 7×7 layers at batch 8 on AVX-512: one product over the 392
+    # pixels in tiles of two output rows (14 pixels; 7 per image left 14 accumulators of 32
+    # registers idle), all the rows in one block, each thread one block of the channels;
+    # one image, or a 14×14 map, keeps the plan of its own
+    from dataclasses import replace
+
+    from kiln.loops.conv_kernels import _folded_plan
+
+    t = replace(Target.parse("llvm -mcpu=sapphirerapids"), l1d=48 << 10, l2=2 << 20,
+                l3=32 << 20, cores=2)
+    plan = _folded_plan((8, 512, 7, 7), (512, 512, 3, 3), (1, 1), (1, 1), (1, 1), 1,
+                        (8, 512, 7, 7), t)
+    assert plan is not None and plan.pixels == "rows" and plan.rows_per_tile == 2
+    assert (plan.schedule.mr, plan.schedule.mc) == (14, 392)
+    assert plan.schedule.parallel == "n" and plan.schedule.nc == 256
+    assert _folded_plan((1, 512, 7, 7), (512, 512, 3, 3), (1, 1), (1, 1), (1, 1), 1,
+                        (1, 512, 7, 7), t) is None
+    assert _folded_plan((8, 256, 14, 14), (256, 256, 3, 3), (1, 1), (1, 1), (1, 1), 1,
+                        (8, 256, 14, 14), t) is None
 
 
 def test_images_share_threads_only_when_they_split_evenly() -> None:
