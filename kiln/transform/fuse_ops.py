@@ -73,6 +73,9 @@ class FusionRule:
     sink: Callable[[OpPattern], bool]
     into_fused_tuple: bool = False
     anchors: frozenset[str] | None = None
+    # ... or the sink is a call of one of these operators whose weight (second argument) is
+    # the node's value itself (see `WEIGHT_FUSING`)
+    into_weight_of: frozenset[str] = frozenset()
 
 
 def _any(p: OpPattern) -> bool:
@@ -85,6 +88,10 @@ def _at_most(bound: OpPattern) -> Callable[[OpPattern], bool]:
 
 # Relay's phases: 0 lets conv2d/dense absorb elementwise consumers before 1 groups injective
 # operators; 2 pulls the fields of a tuple into the kernel that the tuple already joined.
+# Beyond Relay, an injective op computing a conv2d's weight (the flipped, channel-swapped
+# kernel of a data adjoint: take, transpose) joins the convolution, which reads its weight
+# once per call into packed panels anyway (kiln/loops/conv_kernels.py): ResNet-18's training
+# step ran those transposes as kernels of their own, 6-8 ms of 400 at batch 8.
 FUSE_OPS_RULES: tuple[FusionRule, ...] = (
     FusionRule(
         "conv2d/dense/pooling absorb the elementwise ops after them",
@@ -103,12 +110,14 @@ FUSE_OPS_RULES: tuple[FusionRule, ...] = (
         sink=lambda p: p not in (TUPLE, OPAQUE),
     ),
     FusionRule(
-        "injective ops and tuples join the injective op after them",
+        "injective ops and tuples join the injective op after them, or the conv2d whose "
+        "weight they compute",
         phases=frozenset({1}),
         kinds=frozenset({INJECTIVE, TUPLE}),
         relation=_any,
         path=_at_most(INJECTIVE),
         sink=_at_most(INJECTIVE),
+        into_weight_of=frozenset({"nn.conv2d"}),
     ),
     FusionRule(
         "a tuple's fields join the kernel that the tuple joined",
@@ -211,13 +220,24 @@ class Partition:
             seen.add(j)
             kind = pattern[self.find(j)]
             if j == sink:
-                if not rule.sink(kind):
+                if not rule.sink(kind) and not self._computes_weight(src, sink, rule):
                     return False
                 continue
             if not rule.path(kind):
                 return False
             stack.extend(out.index for out, _ in nodes[j].outputs)
         return True
+
+    def _computes_weight(self, src: int, sink: int, rule: FusionRule) -> bool:
+        """Whether ``src`` is the weight of ``sink``, a call of one of the rule's operators
+        that has only ``src``'s value from ``src``'s group."""
+        nodes = self.graph.nodes
+        call_ = nodes[sink].expr
+        if not (isinstance(call_, Call) and isinstance(call_.op, Op)
+                and call_.op.name in rule.into_weight_of and len(call_.args) > 1):
+            return False
+        return call_.args[1] is nodes[src].expr and [o.index for o, _ in nodes[src].outputs] \
+            == [sink] and all(a is not nodes[src].expr for a in call_.args[:1])
 
     def _commit(self, src: int, sink: int) -> None:
         for j in self._between(src, sink):

@@ -100,6 +100,36 @@ def @main(%x: {CONV}, %w1: {W}, %b1: Tensor[(4), float32], %w2: {W}) {{
 }}""")
 
 
+def test_a_conv2d_weight_computed_by_injective_ops_joins_the_convolution():
+    # a data adjoint's flipped, channel-swapped kernel (take, transpose) is read by the
+    # convolution's packing; the same ops on the data, or on a weight another op also
+    # reads, stay kernels of their own
+    check(f"""
+def @main(%x: {CONV}, %w: {W}) {{
+  %0 = transpose(%w, axes=[0, 1, 3, 2]);
+  %1 = transpose(%0, axes=[1, 0, 2, 3]);
+  nn.conv2d(%x, %1, padding=[1, 1, 1, 1])
+}}""", f"""
+def @main(%x: {CONV}, %w: {W}) {{
+  %0 = fn (%p0: {CONV}, %p1: {W}, Primitive=1) -> {CONV} {{
+    %1 = transpose(%p1, axes=[0, 1, 3, 2]);
+    %2 = transpose(%1, axes=[1, 0, 2, 3]);
+    nn.conv2d(%p0, %2, padding=[1, 1, 1, 1])
+  }};
+  %0(%x, %w)
+}}""")
+    after = fuse(kiln.parse(f"""
+def @main(%x: {CONV}, %w: {W}) {{
+  %0 = transpose(%x, axes=[0, 1, 3, 2]);
+  %1 = transpose(%w, axes=[1, 0, 2, 3]);
+  %2 = nn.conv2d(%0, %1, padding=[1, 1, 1, 1]);
+  (%2, %1)
+}}"""))
+    kernels = [e for e in post_order(after["main"])
+               if isinstance(e, kiln.Function) and e.attrs.get("Primitive")]
+    assert len(kernels) == 3  # the data's transpose, the shared weight's, the convolution
+
+
 def test_diamond_of_elementwise_ops_is_one_kernel():
     check(f"""
 def @main(%x: {T}, %y: {T}) {{
