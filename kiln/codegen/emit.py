@@ -11,7 +11,8 @@ every buffer is exactly its shape): inlined, that becomes alias metadata the vec
 
 Statements. Loops are rotated basic-block loops; ``vectorized`` ones carry
 ``llvm.loop.vectorize.enable`` (``scalar`` ones the hint that forbids it), ``unrolled`` ones
-are emitted unrolled (their extents are small constants), ``parallel`` ones are outlined and run on kiln's thread pool (outline.py).
+are emitted unrolled (their extents are small constants), ``parallel`` ones are outlined and
+run on kiln's thread pool (outline.py).
 A local `Allocate` of up to `STACK_LIMIT` bytes (and `STACK_BUDGET` for the kernel) is an
 ``alloca`` in the function's entry block (SROA turns register tiles into registers); a
 larger one is ``malloc``/``free``d, NULL-checked. A failed `Check` frees the live heap

@@ -173,9 +173,10 @@ def backward_weight(grad: Tensor, data: Tensor, kernel: Sequence[int], strides: 
         if o % mr:
             value = Select(Binary("lt", ch, Const(o, INDEX)), value, Const(0.0, dtype))
         big = nimg * o * oh * ow >= PLANES_PARALLEL_MIN and tgt.cores > 1 and mt > 1
+        per_pixel = For(i, Const(0), Const(mr), Store(dyp, (tile, pixel, i), value), "unrolled")
         adjoint = For(tile, Const(0), Const(mt), For(n, Const(0), Const(nimg), For(
-            y, Const(0), Const(oh), For(xx, Const(0), Const(ow), For(i, Const(0), Const(mr), Store(
-                dyp, (tile, pixel, i), value), "unrolled"), "scalar"))), "parallel" if big else "serial")
+            y, Const(0), Const(oh), For(xx, Const(0), Const(ow), per_pixel, "scalar"))),
+            "parallel" if big else "serial")
         prod = g.gemm(1, o, taps, k, unused, b, put, dtype, s, a_panel=a_panel, target=tgt)
         tail = _zero_rows(dyp, k)
         return Allocate(planes, Allocate(dyp, Allocate(pixels, Seq((
@@ -250,9 +251,10 @@ def _channels_last(grad: Tensor, data: Tensor, kernel: tuple[int, int],
         if o % mr:
             gval = Select(Binary("lt", ch_, Const(o, INDEX)), gval, Const(0.0, dtype))
         big = k * o >= PLANES_PARALLEL_MIN and tgt.cores > 1 and mt > 1
+        per_pixel = For(i, Const(0), Const(mr), Store(dyp, (tile, pixel, i), gval), "unrolled")
         adjoint = For(tile, Const(0), Const(mt), For(n, Const(0), Const(nimg), For(
-            y, Const(0), Const(oh), For(xx, Const(0), Const(ow), For(i, Const(0), Const(mr), Store(
-                dyp, (tile, pixel, i), gval), "unrolled"), "scalar"))), "parallel" if big else "serial")
+            y, Const(0), Const(oh), For(xx, Const(0), Const(ow), per_pixel, "scalar"))),
+            "parallel" if big else "serial")
         prod = g.gemm(1, o, taps, k, unused, unused, put, dtype, s, a_panel=a_panel,
                       b_panel=b_panel, target=tgt)
         return Allocate(image, Allocate(dyp, Allocate(pixels, Seq((

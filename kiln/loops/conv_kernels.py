@@ -219,8 +219,9 @@ class Planes:
                     continue
                 pr, i = Var("pr"), Var("px")
                 row = base + pr * cols
-                copy = For(i, Const(0), Const(c1 - c0 + 1), Store(out, (shifted(row + (c0 + i)),), x(
-                    img, ch, pr * sh + (py - top), (c0 + i) * sw + (px - left))), "vectorized")
+                copy = For(i, Const(0), Const(c1 - c0 + 1), Store(out, (shifted(
+                    row + (c0 + i)),), x(img, ch, pr * sh + (py - top), (c0 + i) * sw + (
+                        px - left))), "vectorized")
                 if zero_first:
                     stmts.append(For(pr, Const(r0), Const(r1 - r0 + 1), copy))
                     continue
