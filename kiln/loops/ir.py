@@ -578,7 +578,7 @@ class Prefetch(Stmt):
     """A hint: bring the cache line of ``ref``'s first element closer (LLVM's
     ``llvm.prefetch``, for reading, into all cache levels). Reads nothing and changes
     nothing; ``ref`` must still lie inside its buffer (the verifier checks it as a load).
-    The GEMM prefetches the next panel of a streamed weight (kiln/loops/gemm.py)."""
+    The GEMM prefetches a streamed weight's panel ahead of its use (kiln/loops/gemm.py)."""
 
     ref: Load
 

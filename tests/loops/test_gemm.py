@@ -310,7 +310,7 @@ def test_k_blocks_are_exact_where_they_can_be(spec: str) -> None:
 
 def test_a_weight_larger_than_l2_is_read_with_prefetches() -> None:
     # A prepacked weight that does not stay in L2 streams from memory: the first row tile of
-    # each column tile prefetches the next tile's panel. Here L2 is made small (64 KiB) so a
+    # each column tile prefetches its panel ahead. Here L2 is made small (64 KiB) so a
     # small weight counts as large; the results must not change, for 1 and 2 threads.
     from kiln.loops.printer import kernel_text
 
