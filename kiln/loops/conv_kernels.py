@@ -21,8 +21,10 @@ The float32 path of the operator's ``lower=`` rule (kiln/op/nn/conv.py).
   image's product on one thread (`_images_split`) instead of splitting every product in
   blocks. ResNet-18's layers at batch 8, 2 threads of a Sapphire Rapids-class VM, against
   the weight packed per block with the products split: 64 channels at 56² 204 → 255-289
-  GFLOP/s (torch's oneDNN 181-198), 128 at 28² 263 → 309-330, 256 at 14² 241 → 312, 512 at
-  7² 170 → 235-250 (oneDNN 280-297, which keeps a block of the weight for all the images).
+  GFLOP/s (torch's oneDNN 181-198), 128 at 28² 263 → 309-330, 256 at 14² 241 → 312. On
+  maps of at most `FOLD_MAX_PIXELS` pixels the images' pixels are instead the rows of one
+  product (`_folded_plan`), so each panel of the weight serves every image: 512 at 7²
+  170 → 264-288 (oneDNN 283-328).
 - **Depthwise** (one input channel per group, MobileNet's 3×3): a matrix product has
   nothing to block there, so each (image, channel) plane is copied once into a zero-padded
   local plane, and every output row is a vectorized loop over pixels summing the kernel's
@@ -759,7 +761,7 @@ def _pack_weight(out: Buffer, weight: Callable[[Expr, Expr, Expr], Expr], og: in
     if kp != k:
         conds.append(Binary("lt", p, Const(k, INDEX)))
         pk = g.index_min(p, k - 1)
-    value = g._guarded(weight(gi, o, pk), conds, out.dtype)
+    value = g.guarded(weight(gi, o, pk), conds, out.dtype)
     kind = "parallel" if groups == 1 and tiles > 1 and out.size >= PARALLEL_MIN_ELEMENTS \
         else "serial"
     return For(gi, Const(0), Const(groups), For(t, Const(0), Const(tiles), For(

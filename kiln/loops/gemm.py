@@ -372,7 +372,9 @@ def tile_blocks(block: Expr, per_block: int, total: int, name: str,
     return For(t, Const(0, INDEX), count, body(t, index_min(first + t, total - 1)))
 
 
-def _guarded(value: Expr, conds: list[Expr], dtype: str) -> Expr:
+def guarded(value: Expr, conds: list[Expr], dtype: str) -> Expr:
+    """``value`` where every condition holds, else zero (a packing's padding rows and
+    columns, whose reads the caller has clamped into the operand)."""
     cond: Expr | None = None
     for c in conds:
         cond = c if cond is None else Binary("and", cond, c)
@@ -445,7 +447,7 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
             if nt * nr != n:
                 conds = conds + [Binary("lt", col, Const(n, INDEX))]
                 col = index_min(col, n - 1)
-            value = _guarded(b(bt, kk, col), conds, dtype)
+            value = guarded(b(bt, kk, col), conds, dtype)
             # unrolled: whatever the read computes from the column alone (a conv's pixel
             # coordinates) is hoisted out of the loop over p
             inner = For(j, Const(0), Const(nr), Store(bp, (t, p, j), value), "unrolled")
@@ -463,7 +465,7 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
             if mt * mr != m:
                 conds = conds + [Binary("lt", row, Const(m, INDEX))]
                 row = index_min(row, m - 1)
-            value = _guarded(a(bt, row, kk), conds, dtype)
+            value = guarded(a(bt, row, kk), conds, dtype)
             # like B's: the row's mr stores unrolled, p not vectorized
             return For(p, Const(0), Const(kc), For(i, Const(0), Const(mr), Store(
                 ap, (t, p, i), value), "unrolled"), "scalar")

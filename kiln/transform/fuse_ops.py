@@ -74,7 +74,7 @@ class FusionRule:
     into_fused_tuple: bool = False
     anchors: frozenset[str] | None = None
     # ... or the sink is a call of one of these operators whose weight (second argument) is
-    # the node's value itself (see `WEIGHT_FUSING`)
+    # the node's value itself (the comment above `FUSE_OPS_RULES`)
     into_weight_of: frozenset[str] = frozenset()
 
 
@@ -229,8 +229,9 @@ class Partition:
         return True
 
     def _computes_weight(self, src: int, sink: int, rule: FusionRule) -> bool:
-        """Whether ``src`` is the weight of ``sink``, a call of one of the rule's operators
-        that has only ``src``'s value from ``src``'s group."""
+        """Whether ``src``'s value is the weight of ``sink`` (a call of one of the rule's
+        ``into_weight_of`` operators), and the sink is its only consumer and reads it nowhere
+        else."""
         nodes = self.graph.nodes
         call_ = nodes[sink].expr
         if not (isinstance(call_, Call) and isinstance(call_.op, Op)
