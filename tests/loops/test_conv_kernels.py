@@ -271,6 +271,68 @@ def test_pointwise_conv2d() -> None:
                                rtol=1e-4, atol=1e-4)
 
 
+# 1×1, stride 1, unpadded, the weight a constant: B is the image, packed per block by the
+# GEMM (no copy into phase planes). Pixels not a whole number of tiles, groups, several
+# images (serial, or one per thread), K over several blocks, a fused bias, relu and residual
+POINTWISE_CASES = [
+    ((1, 24, 20, 20), 40, 1),
+    ((1, 144, 14, 14), 24, 1),  # MobileNetV2's projection, small: 196 pixels
+    ((3, 16, 9, 7), 24, 1),
+    ((2, 32, 12, 11), 48, 1),
+    ((1, 16, 10, 10), 12, 2),
+    ((1, 600, 7, 7), 20, 1),  # K 600: several K blocks (partial sums in Cp)
+]
+
+
+@pytest.mark.parametrize("spec", TARGETS)
+@pytest.mark.parametrize("xs,o,groups", POINTWISE_CASES)
+def test_pointwise_reads_the_image_as_b(spec: str, xs: tuple, o: int, groups: int) -> None:
+    target = Target.parse(spec)
+    wshape = (o, xs[1] // groups, 1, 1)
+    oshape = (xs[0], o) + xs[2:]
+    x = kiln.var("x", shape=xs, dtype="float32")
+    w = kiln.var("w", shape=wshape, dtype="float32")
+    bias = kiln.var("b", shape=(o,), dtype="float32")
+    r = kiln.var("r", shape=oshape, dtype="float32")
+    body = kiln.op.add(nn.relu(nn.bias_add(nn.conv2d(x, w, groups=groups), bias)), r)
+    mod = kiln.IRModule.from_expr(kiln.Function([x, w, bias, r], body))
+    wv = RNG.standard_normal(wshape).astype(np.float32)
+    with target_scope(target):
+        exe = kiln.build(mod, target=target, params={"w": wv})
+    (f,) = exe.kernels.functions.values()
+    (sched,) = [s for op, s in f.kernel.attrs["schedules"] if op.startswith("nn.conv2d")]
+    assert sched["input"] == "packed per block"
+    args = [RNG.standard_normal(s).astype(np.float32) for s in (xs, (o,), oshape)]
+    results = []
+    for count in (1, 2):
+        with threads(count):
+            results.append(exe(*args))
+    np.testing.assert_array_equal(results[0], results[1])
+    conv = reference(args[0], wv, (1, 1), (0,) * 4, (1, 1), groups)
+    want = np.maximum(conv + args[1].reshape(1, -1, 1, 1), 0) + args[2]
+    np.testing.assert_allclose(results[0], want, rtol=1e-4, atol=2e-5 * xs[1])
+
+
+def test_short_k_epilogue_stores_vectors() -> None:
+    # With K = 24 the GEMM's epilogue weighs as much as its K loop: its loop over a tile's
+    # rows must not be vectorized (LLVM gathered from the tile and scattered to C, 4 rows a
+    # vector, once it had unrolled the columns: 60 % of the kernel's time)
+    from kiln.codegen.compile import assembly
+
+    t = Target.parse("llvm")
+    if not (t.arch == "x86_64" and t.has("avx512f")):
+        pytest.skip("the scatter appeared with AVX-512 (the host has none)")
+    x = kiln.var("x", shape=(1, 24, 28, 28), dtype="float32")
+    w = kiln.var("w", shape=(96, 24, 1, 1), dtype="float32")
+    mod = kiln.IRModule.from_expr(kiln.Function([x, w], nn.relu(nn.conv2d(x, w))))
+    wv = RNG.standard_normal((96, 24, 1, 1)).astype(np.float32)
+    with target_scope(t):
+        exe = kiln.build(mod, target=t, params={"w": wv})
+    (f,) = exe.kernels.functions.values()
+    code = assembly(f.kernel, target=t)
+    assert "vscatter" not in code and "vgather" not in code
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("c,size,o,kernel,stride,pad,groups", [
     (3, 224, 64, 7, 2, 3, 1), (64, 56, 64, 3, 1, 1, 1), (64, 56, 128, 1, 2, 0, 1),
