@@ -68,6 +68,24 @@ def test_loop_kinds(kind: str) -> None:
                 RNG.standard_normal(n).astype("float32"))
 
 
+@pytest.mark.parametrize("n", [14, 37, 100, 112, 130])
+def test_short_vectorized_loops_fold_their_tail_on_avx512(n: int) -> None:
+    # A vectorized loop shorter than FOLD_TAIL_MAX and not a whole number of 16-lane vectors
+    # asks LLVM for masked steps instead of a scalar tail, where the target has AVX-512's
+    # masks; the results stay bit for bit (run where the host can)
+    from kiln.codegen.emit import FOLD_TAIL_LANES, FOLD_TAIL_MAX
+    from kiln.target import Target
+
+    k = elementwise(f"fold_{n}", ["float32", "float32"], "float32", n,
+                    lambda a, b: Binary("add", Binary("mul", a, b), a), "vectorized")
+    hint = "llvm.loop.vectorize.predicate.enable"
+    folds = n % FOLD_TAIL_LANES != 0 and n < FOLD_TAIL_MAX
+    assert (hint in llvm_ir(k, target=Target.parse("llvm -mcpu=znver4"))) == folds
+    assert hint not in llvm_ir(k, target=Target.parse("llvm -mcpu=znver3"))  # AVX2
+    assert_same(k, RNG.standard_normal(n).astype("float32"),
+                RNG.standard_normal(n).astype("float32"))
+
+
 def test_loops_with_offsets_empty_extents_and_nesting() -> None:
     x = Buffer("x", (4, 6), "int32")
     y = Buffer("y", (4, 6), "int32")
