@@ -671,7 +671,8 @@ def implicit_gemm(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequenc
                           lambda bt, p, j: weight(bt, j, p), put, dtype, schedule,
                           a_panel=plane_rows,
                           b_panel=(lambda bt, t, kk, c: packed(bt, t, kk, c, lanes))
-                          if w_packed is not None else None, target=tgt)
+                          if w_packed is not None else None, target=tgt,
+                          down_columns=True)
         elif pointwise:  # B packed per block from the image (pixel j at row j // ow)
             prod = g.gemm(groups, og, oh * ow, k, weight,
                           lambda bt, p, j: x(img, bt * cg + p, j // ow, j % ow), put, dtype,

@@ -402,7 +402,8 @@ class Grid:
 def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteFn,
          dtype: str = "float32", schedule: GemmSchedule | None = None,
          a_panel: PanelFn | None = None, b_panel: PanelFn | None = None,
-         target: Target | None = None, grid: Grid | None = None) -> Stmt:
+         target: Target | None = None, grid: Grid | None = None,
+         down_columns: bool = False) -> Stmt:
     """The statement computing ``C = A·B`` (see the module docstring).
 
     ``a(bt, i, p)`` and ``b(bt, p, j)`` read A and B (only at indices inside the shapes);
@@ -411,7 +412,9 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
     kk, i)`` (a scalar of row ``tile·mr + i``) or ``b_panel(bt, tile, kk, c)`` (``nr``/L
     vectors at column ``tile·nr + c``), with kk over the K padded to kc × blocks: it is then
     read in place, never packed. With a `Grid`, C's columns are its pixels and results go
-    out through ``grid.write`` instead of ``write``.
+    out through ``grid.write`` instead of ``write``. ``down_columns``: C's consecutive rows
+    are consecutive in memory, its columns apart (a conv's pixels as rows), so the epilogue
+    stores each column of a tile as a vector.
     """
     t = lowering_target(target)
     s = schedule or GemmSchedule.default(batch, m, n, k, dtype, target=t)
@@ -548,6 +551,12 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
         def rows_loop(width: int, col0: Callable[[], Expr], kind: str) -> Stmt:
             i, j = Var("i"), Var("j")
             body = write(bt, row_of(tile_m, i), col0() + j, Load(ctile, (i, j)))
+            if down_columns:
+                # C's rows are consecutive in memory (a conv's pixels as rows): each column
+                # a vector store of the tile's rows (a gather from the tile), not a scatter
+                # per row. ResNet-18's 3×3 layers, 2 threads: 5-12 % faster
+                return For(j, Const(0), Const(width), For(i, Const(0), rows, body,
+                                                          "vectorized"), "scalar")
             # i not vectorized: LLVM unrolls the short j loop whole, then vectorized i with
             # a gather from the tile and a scatter to C per column (4 rows a vector), which
             # took 60 % of a 24→144 1×1 conv at 56² (K = 24): 406 → 179 µs on one core
