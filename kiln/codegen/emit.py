@@ -355,7 +355,8 @@ class _KernelEmitter:
             nxt = f.b.add(i, ir.Constant(i.type, 1), flags=["nsw"])
             i.add_incoming(nxt, f.b.block)
             br = f.b.cbranch(f.b.icmp_signed("<", nxt, end), body_bb, exit_bb)
-            br.set_metadata("llvm.loop", self._loop_metadata(kind, known))
+            br.set_metadata("llvm.loop", self._loop_metadata(
+                kind, int(known) if known is not None else None))
             f.b.position_at_end(exit_bb)
             f.env.pop(id(var), None)
 

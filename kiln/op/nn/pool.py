@@ -19,7 +19,7 @@ from kiln.ir.attrs import Attrs
 from kiln.ir.dtype import dtype_of
 from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import TensorType, Type
-from kiln.loops import oplib, pool_grad_kernels
+from kiln.loops import oplib, pool_grad_kernels, pool_kernels
 from kiln.loops.compute import Tensor, extern, reduce
 from kiln.loops.ir import (
     Binary,
@@ -215,6 +215,12 @@ def _max_pool2d_lower(inputs: list[Tensor], attrs: PoolAttrs, out_type: Type) ->
     (x,) = inputs
     win = _Window(attrs, x.shape, out.static_shape[2:])
     low = oplib.lowest(x.dtype)
+    if dtype_of(x.dtype).is_float:  # rows, then columns (kiln/loops/pool_kernels.py)
+        t = extern(out.static_shape, out.dtype, lambda write: pool_kernels.max_pool2d(
+            x, (win.kh, win.kw), (win.sh, win.sw), (win.dh, win.dw), (win.top, win.left),
+            out.static_shape, write))
+        t.schedule = {"kernel": "max pool rows"}
+        return t
     return reduce(out.static_shape, out.dtype, (win.kh, win.kw), "max",
                   lambda o, r: win.read(x, o, r[0], r[1], low), low)
 
