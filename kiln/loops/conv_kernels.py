@@ -403,12 +403,16 @@ def _plan_space(plan: ConvPlan, x_shape: Sequence[int], w_shape: Sequence[int], 
     else:
         geo = conv_layout(x_shape, w_shape, strides, padding, dilation, out_shape)
         m, n, fixed = og, geo.columns, ()
+    knobs = g.tile_space(s, groups, m, n, k, "float32", target, fixed)
     if prepacked:
-        fixed += ("kc",)  # alter-layout pads K to k_blocking's blocks
+        # alter-layout pads K to k_blocking's blocks: a K block whose blocks cover that
+        # length exactly reads the same panels (576 = 3 × 192 = 4 × 144 = 6 × 96)
+        kp = s.kc * -(-k // s.kc)
+        knobs = tuple((name, tuple(v for v in values if name != "kc" or v * -(-k // v) == kp))
+                      for name, values in knobs)
     key = s.key or conv_key(x_shape, w_shape, strides, padding, dilation, groups, out_shape,
                             prepacked)
-    return Space(key, g.tile_space(s, groups, m, n, k, "float32", target, fixed),
-                 g.tile_check(s, "float32", target), g.tile_canonical(m, n))
+    return Space(key, knobs, g.tile_check(s, "float32", target), g.tile_canonical(m, n))
 
 
 def conv_space(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
@@ -515,14 +519,13 @@ def implicit_gemm(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequenc
     og = oc // groups
     geo = conv_layout(x.shape, w.shape, strides, padding, dilation, out_shape)
     k = cg * kh * kw
-    nk = g.k_blocking(k, tgt, dtype)[1]
     plan = conv_plan(x.shape, w.shape, strides, padding, dilation, groups, out_shape,
                      prepacked=w_packed is not None, target=tgt)
     schedule = plan.schedule
     mr, nr, kc = schedule.mr, schedule.nr, schedule.kc
     lanes = schedule.lanes or tgt.lanes(dtype)
-    if w_packed is not None and w_packed.shape != (groups, -(-og // plan.lanes), kc * nk,
-                                                   plan.lanes):
+    if w_packed is not None and w_packed.shape != (groups, -(-og // plan.lanes),
+                                                   kc * -(-k // kc), plan.lanes):
         w_packed = None
         plan = conv_plan(x.shape, w.shape, strides, padding, dilation, groups, out_shape,
                          prepacked=False, target=tgt)

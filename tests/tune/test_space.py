@@ -88,6 +88,9 @@ SPACES = {
     # conv2d 3x3 stride 2, odd channels and image (the weight prepacked)
     "conv2d stride 2": lambda: conv_space((1, 5, 11, 9), (7, 5, 3, 3), (2, 2), (1, 1), (1, 1),
                                           1, (1, 7, 6, 5)),
+    # conv2d 3x3, K = 144: the prepacked weight's K blocks may split it evenly (72 × 2)
+    "conv2d K blocks": lambda: conv_space((1, 16, 6, 6), (8, 16, 3, 3), (1, 1), (1, 1), (1, 1),
+                                          1, (1, 8, 6, 6)),
     # 1x1 conv on a variable weight (nothing prepacked: every knob free)
     "conv2d 1x1": lambda: conv_space((1, 6, 5, 7), (9, 6, 1, 1), (1, 1), (0, 0), (1, 1), 1,
                                      (1, 9, 5, 7), prepacked=False),
@@ -136,6 +139,13 @@ def test_space_declares_the_default_first() -> None:
     # alter-layout packs it for the tuned nr, which "dense prepacked" above checks)
     packed = gemm.space_of(1, 64, 96, 300, b_prepacked=True)
     assert len(packed.values("nr")) > 1 and len(packed.values("kc")) == 1
+    # a prepacked conv weight's K blocks, only those covering its padded K exactly (the
+    # panels' layout): K = 576 in 3 blocks of 192, or 2, 4 or 6 even ones
+    conv = conv_space((1, 64, 56, 56), (64, 64, 3, 3), (1, 1), (1, 1), (1, 1), 1,
+                      (1, 64, 56, 56))
+    kcs = conv.values("kc")
+    assert len(kcs) > 1 and all(kc * -(-576 // kc) == kcs[0] * -(-576 // kcs[0])
+                                for kc in kcs)
     # points that build one kernel are measured once: blocks beyond M's tiles are all of M
     mt = -(-64 // space.default["mr"])
     assert space.same_kernel_as({**space.default, "mb": mt}) == space.same_kernel_as(
