@@ -130,3 +130,42 @@ def test_many_random_programs_compiled_natively(seed):
     mod, inputs = random_program(seed, steps=24)
     exe = build(mod)
     assert_same(exe(*inputs), kiln.interpret(mod, *inputs), rtol=1e-4, atol=1e-5)
+
+
+@needs_native
+def test_a_returned_frames_arena_serves_the_next_frame():
+    # A frame's arena (its intermediate tensors) goes to the function's next frame once the
+    # frame has returned, never while it runs: the recursive call below needs a new arena
+    # while its caller still reads %a from its own, and the two calls of @main must give
+    # results that neither overwrites.
+    text = """
+    def @g(%x: Tensor[(16, 16), float32], %n: int32) -> Tensor[(16, 16), float32] {
+      if (%n == 0) { %x } else {
+        let %a = nn.dense(%x, %x);
+        let %r = @g(multiply(%a, 0.125f), %n - 1);
+        add(%r, nn.dense(%a, %r))
+      }
+    }
+    def @h(%x: Tensor[(16, 16), float32]) -> Tensor[(16, 16), float32] {
+      let %a = nn.dense(%x, %x);
+      nn.dense(%a, %x)
+    }
+    def @main(%x: Tensor[(16, 16), float32], %y: Tensor[(16, 16), float32]) {
+      (@g(%x, 4), @g(%y, 3), @h(%x), @h(%y))
+    }
+    """
+    mod = kiln.parse(text)
+    exe = build(mod, executor="vm")
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((16, 16)) * 0.2).astype("float32")
+    y = (rng.standard_normal((16, 16)) * 0.2).astype("float32")
+    want = kiln.interpret(mod, x, y)
+    vm = exe.executor.vm
+    for _ in range(3):
+        assert_same(exe(x, y), want, rtol=1e-4, atol=1e-6)
+    assert vm.codes["g"].arena_bytes > 0 and vm.codes["h"].arena_bytes > 0
+    assert 1 <= len(vm._spare["g"]) <= 2  # kept for the next calls (at most SPARE_ARENAS)
+    (kept,) = vm._spare["h"]
+    exe(x, y)
+    (again,) = vm._spare["h"]
+    assert again is kept  # @h's two calls a run took the same memory again
