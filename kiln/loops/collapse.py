@@ -39,6 +39,11 @@ def axes_kept() -> Iterator[None]:
         _KEPT.reset(token)
 
 
+def nests_kept() -> bool:
+    """Whether nests keep their plain form here (a lowering at stand-in sizes)."""
+    return _KEPT.get()
+
+
 def collapsible_axes(shape: Sequence[int], element: Element) -> int:
     """How many trailing axes of ``shape`` the nest computing ``element`` may run as one
     (0: none). Worth it only when the innermost extent is shorter than a vector loop wants

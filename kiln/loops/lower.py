@@ -31,7 +31,7 @@ from kiln.errors import Error, InternalError
 from kiln.ir.expr import Call, Constant, Function, Op, Tuple, TupleGetItem, Var
 from kiln.ir.traverse import post_order
 from kiln.ir.ty import FuncType, TensorType, TupleType, Type
-from kiln.loops.collapse import collapsed_nest, collapsible_axes
+from kiln.loops.collapse import collapsed_nest, collapsible_axes, nests_kept
 from kiln.loops.compute import (
     BufferTensor,
     ComputeTensor,
@@ -53,6 +53,7 @@ from kiln.loops.ir import (
 )
 from kiln.loops.ir import Var as LVar
 from kiln.loops.schedule import loop_nest, lowering_target, target_scope
+from kiln.loops.transposed_nest import transposed_axis, transposed_nest
 from kiln.loops.tunable import ScheduleOverrides, overrides_scope
 from kiln.loops.verify import verify
 from kiln.op import registry
@@ -221,6 +222,10 @@ class _Lowering:
         new_epoch()  # the probe's reads mention its variables
         if count:
             return collapsed_nest(t.shape, lambda idx: Store(out, idx, t(*idx)), count)
+        axis = None if nests_kept() else transposed_axis(t.shape, lambda idx: t(*idx))
+        new_epoch()
+        if axis is not None:  # a read across the input's rows: tiled (transposed_nest.py)
+            return transposed_nest(t.shape, lambda idx: Store(out, idx, t(*idx)), axis)
         return loop_nest(t.shape, lambda idx: Store(out, idx, t(*idx)))
 
     def epilogue_master(self, t: Tensor) -> MaterializedTensor | None:
