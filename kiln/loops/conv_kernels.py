@@ -732,8 +732,9 @@ def _pointwise(w_shape: Sequence[int], strides: Sequence[int], padding: Sequence
     loop of its own, too: a second fork and join per call. MobileNetV2's 1×1 layers, two
     threads of a Sapphire Rapids-class VM, µs a call against the planes: 144→24 at 56²
     240 → 122, 24→144 155 → 118, 576→96 at 14² 150 → 110, 384→64 83 → 54; at 7² about
-    even (960→320 162 against 170, 320→1280 190 against 178); the whole model 5.40 → 4.96
-    ms (`benchmarks/peers.py`'s)."""
+    even (960→320 162 against 170, 320→1280 190 against 178); the whole model
+    (`benchmarks/peers.py`'s MobileNetV2, both builds timed interleaved in one process)
+    5.40 → 4.96 ms."""
     _, _, kh, kw = w_shape
     return (kh == kw == 1 and tuple(strides) == (1, 1) and not any(padding)
             and plan.pixels == "columns")
