@@ -196,25 +196,23 @@ class ExprEmitter:
 
 
 def _rejoin(indices: tuple[Expr, ...], strides: tuple[int, ...]) -> list[tuple[Expr, int]]:
-    """(index, stride) pairs of an access, with ``e // c`` and ``e % c`` on two neighbouring
-    axes whose strides differ by ``c`` joined back into ``e`` (floor division and modulo
-    always recombine exactly). A flat position split into coordinates (a conv's pixel into
-    row and column) then addresses memory as the flat position again, so that consecutive
-    positions are visibly consecutive addresses: a vectorized loop over them stores a
-    vector instead of scattering lanes."""
+    """(index, stride) pairs of an access, with ``e // (b·c)`` and ``(e // c) % b`` on two
+    neighbouring axes whose strides differ by ``b`` joined back into ``e // c`` (``e`` and
+    ``e % b`` for c = 1: floor division and modulo always recombine exactly). A flat position
+    split into coordinates (a conv's pixel into row and column, a reshape's element into the
+    source's axes) then addresses memory as the flat position again, so that consecutive
+    positions are visibly consecutive addresses: a vectorized loop over them loads and
+    stores vectors instead of gathering and scattering lanes."""
     pairs = list(zip(indices, strides))
-    while True:  # joined pairs may join again: e // (b·c), (e % (b·c)) // c, e % c
+    while True:  # joined pairs join again: e // (a·b·c), (e // (b·c)) % a, (e // c) % b, ...
         out: list[tuple[Expr, int]] = []
         k = 0
         while k < len(pairs):
             (hi, s_hi) = pairs[k]
             if k + 1 < len(pairs):
-                lo, s_lo = pairs[k + 1]
-                if (isinstance(hi, Binary) and isinstance(lo, Binary) and hi.op == "floordiv"
-                        and lo.op == "floormod" and hi.a is lo.a and isinstance(hi.b, Const)
-                        and isinstance(lo.b, Const) and hi.b.value == lo.b.value
-                        and s_hi == s_lo * hi.b.value):
-                    out.append((hi.a, s_lo))
+                joined = _join(hi, s_hi, *pairs[k + 1])
+                if joined is not None:
+                    out.append(joined)
                     k += 2
                     continue
             out.append((hi, s_hi))
@@ -222,3 +220,25 @@ def _rejoin(indices: tuple[Expr, ...], strides: tuple[int, ...]) -> list[tuple[E
         if len(out) == len(pairs):
             return out
         pairs = out
+
+
+def _join(hi: Expr, s_hi: int, lo: Expr, s_lo: int) -> tuple[Expr, int] | None:
+    """``(e // c, s_lo)`` where ``hi`` is ``e // (b·c)``, ``lo`` is ``(e // c) % b`` (or
+    ``e % b``, c = 1) and ``s_hi = b · s_lo``; else None."""
+    if not (isinstance(hi, Binary) and hi.op == "floordiv" and isinstance(hi.b, Const)
+            and isinstance(lo, Binary) and lo.op == "floormod" and isinstance(lo.b, Const)):
+        return None
+    e, b = hi.a, lo.b.value
+    inner = lo.a
+    c: int | float | bool
+    if inner is e:
+        c = 1
+    elif (isinstance(inner, Binary) and inner.op == "floordiv" and inner.a is e
+          and isinstance(inner.b, Const)):
+        c = inner.b.value
+    else:
+        return None
+    if not (isinstance(b, int) and isinstance(c, int) and b > 0 and c > 0
+            and hi.b.value == b * c and s_hi == s_lo * b):
+        return None
+    return (e if c == 1 else inner), s_lo

@@ -410,6 +410,36 @@ def test_index_arithmetic_of_a_reshape() -> None:
     assert_same(k, RNG.standard_normal((6, 4)).astype("float32"))
 
 
+@pytest.mark.parametrize("dims", [(4, 3, 16), (2, 6, 16), (3, 2, 2, 32)])
+def test_a_flat_position_split_into_coordinates_is_addressed_flat(dims: tuple) -> None:
+    # x[f // (b·c·d), (f // (c·d)) % b, (f // d) % c, f % d] with f = r·w + i over rows r
+    # and a vectorized i: the pairs join back into f (kiln/codegen/emit_expr.py `_rejoin`),
+    # so the copy loads vectors where the coordinates made LLVM gather, and the values are
+    # the evaluator's
+    from kiln.codegen.compile import optimized_ir
+    from kiln.target import Target
+
+    x = Buffer("x", dims, "float32")
+    n = int(np.prod(dims))
+    w = dims[-1] * 2
+    y = Buffer("y", (n // w, w), "float32")
+    r, i = Var("r"), Var("i")
+    f = i + r * w  # one object in every coordinate, as the reshape lowering makes it
+    idx, step = [], n
+    for d in dims:
+        step //= d
+        idx.append(f // step if step * d == n else (f // step) % d if step > 1 else f % d)
+    body = For(r, Const(0), Const(n // w), For(i, Const(0), Const(w), Store(
+        y, (r, i), Load(x, tuple(idx))), "vectorized"))
+    k = Kernel(f"flat_{len(dims)}", (x,), (y,), body)
+    text = optimized_ir(k, target=Target.parse("llvm -mcpu=znver4"))
+    assert "gather" not in text and "x float>" in text  # vector loads, not gathers
+    a = RNG.standard_normal(dims).astype("float32")
+    (got,) = run_compiled(k, a)
+    np.testing.assert_array_equal(got.reshape(-1), a.reshape(-1))
+    assert_same(k, a)
+
+
 def test_zero_sized_buffers_and_scalars() -> None:
     x = Buffer("x", (0, 3), "float32")
     s = Buffer("s", (), "float32")
