@@ -22,7 +22,7 @@ dtype names (``float32``, ``int64``, ``bool``, ...); index arithmetic is ``int64
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -477,6 +477,18 @@ def operands(e: Expr) -> tuple[Expr, ...]:
         case FMA(a=a, b=b, c=c) | DotProduct(a=a, b=b, c=c):
             return (a, b, c)
     return ()
+
+
+def subexpressions(root: Expr) -> Iterator[Expr]:
+    """Every node of ``root``'s tree once (a shared node once), parents before children."""
+    stack, seen = [root], set()
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        stack.extend(operands(e))
 
 
 # --- statements --------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 
 from kiln.ir.dtype import dtype_of
 from kiln.loops.collapse import Element
-from kiln.loops.ir import Const, Expr, For, Load, Stmt, Var, operands
+from kiln.loops.ir import Const, Expr, For, Load, Stmt, Var, subexpressions
 from kiln.loops.schedule import NestSchedule
 
 TILE = 32  # a block's side: its 32 input lines and 32 output rows fit L1 beside each other
@@ -37,22 +37,15 @@ def transposed_axis(shape: Sequence[int], element: Element) -> int | None:
     probe = tuple(Var(f"t{k}") for k in range(n))
     value = element(probe)
     inner = probe[-1]
-    stack: list[Expr] = [value]
-    seen: set[int] = set()
-    while stack:
-        e = stack.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
+    for e in subexpressions(value):
         if isinstance(e, Load) and e.indices:
             last = e.indices[-1]
             at = [p for p, i in enumerate(e.indices[:-1])
-                  if any(x is inner for x in _leaves(i))]
+                  if any(x is inner for x in subexpressions(i))]
             for k in range(n - 1):
                 if last is probe[k] and at and shape[k] % TILE == 0 and _thrashes(
                         e, at[-1], shape[-1]):
                     return k
-        stack.extend(operands(e))
     return None
 
 
@@ -71,17 +64,6 @@ def _thrashes(load: Load, axis: int, count: int) -> bool:
         stride *= d
     sets = len({(k * stride // LINE) % L1_SETS for k in range(min(count, L1_SETS * 4))})
     return count > sets * L1_WAYS
-
-
-def _leaves(e: Expr) -> list[Expr]:
-    out, stack = [], [e]
-    while stack:
-        x = stack.pop()
-        kids = list(operands(x))
-        if not kids:
-            out.append(x)
-        stack.extend(kids)
-    return out
 
 
 def transposed_nest(shape: Sequence[int], body: Callable[[tuple[Expr, ...]], Stmt],
