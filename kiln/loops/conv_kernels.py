@@ -61,6 +61,7 @@ from kiln.loops.ir import (
     Stmt,
     Store,
     Var,
+    seq,
 )
 from kiln.loops.schedule import PARALLEL_MIN_ELEMENTS, lowering_target, worth_parallel
 from kiln.loops.tunable import Space, current_overrides, override, site_key
@@ -685,16 +686,10 @@ def implicit_gemm(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequenc
             prod = g.gemm(groups, og, geo.columns, k, weight, unused, put, dtype, schedule,
                           a_panel=packed if w_packed is not None else None,
                           b_panel=plane_columns, target=tgt, grid=grid)
-        kk = Var("kk")
-        table = For(kk, Const(0), Const(kc * nk), Store(tap_table, (kk,), tap_of(kk)))
-        if pointwise:
+        if pointwise:  # the image is read as it is: no planes, no table of taps
             images: Stmt = For(img, Const(0), Const(nimg), prod,
                                "parallel" if by_image else "serial")
-            if not pack_here:
-                return images
-            assert w_packed is not None
-            return Allocate(w_packed, Seq((_pack_weight(w_packed, weight, og, k), images)))
-        if folded is not None:
+        elif folded is not None:
             assert isinstance(geo, Planes)
             big = tgt.cores > 1 and nimg * image_floats >= PLANES_PARALLEL_MIN
             images = Allocate(planes, Seq((For(img, Const(0), Const(nimg), geo.fill(
@@ -704,11 +699,18 @@ def implicit_gemm(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequenc
             images = For(img, Const(0), Const(nimg), Allocate(planes, Seq((
                 geo.fill(x, img, planes, tgt, used=used, parallel=not by_image), prod))),
                 "parallel" if by_image else "serial")
-        if not pack_here:
-            return Allocate(tap_table, Seq((table, images)))
-        assert w_packed is not None
-        return Allocate(tap_table, Allocate(w_packed, Seq((
-            table, _pack_weight(w_packed, weight, og, k), images))))
+        kk = Var("kk")
+        table = None if pointwise else For(kk, Const(0), Const(kc * nk), Store(
+            tap_table, (kk,), tap_of(kk)))
+        pack = None
+        if pack_here:
+            assert w_packed is not None
+            pack = _pack_weight(w_packed, weight, og, k)
+        body = seq(table, pack, images)
+        if pack_here:
+            assert w_packed is not None
+            body = Allocate(w_packed, body)
+        return body if pointwise else Allocate(tap_table, body)
 
     t = extern(tuple(out_shape), dtype, emit)
     t.schedule = {**schedule.attrs(), "pixels": plan.pixels,

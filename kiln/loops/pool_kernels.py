@@ -71,20 +71,19 @@ def max_pool2d(x: Tensor, kernel: tuple[int, int], strides: tuple[int, int],
             assert total is not None
             return total
 
-        parts: list[Stmt] = []
-        x0, x1 = max(xlo, 0), min(xhi, w - 1)  # the input's own columns
-        if x0 > xlo:
+        def fill(lo: int, hi: int) -> list[Stmt]:  # the row at input columns [lo, hi): -inf
+            if hi <= lo:
+                return []
             z = Var("z")
-            parts.append(For(z, Const(0), Const(x0 - xlo), Store(row, (z,), low), "vectorized"))
+            return [For(z, Const(lo - xlo), Const(hi - lo), Store(row, (z,), low), "vectorized")]
+
+        x0, x1 = max(xlo, 0), min(xhi, w - 1)  # the input's own columns
+        parts = fill(xlo, x0)
         if x1 >= x0:
             c = Var("c")
             parts.append(For(c, Const(0), Const(x1 - x0 + 1), Store(
                 row, (c + (x0 - xlo),), down(c + x0)), "vectorized"))
-        if xhi > max(x1, xlo - 1):
-            z = Var("z")
-            first = max(x1 + 1, xlo)
-            parts.append(For(z, Const(0), Const(xhi - first + 1), Store(
-                row, (z + (first - xlo),), low), "vectorized"))
+        parts += fill(max(x1 + 1, x0), xhi + 1)
         ox = Var("ox")
         across: Expr | None = None
         for kx in range(kw):
@@ -96,6 +95,5 @@ def max_pool2d(x: Tensor, kernel: tuple[int, int], strides: tuple[int, int],
                          "vectorized"))
         return For(oy, Const(0), Const(oh), Seq(tuple(parts)))
 
-    body = oplib.outer_nest((nimg, channels), lambda idx: Allocate(row, plane(tuple(idx))),
+    return oplib.outer_nest((nimg, channels), lambda idx: Allocate(row, plane(tuple(idx))),
                             oh * (kh * (xhi - xlo + 1) + kw * ow))
-    return body

@@ -71,7 +71,6 @@ def transposed_nest(shape: Sequence[int], body: Callable[[tuple[Expr, ...]], Stm
     """Loops over ``shape`` storing ``body(indices)``, with ``axis`` and the innermost one
     tiled in `TILE` × `TILE` blocks (see the module docstring)."""
     n = len(shape)
-    default = NestSchedule.default(shape)
     vs = [Var(f"i{k}") for k in range(n)]
     a_blk, j_blk = Var(f"i{axis}b"), Var(f"i{n - 1}b")
     a_in, j_in = Var(f"i{axis}t"), Var(f"i{n - 1}t")
@@ -81,14 +80,9 @@ def transposed_nest(shape: Sequence[int], body: Callable[[tuple[Expr, ...]], Stm
     stmt: Stmt = For(j_in, Const(0), Const(TILE), body(tuple(idx)), "vectorized")
     stmt = For(a_in, Const(0), Const(TILE), stmt)
     stmt = For(j_blk, Const(0), Const(shape[n - 1] // TILE), stmt)
-    outer = [k for k in range(n - 1)]
-    # the parallel loop: the default's axis, or the transposed axis's blocks in its place
-    parallel = default.parallel_axis
-    for k in reversed(outer):
-        if k == axis:
-            stmt = For(a_blk, Const(0), Const(shape[axis] // TILE), stmt,
-                       "parallel" if parallel == axis else "serial")
-        else:
-            stmt = For(vs[k], Const(0), Const(shape[k]), stmt,
-                       "parallel" if parallel == k else "serial")
+    # the parallel loop: the default's axis (for the transposed one, its blocks)
+    parallel = NestSchedule.default(shape).parallel_axis
+    for k in reversed(range(n - 1)):
+        var, extent = (a_blk, shape[k] // TILE) if k == axis else (vs[k], shape[k])
+        stmt = For(var, Const(0), Const(extent), stmt, "parallel" if k == parallel else "serial")
     return stmt
