@@ -207,3 +207,46 @@ def test_long_k_blocks_with_a_fused_update_match_torch() -> None:
     assert any("nn.conv2d_backward_weight" in ops and "add" in ops for ops in kernels)
     want = 0.9 * v + reference(g, x, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1))
     np.testing.assert_allclose(exe(g, x, v), want, rtol=1e-4, atol=2e-5 * 1600)
+
+
+# The images split between two threads (conv_grad_kernels.chunks): (N, C, H, W), O, kernel,
+# strides, padding. Each chunk's K (its images' pixels) is no multiple of kc: padded per chunk.
+SPLIT_CASES = [
+    ((4, 3, 46, 46), 16, (7, 7), (2, 2), (3, 3, 3, 3)),  # the first layer: phase planes
+    ((2, 32, 34, 34), 20, (3, 3), (1, 1), (1, 1, 1, 1)),  # channels last
+    ((4, 3, 64, 64), 8, (4, 4), (4, 4), (0, 0, 0, 0)),  # 16 phases: im2col rows
+    ((2, 32, 48, 48), 14, (1, 1), (2, 2), (0, 0, 0, 0)),  # the downsampling 1x1
+]
+
+
+@pytest.mark.parametrize("spec", ["llvm", "llvm -mattr=-avx512f"])
+@pytest.mark.parametrize("xs,o,kernel,strides,padding", SPLIT_CASES)
+def test_images_split_between_threads(xs: tuple, o: int, kernel: tuple, strides: tuple,
+                                      padding: tuple, spec: str) -> None:
+    # two cores: each thread sums its half of the images into its own gradient, the two
+    # added at the end through a fused SGD update; one and two threads bit for bit, and
+    # torch's gradient in float64
+    from dataclasses import replace
+
+    target = replace(Target.parse(spec), cores=2)
+    g, x = inputs(xs, o, kernel, strides, padding, (1, 1))
+    w = RNG.standard_normal((o, xs[1], *kernel)).astype(np.float32)
+    gv, xv, wv = (kiln.var(n, shape=a.shape, dtype="float32")
+                  for n, a in (("g", g), ("x", x), ("w", w)))
+    dw = nn.conv2d_backward_weight(gv, xv, kernel_size=kernel, strides=strides,
+                                   padding=padding, channels=o)
+    body = kiln.op.subtract(wv, kiln.op.multiply(kiln.const(np.float32(0.5)), dw))
+    with target_scope(target):
+        exe = kiln.build(kiln.IRModule.from_expr(kiln.Function((gv, xv, wv), body)),
+                         target=target)
+    plans = [d.kernel.attrs["schedules"][0][1] for d in exe.program.kernels.values()
+             if d.kernel is not None]
+    assert [p["images"] for p in plans] == ["split"]
+    results = []
+    for count in (1, 2):
+        with threads(count):
+            results.append(exe(g, x, w))
+    np.testing.assert_array_equal(results[0], results[1])
+    k = g.shape[0] * g.shape[2] * g.shape[3]
+    want = w - 0.5 * reference(g, x, kernel, strides, padding, (1, 1))
+    np.testing.assert_allclose(results[0], want, rtol=1e-4, atol=2e-5 * k)
