@@ -676,7 +676,7 @@ def implicit_gemm(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequenc
                           a_panel=plane_rows,
                           b_panel=(lambda bt, t, kk, c: packed(bt, t, kk, c, lanes))
                           if w_packed is not None else None, target=tgt,
-                          down_columns=True)
+                          down_columns="unrolled" if folded is not None else True)
         elif pointwise:  # B packed per block from the image (pixel j at row j // ow)
             prod = g.gemm(groups, og, oh * ow, k, weight,
                           lambda bt, p, j: x(img, bt * cg + p, j // ow, j % ow), put, dtype,
