@@ -381,3 +381,51 @@ def test_tap_offsets_cost_two_instructions_a_step(spec: str, groups: int) -> Non
     steps = sum(op.startswith("and") for op in scalar)  # the masks: one a step
     assert steps >= 1 and not [op for op in scalar if op.startswith("cmov")], body
     assert len(scalar) <= 2 * steps + 4, body
+
+
+@pytest.mark.parametrize("spec", TARGETS)
+def test_consumers_reading_maps_run_on_the_staged_image(spec: str) -> None:
+    # a training step's data adjoint: where(mask > 0, conv, 0) plus a residual, fused after
+    # a convolution whose images each run on one thread with pixels as rows: the results
+    # are staged per image and the consumers run channel by channel (_staged); one, two and
+    # three threads bit for bit, numpy's result
+    from dataclasses import replace
+
+    from kiln.loops.conv_kernels import _reads_maps
+    from kiln.runtime.backend import lower
+
+    xs, wshape = (4, 64, 20, 20), (64, 64, 3, 3)
+    x, w = (kiln.var(n, shape=s, dtype="float32") for n, s in (("x", xs), ("w", wshape)))
+    mask, res = (kiln.var(n, shape=(4, 64, 20, 20), dtype="float32") for n in ("m", "r"))
+    conv = nn.conv2d(x, w, padding=(1, 1))
+    body = kiln.op.add(kiln.op.where(kiln.op.greater(mask, kiln.const(np.float32(0))), conv,
+                                     kiln.op.zeros_like(conv)), res)
+    mod = kiln.IRModule.from_expr(kiln.Function([x, w, mask, res], body))
+    target = replace(Target.parse(spec), cores=2)
+    with target_scope(target):
+        low = lower(mod, target, 3, upto="lower-kernels")
+        exe = kiln.build(mod, target=target)
+    (schedule,) = [d.kernel.attrs["schedules"][0][1] for d in low.program.kernels.values()]
+    assert (schedule["pixels"], schedule["images"]) == ("rows", "parallel")
+    a, b = RNG.standard_normal(xs).astype(np.float32), RNG.standard_normal(wshape).astype(
+        np.float32)
+    m, r = (RNG.standard_normal((4, 64, 20, 20)).astype(np.float32) for _ in range(2))
+    results = []
+    for count in (1, 2, 3):
+        with threads(count):
+            results.append(exe(a, b, m, r))
+    np.testing.assert_array_equal(results[0], results[1])
+    np.testing.assert_array_equal(results[0], results[2])
+    want = np.where(m > 0, reference(a, b, (1, 1), (1, 1, 1, 1), (1, 1), 1), 0) + r
+    np.testing.assert_allclose(results[0], want, rtol=1e-4, atol=2e-5 * 576)
+
+    # what counts as reading a map: a tensor indexed by the pixel, not the output itself or
+    # a per-channel bias
+    from kiln.loops.ir import Binary, Buffer, Load, Store
+
+    out, bias = Buffer("out", (1, 2, 3, 4), "float32"), Buffer("bias", (2,), "float32")
+    other = Buffer("other", (1, 2, 3, 4), "float32")
+    assert not _reads_maps(lambda i, v: Store(out, i, v), "float32")
+    assert not _reads_maps(lambda i, v: Store(out, i, Binary("add", v, Load(bias, (i[1],)))),
+                           "float32")
+    assert _reads_maps(lambda i, v: Store(out, i, Binary("add", v, Load(other, i))), "float32")
