@@ -44,7 +44,7 @@ from kiln.ssa.memory import tensor_bytes
 
 ALIGN = 64
 _PLACEHOLDER = "@__kiln_program_entry__"
-_OPS = frozenset(["const", "alloc", "kernel", "tuple", "get_field", "call"])
+_OPS = frozenset(["const", "alloc", "kernel", "tuple", "get_field", "view", "call"])
 _TERMS = frozenset(["br", "cond_br", "ret"])
 STATUS_SHIFT = 16
 
@@ -306,6 +306,8 @@ class _FunctionEmitter:
                 self.writable.add(name)
             case "tuple":
                 self.values[ins] = [x for v in ins.operands for x in self.values[v]]
+            case "view":  # the operand's memory: its pointer, never written through
+                self.values[ins] = list(self.values[ins.operands[0]])
             case "get_field":
                 src = ins.operands[0]
                 fields = src.type.fields  # type: ignore[attr-defined]

@@ -391,6 +391,12 @@ class VM:
                 def step(regs: list[Any], fr: _Frame) -> None:
                     regs[dest] = regs[src][i]
                 return step
+            case "view":  # the operand's array under the new shape, sharing its memory
+                src, vshape = args[0], ins.type.static_shape  # type: ignore[attr-defined]
+
+                def step(regs: list[Any], fr: _Frame) -> None:
+                    regs[dest] = regs[src].reshape(vshape)
+                return step
             case "construct":
                 ctor = self.program.constructors[a["ctor"]]
 

@@ -8,7 +8,10 @@ value becomes a ``Closure=1`` stub), and type inference. Then each global functi
 an SSA function:
 
 - a call of a primitive function becomes an `alloc` of each (static) output and a `kernel`
-  instruction (or `kernel_dyn` when shapes are symbolic); constants used as values become
+  instruction (or `kernel_dyn` when shapes are symbolic) — or, where the function only
+  reshapes its one argument (`VIEW_OPS`), a `view` of it: the same memory, no copy (the
+  memory planner makes it the copy after all where it would leave its frame, which the
+  kernel named in its attributes is for); constants used as values become
   `const`s (those inside kernels are taken out by the next pass, `lift-constants`);
 - tuples, projections, constructors, references and calls map to their instructions; a
   ``Closure=1`` stub becomes `make_closure` of the lifted global over the captured values,
@@ -379,6 +382,8 @@ class _FunctionLowering(MatchLowering):
                 flat.append(a)
         if not decl.is_static:
             return b.emit("kernel_dyn", flat, _type(e), kernel=decl.name)
+        if _reshapes_only(fn):
+            return b.emit("view", flat, _type(e), kernel=decl.name)
         outs = [b.emit("alloc", [], t, offset=None) for t in decl.outputs]
         b.emit("kernel", [*flat, *outs], UNIT, kernel=decl.name, num_inputs=len(flat))
         return _rebuild(b, _type(e), outs)
@@ -411,6 +416,24 @@ class _FunctionLowering(MatchLowering):
             return None
         self.b.position(join)
         return join.params[0]
+
+
+# Operators that only give their argument another shape of as many elements, kept in the
+# same row-major order: a call of a primitive function of one of them is a `view`.
+VIEW_OPS = frozenset(["reshape", "squeeze", "expand_dims", "batch_flatten"])
+
+
+def _reshapes_only(fn: Function) -> bool:
+    """Whether primitive function ``fn`` is one `VIEW_OPS` operator on its one parameter,
+    from a tensor of static shape to one of the same dtype."""
+    body = fn.body
+    if not (len(fn.params) == 1 and isinstance(body, Call) and isinstance(body.op, Op)
+            and body.op.name in VIEW_OPS and len(body.args) == 1
+            and body.args[0] is fn.params[0]):
+        return False
+    src, out = _type(fn.params[0]), _type(body)
+    return (isinstance(src, TensorType) and isinstance(out, TensorType) and src.is_static
+            and out.is_static and src.dtype == out.dtype)
 
 
 def _single_op_function(e: Call) -> Function:

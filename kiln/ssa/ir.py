@@ -88,6 +88,9 @@ INSTRUCTIONS: dict[str, InstrInfo] = {
     "kernel_dyn": InstrInfo(("kernel",), doc="run a kernel of symbolic shapes; returns results"),
     "host": InstrInfo(("operator", "op_attrs"), doc="an operator whose result's shape is data, run "
                       "by the VM on the arrays (op_attrs: [name, value] pairs; kiln/op/dyn.py)"),
+    "view": InstrInfo((), doc="the operand's tensor under another static shape of as many "
+                      "elements (a reshape), in the same memory; attribute kernel: the copy "
+                      "it stands for, run instead where the view would leave its frame"),
     "tuple": InstrInfo((), doc="a tuple of the operands"),
     "get_field": InstrInfo(("index",), doc="a field of a tuple"),
     "construct": InstrInfo(("ctor",), doc="an ADT value"),

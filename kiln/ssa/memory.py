@@ -34,12 +34,13 @@ from kiln.errors import Error, InternalError
 from kiln.ir.dtype import dtype_of
 from kiln.ir.ty import TensorType, Type
 from kiln.ssa.analysis import Liveness, reverse_post_order
-from kiln.ssa.ir import Function, Instr, Program, Value
+from kiln.ssa.ir import UNIT, Function, Instr, Program, Value
 
 ALIGN = 64
 
-# Uses that read a tensor and keep nothing of it.
-_TRANSIENT_USES = frozenset(["kernel", "kernel_dyn", "tuple", "get_field"])
+# Uses that read a tensor and keep nothing of it (a tuple's, a field's and a view's own
+# uses are followed instead).
+_TRANSIENT_USES = frozenset(["kernel", "kernel_dyn", "tuple", "get_field", "view"])
 
 
 def tensor_bytes(t: Type) -> int:
@@ -173,6 +174,8 @@ def _aliases(fn: Function, allocs: list[Instr]) -> dict[Value, set[Instr]]:
             for ins in b.instrs:
                 if ins.op == "tuple":
                     got = set().union(*(roots.get(v, set()) for v in ins.operands))
+                elif ins.op == "view":  # its operand's memory (and itself, if a root)
+                    got = set(roots.get(ins.operands[0], set())) | roots.get(ins, set())
                 elif ins.op == "get_field":
                     src = ins.operands[0]
                     if isinstance(src, Instr) and src.op == "tuple":
@@ -207,9 +210,36 @@ def _escaping(fn: Function, roots: dict[Value, set[Instr]]) -> set[Instr]:
     return out
 
 
+def materialize_views(fn: Function) -> int:
+    """Make each `view` of ``fn`` whose tensor leaves the frame (returned, passed to a call
+    or a block, stored: through tuples and fields too) the copy it stands for, an alloc
+    filled by its kernel; a view whose every use is a kernel's read stays a view. Returns
+    how many were made copies."""
+    views = [ins for ins in fn.instructions() if ins.op == "view"]
+    if not views:
+        return 0
+    leaving = _escaping(fn, _aliases(fn, views))
+    for v in views:
+        if v not in leaving:
+            continue
+        kernel = v.attrs.get("kernel")
+        if not isinstance(kernel, str):
+            raise InternalError(f"a view in @{fn.name} leaves its frame and names no kernel")
+        block = v.block
+        assert block is not None
+        src = v.operands[0]
+        v.op, v.operands, v.attrs = "alloc", [], {"offset": None}
+        copy = Instr("kernel", [src, v], UNIT, {"kernel": kernel, "num_inputs": 1})
+        copy.block = block
+        block.instrs.insert(block.instrs.index(v) + 1, copy)
+    return len(leaving & set(views))
+
+
 def plan_function(fn: Function) -> FunctionPlan:
-    """Set the offset of every alloc of ``fn`` and its arena size."""
+    """Set the offset of every alloc of ``fn`` and its arena size (after making the views
+    that leave the frame copies, `materialize_views`)."""
     plan = FunctionPlan(fn.name)
+    materialize_views(fn)
     allocs = [ins for ins in fn.instructions() if ins.op == "alloc"]
     _check_allocs(fn)
     roots = _aliases(fn, allocs)
@@ -304,8 +334,20 @@ def _role(fn: Function, alloc: Instr) -> str:
 
 
 def plan_memory(program: Program) -> MemoryPlan:
-    """Plan the memory of every function of ``program`` (offsets are set in place)."""
-    return MemoryPlan({name: plan_function(fn) for name, fn in program.functions.items()})
+    """Plan the memory of every function of ``program`` (offsets are set in place). The
+    kernels only the views stood for (none of them left its frame) are dropped: nothing
+    runs them."""
+    plan = MemoryPlan({name: plan_function(fn) for name, fn in program.functions.items()})
+    run = {ins.attrs["kernel"] for fn in program.functions.values()
+           for ins in fn.instructions() if ins.op in ("kernel", "kernel_dyn")}
+    unused: set[str] = set()
+    for fn in program.functions.values():
+        for ins in fn.instructions():
+            if ins.op == "view" and ins.attrs.get("kernel") not in run:
+                unused.add(ins.attrs.pop("kernel", None))
+    for name in unused & set(program.kernels):
+        del program.kernels[name]
+    return plan
 
 
 def result_sources(program: Program) -> list[frozenset[int]] | None:
@@ -357,6 +399,8 @@ def _sources_of(v: Value, index: dict[Value, list[frozenset[int]]]
             out.extend(index[value])
         elif isinstance(value, Instr) and value.op == "tuple":
             stack.extend(reversed(value.operands))
+        elif isinstance(value, Instr) and value.op == "view":  # its operand's memory
+            stack.append(value.operands[0])
         elif isinstance(value, Instr) and value.op == "get_field":
             src = _sources_of(value.operands[0], index)
             if src is None:

@@ -149,6 +149,20 @@ class _Checker:
             return f"kernel @{decl.name} gives {want}, not {ins.type}"
         return None
 
+    def rule_view(self, ins: Instr) -> str | None:
+        if len(ins.operands) != 1:
+            return "view takes one operand"
+        src, out = ins.operands[0].type, ins.type
+        if not (isinstance(src, TensorType) and isinstance(out, TensorType) and src.is_static
+                and out.is_static):
+            return f"a view of a {src} as a {out}: both need static tensor types"
+        if src.dtype != out.dtype or tensor_bytes(src) != tensor_bytes(out):
+            return f"a view of a {src} as a {out}: not as many elements of one dtype"
+        kernel = ins.attrs.get("kernel")
+        if kernel is not None and kernel not in self.prog.kernels:
+            return f"no kernel @{kernel}"
+        return None
+
     def rule_tuple(self, ins: Instr) -> str | None:
         want = TupleType(tuple(v.type for v in ins.operands))
         return None if agrees(want, ins.type) else f"a tuple of {want} typed {ins.type}"

@@ -26,7 +26,7 @@ def holds(v, planned):
     if v in planned:
         return {v}
     out = set()
-    if getattr(v, "op", None) in ("tuple", "get_field"):
+    if getattr(v, "op", None) in ("tuple", "get_field", "view"):
         for o in v.operands:
             out |= holds(o, planned)
     return out
@@ -150,3 +150,69 @@ def test_resnet18_arena_is_far_smaller_than_its_intermediates():
     plan = plan_memory(prog)
     assert plan.arena_bytes < 0.5 * plan.intermediate_bytes
     assert_no_live_overlap(prog)
+
+
+# --- views: a kernel that only reshapes is the same memory under another shape -------------
+
+
+def reshapes_between_products():
+    """Products whose inputs and outputs are reshaped (reshapes no kernel fuses: a product
+    neither takes injective producers nor gives its result to them), the last returned.
+    Each of h1 and g is read only through its view after g is made: were the views not
+    keeping their tensors' memory, g could take h1's place."""
+    rng = np.random.default_rng(3)
+    x = kiln.var("x", shape=(4, 64))
+    ws = [kiln.const((rng.standard_normal(s) * 0.2).astype("float32"))
+          for s in ((64, 64), (64, 64), (64, 64))]
+    h1 = kiln.op.nn.relu(kiln.op.nn.dense(x, ws[0]))  # (4, 64)
+    g = kiln.op.nn.relu(kiln.op.nn.dense(x, ws[1]))
+    h2 = kiln.op.nn.batch_matmul(kiln.op.reshape(h1, newshape=(1, 16, 16)),
+                                 kiln.op.reshape(g, newshape=(1, 16, 16)))
+    h3 = kiln.op.nn.dense(kiln.op.reshape(h2, newshape=(4, 64)), ws[2])  # a view of h2
+    body = kiln.Tuple([h3, kiln.op.reshape(h3, newshape=(256,))])  # this one leaves
+    mod = kiln.IRModule.from_expr(kiln.Function([x], body))
+
+    def reference(a):
+        r1 = np.maximum(a @ ws[0].data.T, 0).reshape(16, 16)
+        r2 = np.maximum(a @ ws[1].data.T, 0).reshape(16, 16)
+        r3 = (r1 @ r2.T).reshape(4, 64) @ ws[2].data.T
+        return r3, r3.reshape(256)
+
+    return mod, reference
+
+
+def test_reshapes_are_views_unless_they_leave_the_frame():
+    mod, _ = reshapes_between_products()
+    prog = lower_module(kiln.optimize(mod))
+    plan_memory(prog)
+    fn = prog.functions["main"]
+    views = [i for i in fn.instructions() if i.op == "view"]
+    copies = [i for i in fn.instructions() if i.op == "kernel"
+              and prog.kernels[i.attrs["kernel"]].ops == ("reshape",)]
+    assert len(views) == 3 and len(copies) == 1  # the returned reshape is a copy
+    assert all("kernel" not in v.attrs for v in views)  # their kernels are dropped
+    assert sum(d.ops == ("reshape",) for d in prog.kernels.values()) == 1
+    assert_no_live_overlap(prog)  # a view keeps its tensor's memory from reuse
+    assert kiln.ssa.problems(prog) == []
+
+
+@pytest.mark.parametrize("executor", [None, "vm"])
+def test_views_compute_what_the_copies_did(executor):
+    mod, reference = reshapes_between_products()
+    a = np.random.default_rng(4).standard_normal((4, 64)).astype("float32")
+    got = kiln.build(mod, executor=executor)(a)
+    for g, w in zip(got, reference(a)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_a_view_of_another_size_or_dtype_is_a_verifier_problem():
+    from kiln.ir.ty import TensorType
+
+    mod, _ = reshapes_between_products()
+    prog = lower_module(kiln.optimize(mod))
+    plan_memory(prog)
+    view = next(i for i in prog.functions["main"].instructions() if i.op == "view")
+    for wrong in (TensorType((15, 16), "float32"), TensorType((16, 16), "int32")):
+        view.type = wrong
+        found = kiln.ssa.problems(prog)
+        assert any("view" in p and "as many elements" in p for p in found), found

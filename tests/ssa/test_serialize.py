@@ -115,3 +115,22 @@ def test_damaged_kernel_documents_are_errors_never_crashes():
             read_kernel(bad)
         except kiln.Error:
             pass
+
+
+def test_views_read_back_and_a_damaged_one_is_a_problem():
+    from tests.ssa.test_memory import reshapes_between_products
+
+    mod, _ = reshapes_between_products()
+    prog = lower_module(kiln.optimize(mod))
+    plan_memory(prog)
+    again = roundtrip(prog)
+    assert problems(again) == [] and program_text(again) == program_text(prog)
+    assert "view" in program_text(again)
+    doc = json.loads(json.dumps(write_program(prog)))
+    main = next(f for f in doc["functions"] if f["name"] == "main")
+    for block in main["blocks"]:
+        for ins in block["instrs"]:
+            if ins[0] == "view":
+                ins[3] = {"kernel": "no_such_kernel"}
+    found = problems(read_program(doc, list(prog.constants)))
+    assert any("no kernel @no_such_kernel" in p for p in found), found
