@@ -2,7 +2,7 @@
 
 A VM block of a dynamic program (a TreeLSTM cell: a match arm of a dozen instructions)
 calls several kernels with only reference moves between them (``alloc``, ``const``,
-``tuple``, ``get_field``, ``adt_field``). Each kernel called from Python costs a few
+``tuple``, ``get_field``, ``adt_field``, ``view``). Each kernel called from Python costs a few
 microseconds; a chain calls them all from machine code (``kiln_run_chain``,
 kiln/codegen/chain.py) with one ctypes call.
 
@@ -29,7 +29,7 @@ import numpy as np
 from kiln.runtime.pointers import DATA_OFFSET, data_pointer
 from kiln.ssa.ir import Function, Instr, Value
 
-MOVES = frozenset(["alloc", "const", "tuple", "get_field", "adt_field"])
+MOVES = frozenset(["alloc", "const", "tuple", "get_field", "adt_field", "view"])
 OUTSIDE = None  # a use by a terminator
 
 Step = Callable[[list[Any], Any], None]
