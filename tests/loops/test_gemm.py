@@ -395,3 +395,35 @@ def test_packing_is_not_vectorized_into_scatters() -> None:
         assert "vscatter" not in assembly(f.kernel, target=t)
     a, b = rand(m, k), rand(n, k)
     close(exe(a, b), a.astype(np.float64) @ b.T.astype(np.float64), k)
+
+
+@pytest.mark.parametrize("spec", ["llvm", NO_AVX512])
+@pytest.mark.parametrize("bx,m,ta,tb,a_way,b_way", [
+    (4, 128, False, False, "in place", "in place"),  # an attention head's P·V
+    (4, 128, True, False, "in place", "in place"),  # Pᵀ·dO: A's tile rows consecutive
+    (4, 128, False, True, "in place", "packed"),  # Q·Kᵀ: B transposed is packed
+    (1, 96, True, False, "in place", "in place"),  # A broadcast over the batch
+    (4, 127, False, False, "packed", "packed"),  # no tile of half the rows or more divides M
+])
+def test_small_batched_products_read_operands_in_place(spec: str, bx: int, m: int, ta: bool,
+                                                       tb: bool, a_way: str, b_way: str
+                                                       ) -> None:
+    from kiln.runtime.backend import lower
+
+    t = Target.parse(spec)
+    n, k = 64, 112
+    xs = (bx, k, m) if ta else (bx, m, k)
+    ys = (4, n, k) if tb else (4, k, n)
+    x = kiln.var("x", shape=xs, dtype="float32")
+    y = kiln.var("y", shape=ys, dtype="float32")
+    mod = kiln.IRModule.from_expr(kiln.Function([x, y], nn.batch_matmul(
+        x, y, transpose_a=ta, transpose_b=tb)))
+    with target_scope(t):
+        low = lower(mod, t, 3, upto="lower-kernels")
+        exe = kiln.build(mod, target=t)
+    (knobs,) = [d.kernel.attrs["schedules"][0][1] for d in low.program.kernels.values()]
+    assert (knobs["a"], knobs["b"]) == (a_way, b_way)
+    a, b = rand(*xs), rand(*ys)
+    a64 = a.astype(np.float64).swapaxes(1, 2) if ta else a.astype(np.float64)
+    b64 = b.astype(np.float64).swapaxes(1, 2) if tb else b.astype(np.float64)
+    close(exe(a, b), a64 @ b64, k)
