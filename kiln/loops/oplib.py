@@ -357,6 +357,24 @@ def zeros_if_empty(rule: LowerFn) -> LowerFn:
     return lower
 
 
+def lanes_combined(acc: Buffer, combine: str) -> list[Stmt]:
+    """The lanes of ``acc[0]`` (a vector of a power of two lanes) combined into ``acc[0, 0]``
+    as a tree: its upper half into its lower, then that half's, down to one lane.
+
+    A fixed order, so the result does not depend on the threads; log2(L) vector steps where
+    one lane after another was L - 1 dependent scalar steps (four cycles each): on rows of
+    128 floats, softmax spent more on its two horizontal folds than on the exponentials."""
+    lanes = acc.shape[1]
+    zero = Const(0, INDEX)
+    stmts: list[Stmt] = []
+    half = lanes // 2
+    while half >= 1:
+        stmts.append(Store(acc, (zero, zero), Binary(
+            combine, Load(acc, (zero, zero), half), Load(acc, (zero, Const(half, INDEX)), half))))
+        half //= 2
+    return stmts
+
+
 def lane_fold(n: int, lanes: int, dtype: str, init: Expr,
               vector_step: Callable[[Expr, Expr], Expr], combine: str,
               scalar_step: Callable[[Expr, Expr], Expr],
@@ -393,9 +411,8 @@ def lane_fold(n: int, lanes: int, dtype: str, init: Expr,
         stmts.append(put(t, vector_step(at(t), Const(chunks * 4 * lanes + t * lanes, INDEX))))
     stmts.append(put(0, Binary(combine, Binary(combine, at(0), at(1)),
                                Binary(combine, at(2), at(3)))))
+    stmts += lanes_combined(acc, combine)
     total: Expr = Load(acc, (Const(0, INDEX), Const(0, INDEX)))
-    for lane in range(1, lanes):
-        total = Binary(combine, total, Load(acc, (Const(0, INDEX), Const(lane, INDEX))))
     for q in range(chunks * 4 * lanes + vec_tail * lanes, n):
         total = scalar_step(total, Const(q, INDEX))
     value = Var("folded", dtype)
@@ -432,11 +449,8 @@ def _lane_fold_loops(n: int, lanes: int, dtype: str, init: Expr,
         at(t), Binary("add", Binary("mul", chunks, block), t * lanes)))))
     stmts.append(put(units[0], Binary(combine, Binary(combine, at(units[0]), at(units[1])),
                                       Binary(combine, at(units[2]), at(units[3])))))
-    total: Expr = Load(acc, tuple(Const(i, INDEX) for i in first))
-    for lane in range(1, lanes):
-        total = Binary(combine, total, Load(acc, (zero, Const(lane, INDEX))))
+    stmts += lanes_combined(acc, combine)
     cell = tuple(Const(i, INDEX) for i in first)
-    stmts.append(Store(acc, cell, total))
     stmts.append(For(q, scalar_start, Binary("sub", size, scalar_start),
                      Store(acc, cell, scalar_step(Load(acc, cell), q))))
     value = Var("folded", dtype)

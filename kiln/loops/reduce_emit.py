@@ -1,13 +1,25 @@
-"""The loop nest of a reduction: an accumulator per output element, the reduction loops."""
+"""The loop nest of a reduction: an accumulator per output element, the reduction loops.
+
+Where the innermost reduced axis runs along memory (a row's sum, mean or maximum: layer
+norm's statistics, softmax's denominator) the reduction is folded in vectors
+(`_lane_folded`): four accumulators of a vector's lanes each, positions ``p·4L + u·L + l``
+going to lane ``l`` of accumulator ``u``, then the accumulators and their lanes combined in
+a fixed order and the positions past the last whole vector added one by one. LLVM does not
+reorder a float reduction itself, so the one accumulator was a scalar loop, one element a
+step: a (1024, 256) row mean took 96 µs against torch's 12 on a Sapphire Rapids-class VM.
+The order depends only on the shapes, so the result does not depend on the threads.
+"""
 
 from __future__ import annotations
 
 from kiln.loops.compute import ReduceTensor, WriteFn
 from kiln.loops.ir import (
+    INDEX,
     Allocate,
     Binary,
     Buffer,
     Const,
+    Expr,
     For,
     LetStmt,
     Load,
@@ -15,8 +27,15 @@ from kiln.loops.ir import (
     Stmt,
     Store,
     Var,
+    subexpressions,
 )
-from kiln.loops.schedule import NestSchedule, loop_nest
+from kiln.loops.oplib import lanes_combined
+from kiln.loops.schedule import NestSchedule, loop_nest, lowering_target
+
+# Reductions folded in vectors (`_lane_folded`): their combining operators, and the fewest
+# positions along the innermost reduced axis (below, the scalar loop).
+FOLDED = frozenset(["add", "max", "min"])
+FOLD_MIN_VECTORS = 2
 
 
 def emit_reduce(t: ReduceTensor, write: WriteFn) -> Stmt:
@@ -26,17 +45,107 @@ def emit_reduce(t: ReduceTensor, write: WriteFn) -> Stmt:
         reduced *= e
     schedule = NestSchedule.default(t.shape, work_per_element=reduced)
     schedule = NestSchedule(schedule.parallel_axis, None)  # the reduction is innermost
+    lanes = lowering_target().lanes(t.acc_dtype)
 
     def element(idx: tuple) -> Stmt:
+        rs = tuple(Var(f"r{k}") for k in range(len(t.extents)))
+        value = Var("red", t.acc_dtype)
+        final = t.finalize(value, idx) if t.finalize is not None else value
+        if _foldable(t, idx, rs, lanes):
+            return _lane_folded(t, idx, rs, lanes, value, write(idx, final))
         acc = Buffer("acc", (1,), t.acc_dtype, "local")
         zero = (Const(0),)
-        rs = tuple(Var(f"r{k}") for k in range(len(t.extents)))
         step: Stmt = Store(acc, zero, Binary(t.combine, Load(acc, zero), t.body(idx, rs)))
         for k in reversed(range(len(rs))):
             step = For(rs[k], Const(0), Const(t.extents[k]), step)
-        value = Var("red", t.acc_dtype)
-        final = t.finalize(value, idx) if t.finalize is not None else value
         tail = LetStmt(value, Load(acc, zero), write(idx, final))
         return Allocate(acc, Seq((Store(acc, zero, t.init), step, tail)))
 
     return loop_nest(t.shape, element, schedule)
+
+
+def _foldable(t: ReduceTensor, idx: tuple, rs: tuple[Var, ...], lanes: int) -> bool:
+    """Whether the innermost reduced axis is long enough and runs along memory: every read
+    that depends on it has it as its last index, plus what does not depend on it."""
+    if not t.extents or t.combine not in FOLDED or lanes < 2 \
+            or t.extents[-1] < FOLD_MIN_VECTORS * lanes:
+        return False
+    r = rs[-1]
+    for e in subexpressions(t.body(idx, rs)):
+        if not isinstance(e, Load):
+            continue
+        *outer, last = e.indices
+        if any(_mentions(i, r) for i in outer):
+            return False
+        if _mentions(last, r) and not _plus_r(last, r):
+            return False
+    return True
+
+
+def _mentions(e: Expr, r: Var) -> bool:
+    return any(x is r for x in subexpressions(e))
+
+
+def _plus_r(e: Expr, r: Var) -> bool:
+    """``e`` is ``r``, or ``r`` plus (either side) an expression without ``r``."""
+    if e is r:
+        return True
+    return (isinstance(e, Binary) and e.op == "add"
+            and ((e.b is r and not _mentions(e.a, r)) or (e.a is r and not _mentions(e.b, r))))
+
+
+def _lane_folded(t: ReduceTensor, idx: tuple, rs: tuple[Var, ...], lanes: int, value: Var,
+                 use: Stmt) -> Stmt:
+    """The reduction of one output element folded in vectors along its innermost reduced
+    axis (see the module docstring); ``use`` reads the result as ``value``."""
+    n = t.extents[-1]
+    dt, op = t.acc_dtype, t.combine
+    acc = Buffer("fold", (4, lanes), dt, "local")
+    chunks, vec_tail = n // (4 * lanes), (n % (4 * lanes)) // lanes
+    start = n // lanes * lanes  # the positions past the last whole vector
+    u, p0, w = Var("u"), Var("p0"), Var("w")
+    outer = rs[:-1]
+
+    def fold_in(unit: Expr, at: Expr) -> Stmt:
+        lane = Var("l")
+        body = t.body(idx, (*outer, at + lane))
+        return For(lane, Const(0), Const(lanes), Store(acc, (unit, lane), Binary(
+            op, Load(acc, (unit, lane)), body)), "vectorized")
+
+    steps: list[Stmt] = []
+    if chunks:
+        steps.append(For(p0, Const(0), Const(chunks), For(u, Const(0), Const(4), fold_in(
+            u, p0 * (4 * lanes) + u * lanes), "unrolled")))
+    if vec_tail:
+        steps.append(For(w, Const(0), Const(vec_tail), fold_in(
+            w, Const(chunks * 4 * lanes, INDEX) + w * lanes), "unrolled"))
+    body: Stmt = Seq(tuple(steps))
+    for k in reversed(range(len(outer))):
+        body = For(outer[k], Const(0), Const(t.extents[k]), body)
+    u0, lane0 = Var("u"), Var("l")
+    init = For(u0, Const(0), Const(4), For(lane0, Const(0), Const(lanes), Store(
+        acc, (u0, lane0), t.init), "vectorized"))
+    # the accumulators pairwise, then their lanes as a tree
+    vec = [Load(acc, (Const(k, INDEX), Const(0, INDEX)), lanes) for k in range(4)]
+    combined = Store(acc, (Const(0, INDEX), Const(0, INDEX)), Binary(
+        op, Binary(op, vec[0], vec[1]), Binary(op, vec[2], vec[3])))
+    cell0 = (Const(0, INDEX), Const(0, INDEX))
+    finish = [combined, *lanes_combined(acc, op)]
+    if start < n:
+        # the scalar tail after the lanes are combined, for every outer position: folded
+        # in again, one by one
+        finish.append(_scalar_tail(t, idx, outer, acc, start, n))
+    return Allocate(acc, Seq((init, body, *finish, LetStmt(value, Load(acc, cell0), use))))
+
+
+def _scalar_tail(t: ReduceTensor, idx: tuple, outer: tuple[Var, ...], acc: Buffer,
+                 start: int, n: int) -> Stmt:
+    """The positions ``start`` to ``n`` of the innermost reduced axis, for every position
+    of the outer ones, combined one by one into ``acc[0, 0]``."""
+    q = Var("q")
+    cell = (Const(0, INDEX), Const(0, INDEX))
+    step: Stmt = For(q, Const(start), Const(n - start), Store(acc, cell, Binary(
+        t.combine, Load(acc, cell), t.body(idx, (*outer, q)))), "scalar")
+    for k in reversed(range(len(outer))):
+        step = For(outer[k], Const(0), Const(t.extents[k]), step)
+    return step
