@@ -27,7 +27,7 @@ from kiln.codegen.cache import DiskCache, cache_key, fingerprint, kernel_symbol
 from kiln.codegen.compile import cached_object, defined_symbols
 from kiln.codegen.emit import emit_kernel
 from kiln.codegen.pool import pool_ir
-from kiln.codegen.target import Machine, initialize_all
+from kiln.codegen.target import Machine, initialize_all, machine_features
 from kiln.errors import Error, InternalError
 from kiln.loops.ir import Kernel
 from kiln.loops.verify import verify
@@ -69,7 +69,7 @@ def pic_machine(target: Target, opt_level: int) -> PicMachine:
     except RuntimeError as exc:
         raise Error(f"LLVM cannot generate code for {target.triple!r}: {exc}") from None
     tm = llvm_target.create_target_machine(
-        cpu=target.cpu, features=target.llvm_features, opt=opt_level, reloc="pic",
+        cpu=target.cpu, features=machine_features(target), opt=opt_level, reloc="pic",
         codemodel="default")
     return PicMachine(Machine(target, opt_level, tm))
 

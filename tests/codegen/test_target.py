@@ -224,3 +224,22 @@ def test_assembly_width_follows_the_target() -> None:
     assert "ymm" in asm and "zmm" not in asm
     if host.has("avx512f"):
         assert "zmm" in assembly(gemm_kernel(30, 70, 50, host), target=host)
+
+
+def test_loops_llvm_vectorizes_take_the_whole_avx512_width() -> None:
+    # LLVM's tuning of Intel's AVX-512 CPUs prefers 256-bit vectors for the loops it
+    # vectorizes itself; kiln turns that off where the target has AVX-512 (and only there)
+    from kiln.codegen.target import machine_features
+    from kiln.loops.ir import Const, For, Unary, Var
+
+    spr = Target.parse("llvm -mcpu=sapphirerapids")
+    avx2 = Target.parse("llvm -mcpu=haswell")
+    assert "-prefer-256-bit" in machine_features(spr).split(",")
+    assert "prefer-256-bit" not in machine_features(avx2)
+    x, y = Buffer("x", (4096,), "float32"), Buffer("y", (4096,), "float32")
+    i = Var("i")
+    body = For(i, Const(0), Const(4096), Store(y, (i,), Unary("exp", Load(x, (i,)))),
+               "vectorized")
+    kernel = verify(Kernel("exp_loop", (x,), (y,), body))
+    assert "zmm" in assembly(kernel, target=spr)
+    assert "zmm" not in assembly(kernel, target=avx2)
