@@ -8,6 +8,12 @@ a fixed order and the positions past the last whole vector added one by one. LLV
 reorder a float reduction itself, so the one accumulator was a scalar loop, one element a
 step: a (1024, 256) row mean took 96 µs against torch's 12 on a Sapphire Rapids-class VM.
 The order depends only on the shapes, so the result does not depend on the threads.
+
+Where instead the reduced axes all lie outside the output's last axis, which runs along
+memory (a bias's gradient: a sum over the batch and tokens), each block of `COLUMN_BLOCK`
+outputs keeps a local row of accumulators and every reduced position is added along it in
+a vectorized loop (`_column_blocks`), in the scalar loop's order; the blocks run in
+parallel.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from kiln.loops.ir import (
     Const,
     Expr,
     For,
+    IfThenElse,
     LetStmt,
     Load,
     Seq,
@@ -43,6 +50,8 @@ def emit_reduce(t: ReduceTensor, write: WriteFn) -> Stmt:
     reduced = 1
     for e in t.extents:
         reduced *= e
+    if _columns(t):
+        return _column_blocks(t, write, reduced)
     schedule = NestSchedule.default(t.shape, work_per_element=reduced)
     schedule = NestSchedule(schedule.parallel_axis, None)  # the reduction is innermost
     lanes = lowering_target().lanes(t.acc_dtype)
@@ -149,3 +158,77 @@ def _scalar_tail(t: ReduceTensor, idx: tuple, outer: tuple[Var, ...], acc: Buffe
     for k in reversed(range(len(outer))):
         step = For(outer[k], Const(0), Const(t.extents[k]), step)
     return step
+
+
+# Reductions over outer axes (`_columns`): the output's last axis in blocks of this many
+# elements, each block's accumulators a local row.
+COLUMN_BLOCK = 256
+
+
+def _columns(t: ReduceTensor) -> bool:
+    """Whether the reduced axes all lie outside the output's last axis, which runs along
+    memory: a column sum (a bias's gradient, summed over the batch and tokens). Every read
+    depending on the output's last index has it as its own last index, plus what does not
+    depend on it, and no reduced position there."""
+    if not t.shape or not t.extents or t.shape[-1] < 2 * FOLD_MIN_VECTORS:
+        return False
+    idx = tuple(Var(f"i{k}") for k in range(len(t.shape)))
+    rs = tuple(Var(f"r{k}") for k in range(len(t.extents)))
+    j = idx[-1]
+    loads = [e for e in subexpressions(t.body(idx, rs)) if isinstance(e, Load)]
+    if not any(_mentions(e.indices[-1], j) for e in loads if e.indices):
+        return False
+    for e in loads:
+        if not e.indices:
+            continue
+        *outer, last = e.indices
+        if any(_mentions(i, j) for i in outer):
+            return False
+        if _mentions(last, j) and (not _plus_r(last, j)
+                                   or any(_mentions(last, r) for r in rs)):
+            return False
+    return True
+
+
+def _column_blocks(t: ReduceTensor, write: WriteFn, reduced: int) -> Stmt:
+    """A reduction over outer axes (`_columns`): for each block of the output's last axis, a
+    local row of accumulators, every reduced position added in order along it (a vectorized
+    loop over the block), then the row written out. The sums are the scalar loop's, in the
+    same order; the blocks run in parallel where the work pays."""
+    n = t.shape[-1]
+    block = min(n, COLUMN_BLOCK)
+    blocks = -(-n // block)
+    outer_shape = (*t.shape[:-1], blocks)
+    schedule = NestSchedule.default(outer_shape, work_per_element=reduced * block)
+    schedule = NestSchedule(schedule.parallel_axis, None)
+
+    full = n // block
+
+    def columns(o: tuple, start: Expr, width: int) -> Stmt:
+        acc = Buffer("cols", (block,), t.acc_dtype, "local")
+        rs = tuple(Var(f"r{k}") for k in range(len(t.extents)))
+        j0, j1, j2 = Var("j"), Var("j"), Var("j")
+        init = For(j0, Const(0), Const(width), Store(acc, (j0,), t.init), "vectorized")
+        step: Stmt = For(j1, Const(0), Const(width), Store(acc, (j1,), Binary(
+            t.combine, Load(acc, (j1,)), t.body((*o[:-1], start + j1), rs))), "vectorized")
+        for k in reversed(range(len(rs))):
+            step = For(rs[k], Const(0), Const(t.extents[k]), step)
+        idx = (*o[:-1], start + j2)
+        value = Var("red", t.acc_dtype)
+        final = t.finalize(value, idx) if t.finalize is not None else value
+        out = For(j2, Const(0), Const(width), LetStmt(value, Load(acc, (j2,)), write(
+            idx, final)), "vectorized")
+        return Allocate(acc, Seq((init, step, out)))
+
+    def element(o: tuple) -> Stmt:
+        if n % block == 0:
+            return columns(o, o[-1] * block, block)
+        # the whole blocks (the block clamped, for the verifier), then the last, narrower
+        whole = columns(o, Binary("min", o[-1], Const(full - 1, INDEX)) * block, block) \
+            if full else None
+        last = columns(o, Const(full * block, INDEX), n % block)
+        if whole is None:
+            return last
+        return IfThenElse(Binary("lt", o[-1], Const(full, INDEX)), whole, last)
+
+    return loop_nest(outer_shape, element, schedule)
