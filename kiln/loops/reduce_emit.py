@@ -81,7 +81,7 @@ def _foldable(t: ReduceTensor, idx: tuple, rs: tuple[Var, ...], lanes: int) -> b
         return False
     r = rs[-1]
     for e in subexpressions(t.body(idx, rs)):
-        if not isinstance(e, Load):
+        if not isinstance(e, Load) or not e.indices:  # a scalar's read: not along r
             continue
         *outer, last = e.indices
         if any(_mentions(i, r) for i in outer):

@@ -72,3 +72,49 @@ def test_column_sum_of_a_fused_product() -> None:
     assert "cols[" in text
     a = RNG.standard_normal((300, 70)).astype(np.float32)
     np.testing.assert_allclose(exe(a), (a.astype(np.float64) ** 2).sum(0), rtol=1e-5)
+
+
+@pytest.mark.parametrize("n", [7, 64, 250, 1030])
+def test_layer_norm_rows_folded_in_vectors(n: int) -> None:
+    # layer norm's mean and variance along memory as vector folds (kiln/op/nn/norm.py):
+    # rows of no whole vector, whole chunks, a vector and a scalar tail, a long row
+    rows = 9
+    x = kiln.var("x", shape=(rows, n), dtype="float32")
+    g = kiln.var("g", shape=(n,), dtype="float32")
+    b = kiln.var("b", shape=(n,), dtype="float32")
+    exe = kiln.build(kiln.IRModule.from_expr(kiln.Function(
+        [x, g, b], kiln.op.nn.layer_norm(x, g, b, epsilon=1e-5))))
+    a = (RNG.standard_normal((rows, n)) * 3 + 1).astype(np.float32)
+    gv, bv = (RNG.standard_normal(n).astype(np.float32) for _ in range(2))
+    results = []
+    for count in (1, 2):
+        with threads(count):
+            results.append(exe(a, gv, bv))
+    np.testing.assert_array_equal(results[0], results[1])
+    a64 = a.astype(np.float64)
+    mu = a64.mean(1, keepdims=True)
+    want = (a64 - mu) / np.sqrt(((a64 - mu) ** 2).mean(1, keepdims=True) + 1e-5) * gv + bv
+    np.testing.assert_allclose(results[0], want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("n", [20, 128, 1000, 1009])
+def test_softmax_rows_sum_as_a_fold(n: int) -> None:
+    # softmax's denominator folded over the kept exponentials (kiln/op/nn/activation.py);
+    # past KEPT_EXPS (1008) the row's sum stays LLVM's
+    x = kiln.var("x", shape=(6, n), dtype="float32")
+    exe = kiln.build(kiln.IRModule.from_expr(kiln.Function([x], kiln.op.nn.softmax(x))))
+    a = (RNG.standard_normal((6, n)) * 4).astype(np.float32)
+    a64 = a.astype(np.float64)
+    e = np.exp(a64 - a64.max(1, keepdims=True))
+    np.testing.assert_allclose(exe(a), e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
+def test_fold_with_a_scalar_operand() -> None:
+    # a read of a 0-d tensor (no index) beside the row's: still folded
+    x = kiln.var("x", shape=(5, 300), dtype="float32")
+    s = kiln.var("s", shape=(), dtype="float32")
+    mod = kiln.IRModule.from_expr(kiln.Function([x, s], kiln.op.sum(
+        kiln.op.multiply(x, s), axis=[1])))
+    a, v = RNG.standard_normal((5, 300)).astype(np.float32), np.float32(1.5)
+    np.testing.assert_allclose(kiln.build(mod)(a, np.array(v)),
+                               (a.astype(np.float64) * 1.5).sum(1), rtol=1e-5, atol=1e-5)
