@@ -227,6 +227,22 @@ def _softmax_lower(log: bool) -> oplib.LowerFn:
                                 scan(lambda i, k: write(i, Binary(
                                     "mul", Unary("exp", shifted(i)), total)), start=kept)))),
                 )))
+            if axis == x.ndim - 1 and isinstance(x, BufferTensor) and not log \
+                    and n <= KEPT_EXPS:
+                # the exponentials first, then their sum as a vector fold of the kept row
+                # (LLVM's sum in the same loop ended in its lanes added one by one: on rows
+                # of 128, as long as the exponentials)
+                lanes = lowering_target().lanes(dt)
+                k = LVar("k")
+                fill = For(k, Const(0), Const(n), Store(exps, (k,), Unary(
+                    "exp", shifted((*o[:axis], k, *o[axis:])))), "vectorized")
+                summed = oplib.lane_fold(
+                    n, lanes, dt, oplib.dtype_const(0, dt),
+                    lambda a, p: Binary("add", a, Load(exps, (p,), lanes)), "add",
+                    lambda t, q: Binary("add", t, Load(exps, (q,))),
+                    lambda v: LetStmt(total, Binary("div", oplib.dtype_const(1, dt), v), scan(
+                        lambda i, k: write(i, Binary("mul", Load(exps, (k,)), total)))))
+                sums = Allocate(exps, Seq((fill, summed)))
             if axis == x.ndim - 1 and isinstance(x, BufferTensor):
                 buf, lanes = x.buffer, lowering_target().lanes(dt)
                 biggest = oplib.lane_fold(

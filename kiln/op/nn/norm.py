@@ -19,10 +19,11 @@ from kiln.ir.attrs import Attrs
 from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import TensorType, TupleType, Type
 from kiln.loops import oplib
-from kiln.loops.compute import Tensor, WriteFn, compute, extern
+from kiln.loops.compute import BufferTensor, Tensor, WriteFn, compute, extern
 from kiln.loops.ir import (
     Allocate,
     Binary,
+    Broadcast,
     Buffer,
     Const,
     For,
@@ -35,6 +36,7 @@ from kiln.loops.ir import (
 )
 from kiln.loops.ir import Expr as LExpr
 from kiln.loops.ir import Var as LVar
+from kiln.loops.schedule import lowering_target
 from kiln.op import grad_helpers as gh
 from kiln.op.common import (
     as_array,
@@ -430,14 +432,43 @@ def _layer_norm_lower(inputs: list[Tensor], attrs: NormAttrs, out: Type) -> Tens
                 value = Binary("mul", value, gamma(k))
             return Binary("add", value, beta(k)) if attrs.center else value
 
-        variance = Binary("div", Load(acc, zero), count)
+        def deviation(var: LExpr) -> Stmt:
+            return LetStmt(std, Binary("div", oplib.dtype_const(1, dt), Unary("sqrt", Binary(
+                "add", Binary("div", var, count), eps))), scan(
+                    lambda i, k: write(i, normalized(i, k))))
+
+        if axis == x.ndim - 1 and isinstance(x, BufferTensor):
+            # along memory: both sums as vector folds, their lanes combined as a tree (a
+            # row's last vector step and in-order lanes had weighed as much as its FMAs)
+            buf, lanes = x.buffer, lowering_target().lanes(dt)
+
+            def vec(p: LExpr) -> LExpr:
+                return Load(buf, (*o, p), lanes)
+
+            def sq(v: LExpr) -> LExpr:
+                return Binary("mul", v, v)
+
+            def fold(vector_step: Callable[[LExpr, LExpr], LExpr],
+                     scalar_step: Callable[[LExpr, LExpr], LExpr],
+                     use: Callable[[LExpr], Stmt]) -> Stmt:
+                return oplib.lane_fold(n, lanes, dt, oplib.dtype_const(0, dt), vector_step,
+                                       "add", scalar_step, use, loops=True)
+
+            def centred_vec(p: LExpr) -> LExpr:
+                return Binary("sub", vec(p), Broadcast(mean, lanes))
+
+            return fold(lambda a, p: Binary("add", a, vec(p)),
+                        lambda t, q: Binary("add", t, Load(buf, (*o, q))),
+                        lambda total: LetStmt(mean, Binary("div", total, count), fold(
+                            lambda a, p: Binary("add", a, sq(centred_vec(p))),
+                            lambda t, q: Binary("add", t, sq(Binary(
+                                "sub", Load(buf, (*o, q)), mean))),
+                            deviation)))
         return Allocate(acc, Seq((
             accumulate(lambda i: x(*i)),
             LetStmt(mean, Binary("div", Load(acc, zero), count), Seq((
                 accumulate(lambda i: Binary("mul", centred(i), centred(i))),
-                LetStmt(std, Binary("div", oplib.dtype_const(1, dt),
-                                    Unary("sqrt", Binary("add", variance, eps))),
-                        scan(lambda i, k: write(i, normalized(i, k)))),
+                deviation(Load(acc, zero)),
             ))),
         )))
 
