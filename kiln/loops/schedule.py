@@ -86,6 +86,32 @@ def worth_parallel_stream(weight_bytes: int, target: Target) -> bool:
     return target.cores > 1 and weight_bytes >= max(target.l2 // 4, STREAM_MIN_BYTES)
 
 
+# A parallel axis further in is taken only where the loops outside it run at most this many
+# times (each time a fork and join of the pool).
+INNER_PARALLEL_MAX_OUTER = 4
+
+
+def _parallel_axis(shape: Sequence[int], cores: int) -> int | None:
+    """The first axis of 2 or more, unless it shares out badly between ``cores`` threads
+    (fewer than four iterations a thread, and not a multiple of them: 3 iterations on 2
+    threads keep one idle a third of the time) and an axis further in, with at most
+    `INNER_PARALLEL_MAX_OUTER` iterations of the loops outside it, shares out evenly."""
+    def even(d: int) -> bool:
+        return d % cores == 0 or d >= 4 * cores
+
+    first = next((k for k, d in enumerate(shape) if d >= 2), None)
+    if first is None or even(shape[first]):
+        return first
+    outer = shape[first]
+    for k in range(first + 1, len(shape)):
+        if outer > INNER_PARALLEL_MAX_OUTER:
+            break
+        if even(shape[k]):
+            return k
+        outer *= shape[k]
+    return first
+
+
 @dataclass(frozen=True)
 class NestSchedule:
     """Knobs of a loop nest: the parallel axis (or None) and the vectorized axis (or None)."""
@@ -104,7 +130,7 @@ class NestSchedule:
         parallel = None
         cores = lowering_target(target).cores
         if cores > 1 and total * work_per_element >= PARALLEL_MIN_ELEMENTS:
-            parallel = next((k for k, d in enumerate(shape) if d >= 2), None)
+            parallel = _parallel_axis(shape, cores)
         vector = None
         if shape and shape[-1] >= VECTORIZE_MIN_EXTENT and parallel != len(shape) - 1:
             vector = len(shape) - 1

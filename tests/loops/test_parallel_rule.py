@@ -91,6 +91,32 @@ def test_nests_go_parallel_only_with_several_cores() -> None:
                                 ).parallel_axis is None
 
 
+@pytest.mark.parametrize("shape,axis", [
+    ((3, 128, 8, 256), 1),  # 3 on 2 threads is 2 and 1: the next axis, after 3 forks
+    ((1, 3, 64, 64), 2),
+    ((4, 128), 0),  # a multiple of the threads
+    ((7, 128), 0),  # four or more a thread
+    ((3, 3, 3, 3, 512), 0),  # beyond 4 forks further in: the first one stays
+    ((3, 5), 0),  # nothing evener
+])
+def test_the_parallel_axis_shares_out_evenly(shape: tuple, axis: int) -> None:
+    two = dataclasses.replace(Target.host(), cores=2)
+    assert NestSchedule.default(shape, work_per_element=1 << 15, target=two).parallel_axis \
+        == axis
+
+
+def test_an_inner_parallel_axis_agrees_with_one_thread() -> None:
+    # a copy whose parallel loop is the second one (three forks), against numpy
+    x = kiln.var("x", shape=(128, 8, 768), dtype="float32")
+    body = op.transpose(op.reshape(x, newshape=(128, 8, 3, 256)), axes=(2, 0, 1, 3))
+    exe = kiln.build(kiln.IRModule.from_expr(kiln.Function([x], body)))
+    a = np.random.default_rng(0).standard_normal((128, 8, 768)).astype(np.float32)
+    want = a.reshape(128, 8, 3, 256).transpose(2, 0, 1, 3)
+    for count in (1, 2):
+        with threads(count):
+            np.testing.assert_array_equal(exe(a), want)
+
+
 def _conv1x1(c: int, o: int, size: int) -> kiln.IRModule:
     x = kiln.var("x", shape=(1, c, size, size), dtype="float32")
     w = kiln.var("w", shape=(o, c, 1, 1), dtype="float32")
