@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from kiln.errors import InternalError
@@ -477,6 +477,24 @@ def operands(e: Expr) -> tuple[Expr, ...]:
         case FMA(a=a, b=b, c=c) | DotProduct(a=a, b=b, c=c):
             return (a, b, c)
     return ()
+
+
+def with_operands(e: Expr, ops: tuple[Expr, ...]) -> Expr:
+    """``e`` with its operands (in `operands`' order) replaced by ``ops``."""
+    match e:
+        case Load():
+            return replace(e, indices=ops)
+        case Binary():
+            return replace(e, a=ops[0], b=ops[1])
+        case Unary() | Cast() | Bitcast():
+            return replace(e, a=ops[0])
+        case Select():
+            return replace(e, cond=ops[0], a=ops[1], b=ops[2])
+        case Broadcast():
+            return replace(e, value=ops[0])
+        case FMA() | DotProduct():
+            return replace(e, a=ops[0], b=ops[1], c=ops[2])
+    return e
 
 
 def subexpressions(root: Expr) -> Iterator[Expr]:

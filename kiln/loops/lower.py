@@ -53,6 +53,7 @@ from kiln.loops.ir import (
 )
 from kiln.loops.ir import Var as LVar
 from kiln.loops.schedule import loop_nest, lowering_target, target_scope
+from kiln.loops.split_nest import split_divisor, split_nest
 from kiln.loops.transposed_nest import transposed_axis, transposed_nest
 from kiln.loops.tunable import ScheduleOverrides, overrides_scope
 from kiln.loops.verify import verify
@@ -226,6 +227,15 @@ class _Lowering:
         new_epoch()
         if axis is not None:  # a read across the input's rows: tiled (transposed_nest.py)
             return transposed_nest(t.shape, lambda idx: Store(out, idx, t(*idx)), axis)
+        # reads that divide the vectorized index: its runs a loop of their own (split_nest.py)
+        run = False if nests_kept() else split_divisor(t.shape, lambda idx: Store(
+            out, idx, t(*idx)))
+        new_epoch()
+        if run is not False:
+            split = split_nest(t.shape, lambda idx: Store(out, idx, t(*idx)), run)
+            new_epoch()
+            if split is not None:
+                return split
         return loop_nest(t.shape, lambda idx: Store(out, idx, t(*idx)))
 
     def epilogue_master(self, t: Tensor) -> MaterializedTensor | None:
