@@ -78,13 +78,20 @@ def _build(terms: dict[int, int], names: dict[int, Var], const: int, scale: int)
     return out
 
 
+def _divisors(c: int) -> list[int]:
+    """The divisors of ``c`` > 0, largest first (in √c steps: a tensor's divisor can be
+    millions)."""
+    small = [d for d in range(1, int(c ** 0.5) + 1) if c % d == 0]
+    return sorted(set(small + [c // d for d in small]), reverse=True)
+
+
 def _divided(op: str, dividend: Expr, c: int, ranges: Ranges) -> Expr | None:
     """``dividend // c`` or ``% c`` without the division where the ranges allow it."""
     lin = _linear(dividend)
     if lin is None or c <= 0:
         return None
     terms, names, const = lin
-    for g in sorted((d for d in range(1, c + 1) if c % d == 0), reverse=True):
+    for g in _divisors(c):
         small = {v: k for v, k in terms.items() if k % g}
         if any(v not in ranges for v in small):
             continue
