@@ -41,6 +41,9 @@ LAYERS = {
     "x1x1": (24, 144, 56, 1, 1, 0, 1),      # MobileNetV2: expansion, projection, depthwise
     "y1x1": (144, 24, 56, 1, 1, 0, 1),
     "dw3": (144, 144, 56, 3, 1, 1, 144),
+    "dw32": (32, 32, 112, 3, 1, 1, 32),     # its other depthwise shapes: the largest map,
+    "dw96s2": (96, 96, 112, 3, 2, 1, 96),   # stride 2, and the smallest map
+    "dw960": (960, 960, 7, 3, 1, 1, 960),
 }
 
 

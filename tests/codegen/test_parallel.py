@@ -426,3 +426,43 @@ def test_workers_run_a_region_in_its_callers_floating_point_mode() -> None:
     assert tiny * tiny == want
     with flush_denormals(False):
         assert tiny * tiny == want
+
+
+def _cpu() -> int:
+    """The CPU this thread runs on now (field 39 of /proc/thread-self/stat)."""
+    with open("/proc/thread-self/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[36])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux and two CPUs this process may use")
+def test_a_woken_worker_runs_off_its_callers_cpu_and_stays_free_to_move() -> None:
+    # A scheduler may wake a sleeping worker on its waker's CPU (a VM's scheduler packing
+    # vCPUs did, every time): it then waits for the caller, which runs every chunk itself.
+    # The pool sends each sleeping worker to a CPU other than its caller's before waking it,
+    # and the worker frees its affinity once it runs.
+    allowed = os.sched_getaffinity(0)
+    seen: list[tuple[int, int]] = []
+
+    def chunk(_data, lo: int, hi: int) -> None:
+        seen.append((threading.get_ident(), _cpu()))
+        time.sleep(0.005)
+
+    fn = CHUNK(chunk)
+    run = PARALLEL_FOR(parallel_for_address())
+    apart = 0
+    with threads(2):
+        run(ctypes.cast(fn, ctypes.c_void_p), None, 4, 1)  # the worker exists
+        for _ in range(6):
+            time.sleep(0.08)  # past the workers' spinning: they sleep
+            seen.clear()
+            caller = _cpu()
+            run(ctypes.cast(fn, ctypes.c_void_p), None, 8, 1)
+            me = threading.get_ident()
+            apart += any(t != me and cpu != caller for t, cpu in seen)
+    assert apart >= 3, seen
+    for task in os.listdir("/proc/self/task"):
+        try:
+            assert os.sched_getaffinity(int(task)) == allowed, task
+        except ProcessLookupError:  # a thread that has just ended
+            pass
