@@ -54,6 +54,10 @@ CASES = [
     ((2, 6, 14, 15), (6, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 6),  # depthwise, stride 2
     ((1, 4, 9, 9), (8, 5, 3), (1, 2), (2, 1, 0, 1), (2, 1), 4),  # depthwise ×2 channels
     ((1, 3, 11, 13), (3, 3, 3), (1, 3), (1, 2, 1, 0), (1, 2), 3),  # column phases, dilated
+    # depthwise planes: only the padding zeroed, each row copied once for every phase
+    ((1, 3, 12, 40), (3, 3, 3), (2, 3), (3, 3, 3, 3), (1, 1), 3),  # padding past the kernel
+    ((1, 2, 3, 2), (2, 3, 3), (1, 2), (2, 3, 2, 3), (1, 1), 2),  # a phase of only padding
+    ((1, 2, 5, 37), (2, 2, 3), (2, 2), (0, 0, 0, 0), (2, 2), 2),  # unpadded, dilated
     # more stride phases than MAX_PHASES: the input as im2col rows (a ViT's patches)
     ((1, 3, 32, 32), (8, 4, 4), (4, 4), (0, 0, 0, 0), (1, 1), 1),
     ((1, 4, 13, 14), (6, 3, 3), (3, 2), (1, 2, 0, 1), (2, 1), 1),  # padded, dilated
