@@ -38,7 +38,8 @@ LAYERS = {
     "s128": (64, 128, 56, 3, 2, 1, 1),      # a stage's first, stride 2
     "s512": (256, 512, 14, 3, 2, 1, 1),
     "p128": (64, 128, 56, 1, 2, 0, 1),      # its projection shortcut
-    "x1x1": (24, 144, 56, 1, 1, 0, 1),      # MobileNetV2: expansion, projection, depthwise
+    "m_stem": (3, 32, 224, 3, 2, 1, 1),     # MobileNetV2: its first layer,
+    "x1x1": (24, 144, 56, 1, 1, 0, 1),      # expansion, projection, depthwise
     "y1x1": (144, 24, 56, 1, 1, 0, 1),
     "dw3": (144, 144, 56, 3, 1, 1, 144),
     "dw32": (32, 32, 112, 3, 1, 1, 32),     # its other depthwise shapes: the largest map,
