@@ -1068,7 +1068,7 @@ def padded_copy(x: Tensor, plane_of: tuple[Expr, Expr], out: Buffer, prefix: tup
             px = Var("px")
             row.append(For(px, Const(c0), Const(c1 - c0), Store(
                 out, (*prefix, y - ylo, px), zero), "vectorized"))
-    stmts = [For(y, Const(y0), Const(y1 - y0 + 1), Seq(tuple(row)))]
+    stmts: list[Stmt] = [For(y, Const(y0), Const(y1 - y0 + 1), Seq(tuple(row)))]
     stmts += [f for f in (fill(0, y0 - ylo, 0, width), fill(y1 - ylo + 1, height, 0, width))
               if f is not None]
     return Seq(tuple(stmts))
