@@ -170,9 +170,10 @@ def _constant_pad(x: Expr, padding: tuple[int, ...]
 
 def _conv_packed(node: Expr) -> Expr | None:
     """``nn.conv2d_packed`` for a conv2d call that qualifies (see the module docstring)."""
-    from kiln.loops import conv_kernels, gemm
+    from kiln.loops import conv_kernels, gemm, winograd
     from kiln.op.nn.conv import Conv2DAttrs
     from kiln.op.nn.packed import conv2d_packed, pack_conv_weight
+    from kiln.op.nn.winograd import conv2d_winograd
 
     parts = _conv_of_constant(node)
     if parts is None or not isinstance(node, Call):  # (it is a call if parts is not None)
@@ -191,11 +192,16 @@ def _conv_packed(node: Expr) -> Expr | None:
     if (conv.data_layout, conv.kernel_layout, conv.out_layout or "NCHW") != \
             ("NCHW", "OIHW", "NCHW"):
         return None  # the packed kernel reads NCHW data and an OIHW weight
+    attrs = {name: node.attrs[name] for name in node.attrs}
+    attrs.update(channels=o, kernel_size=(kh, kw))
+    m = winograd.choose(xt.static_shape, w.data.shape, conv.strides, conv.padding,
+                        conv.dilation, groups, ot.static_shape)
+    if m is not None:
+        _, _, kp, mr = winograd.packed_shape(ot.static_shape, cg, m)
+        return conv2d_winograd(x, const(winograd.pack_weight(w.data, m, mr, kp)), **attrs)
     plan = conv_kernels.conv_plan(xt.static_shape, w.data.shape, conv.strides,
                                   conv.padding[:2], conv.dilation, groups, ot.static_shape)
     kc, blocks = gemm.k_blocking(cg * kh * kw)
-    attrs = {name: node.attrs[name] for name in node.attrs}
-    attrs.update(channels=o, kernel_size=(kh, kw))
     return conv2d_packed(x, const(pack_conv_weight(w.data, groups, plan.lanes, kc * blocks)),
                          **attrs)
 

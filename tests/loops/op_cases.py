@@ -374,6 +374,10 @@ add("nn.conv2d_packed", lambda a, b: nn.conv2d_packed(a, b, padding=1, channels=
     kernel_size=(3, 3)), arg(1, 2, 4, 4), arg(1, 1, 18, 6))  # the GEMM's layout
 add("nn.conv2d_packed", lambda a, b: nn.conv2d_packed(a, b, strides=2, groups=2, channels=4,
     kernel_size=(2, 2)), arg(1, 4, 5, 5), arg(2, 1, 9, 3))  # another layout
+add("nn.conv2d_winograd", lambda a, b: nn.conv2d_winograd(a, b, padding=1, channels=3,
+    kernel_size=(3, 3)), arg(1, 2, 4, 4), arg(36, 1, 2, 4))  # F(4×4, 3×3)
+add("nn.conv2d_winograd", lambda a, b: nn.conv2d_winograd(a, b, channels=5,
+    kernel_size=(3, 3)), arg(2, 3, 5, 6), arg(16, 2, 3, 4))  # F(2×2, 3×3)
 add("nn.batch_matmul", nn.batch_matmul, arg(2, 3, 4), arg(1, 2, 4))
 add("nn.batch_matmul", lambda a, b: nn.batch_matmul(a, b, transpose_a=True, transpose_b=False),
     arg(1, 4, 3), arg(2, 4, 2))

@@ -18,13 +18,14 @@ from kiln.op.nn.pool import (
     max_pool2d_grad,
 )
 from kiln.op.nn.transform import batch_flatten, pad
+from kiln.op.nn.winograd import conv2d_winograd
 
 # fmt: off
 __all__ = [
     "avg_pool2d", "avg_pool2d_grad", "batch_flatten", "batch_matmul", "batch_norm", "bias_add",
     "contrib_conv2d_nchwc",
     "conv2d", "conv2d_backward_weight", "conv2d_int8_packed", "conv2d_int8_tiled",
-    "conv2d_packed", "conv2d_transpose",
+    "conv2d_packed", "conv2d_transpose", "conv2d_winograd",
     "dense",
     "dense_int8_packed", "dense_int8_tiled", "dense_packed", "dropout", "dropout_train",
     "global_avg_pool2d", "global_max_pool2d", "layer_norm", "leaky_relu", "log_softmax",

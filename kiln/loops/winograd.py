@@ -1,0 +1,310 @@
+"""3×3 convolutions of stride 1 by Winograd's minimal filtering, F(m×m, 3×3).
+
+The output is cut into m×m tiles. Each tile needs an α×α patch of the padded input
+(α = m + 2) and gives its m×m results as ``Aᵀ [ (G g Gᵀ) ⊙ (Bᵀ d B) ] A`` (Lavin & Gray,
+"Fast Algorithms for Convolutional Neural Networks", 2016): a tile costs α² multiplies per
+input channel and output channel instead of 9·m². Summed over the input channels, the
+products are α² independent GEMMs, one per position ξ of the α×α grid:
+
+    M[ξ] (O × T) = U[ξ] (O × C) · V[ξ] (C × T)
+
+with U = G g Gᵀ the transformed weight (computed once, at compile time, by alter-layout:
+kiln/transform/alter_layout.py; `pack_weight` lays it in the GEMM's A panels), V = Bᵀ d B
+the transformed input tiles and T the number of tiles. So the kernel (`conv2d`) is three
+stages in one loop nest, each parallel over the threads:
+
+1. the input, padded into a local image (zeros only at its borders), then transformed tile by
+   tile into V[ξ][c][t] (a loop over a row's tiles that LLVM vectorizes: the patch's reads
+   are stride-m interleaved loads, V's stores consecutive);
+2. the α² products by the packed GEMM (kiln/loops/gemm.py), parallel over ξ, U read in
+   place from its panels and V in place as B (vectors of consecutive tiles);
+3. the inverse transform of each tile of M, vectorized over a row's tiles, through the
+   consumers fused after the convolution (a bias, a residual, relu) as any kernel's write.
+
+F(4×4, 3×3) does 36 multiplies per tile and channel pair where the direct convolution does
+144 (4×), F(2×2, 3×3) 16 where it does 36 (2.25×); the transforms are O(α²) per tile and
+channel, not per channel pair. The cost is precision: F(4, 3)'s transforms have entries
+up to 5 and ±1/24, so the result's error grows to about 1e-6 of its magnitude (float32
+direct convolution: about 1e-7), and memory: U is α²/9 times the weight (4× for F(4, 3)),
+which is why a layer with many channels on a small map (ResNet's 512 channels at 7×7,
+9.4 MB of weight) stays with the direct kernel (`choose`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from fractions import Fraction
+
+import numpy as np
+
+from kiln.loops import gemm as g
+from kiln.loops.compute import Tensor, WriteFn, extern
+from kiln.loops.conv_kernels import padded_copy
+from kiln.loops.ir import (
+    INDEX,
+    Allocate,
+    Binary,
+    Buffer,
+    Const,
+    Expr,
+    For,
+    LetStmt,
+    Load,
+    Seq,
+    Stmt,
+    Store,
+    Var,
+)
+from kiln.loops.schedule import lowering_target
+from kiln.target import Target
+
+TILES = (4, 2)  # output tile sizes m this kernel has transforms for, the preferred first
+
+
+def _points(m: int) -> list[Fraction]:
+    """The interpolation points of F(m, 3): 0, ±1, ±2, ±1/2, ... (and ∞, implicit)."""
+    pts = [Fraction(0)]
+    candidates = [Fraction(1), Fraction(-1), Fraction(2), Fraction(-2), Fraction(1, 2),
+                  Fraction(-1, 2)]
+    pts += candidates[:m]
+    return pts
+
+
+def matrices(m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(Bᵀ (α×α), G (α×3), Aᵀ (m×α)) of F(m, 3), α = m + 2, from the Toom-Cook construction
+    with the points `_points` and ∞, in exact rationals (then float64)."""
+    r = 3
+    alpha = m + r - 1
+    pts = _points(m)  # alpha - 1 finite points; the last row/column is the point at infinity
+    n = alpha - 1
+    # Aᵀ: row i evaluates the output polynomial coefficient i at each point: p^i; ∞ -> [i == m-1]
+    at = [[pts[j] ** i for j in range(n)] + [Fraction(1 if i == m - 1 else 0)]
+          for i in range(m)]
+    # G: the filter polynomial at each point, divided by the Lagrange denominator
+    # ∏_{k≠j}(p_j - p_k); ∞ -> the filter's top coefficient
+    den = []
+    for j in range(n):
+        d = Fraction(1)
+        for k in range(n):
+            if k != j:
+                d *= pts[j] - pts[k]
+        den.append(d)
+    gm = [[pts[j] ** i / den[j] for i in range(r)] for j in range(n)]
+    gm.append([Fraction(0)] * (r - 1) + [Fraction(1)])
+    # Bᵀ: row j holds the coefficients of ∏_{k≠j}(x - p_k) (the Lagrange numerators); the
+    # row of ∞ those of ∏_k (x - p_k)
+    def poly(roots: list[Fraction]) -> list[Fraction]:
+        c = [Fraction(1)]
+        for root in roots:
+            nxt = [Fraction(0)] * (len(c) + 1)
+            for i, v in enumerate(c):
+                nxt[i] -= root * v
+                nxt[i + 1] += v
+            c = nxt
+        return c
+
+    bt = []
+    for j in range(n):
+        c = poly([pts[k] for k in range(n) if k != j])
+        bt.append(c + [Fraction(0)] * (alpha - len(c)))
+    bt.append(poly(pts))
+    return (np.array(bt, dtype=np.float64), np.array(gm, dtype=np.float64),
+            np.array(at, dtype=np.float64))
+
+
+def transform_weight(w: np.ndarray, m: int) -> np.ndarray:
+    """U = G g Gᵀ of each OIHW 3×3 filter: (α², O, C) float32, ξ = row·α + column."""
+    _, gm, _ = matrices(m)
+    u = np.einsum("ai,ocij,bj->aboc", gm, w.astype(np.float64), gm)
+    alpha = m + 2
+    return np.ascontiguousarray(u.reshape(alpha * alpha, *w.shape[:2]).astype(np.float32))
+
+
+def pack_weight(w: np.ndarray, m: int, mr: int, kp: int) -> np.ndarray:
+    """U of OIHW ``w`` in the GEMM's A panels: (α², ⌈O/mr⌉, kp, mr), zero padded."""
+    u = transform_weight(w, m)
+    pos, o, c = u.shape
+    tiles = -(-o // mr)
+    padded = np.zeros((pos, tiles * mr, kp), dtype=np.float32)
+    padded[:, :o, :c] = u
+    return np.ascontiguousarray(padded.reshape(pos, tiles, mr, kp).transpose(0, 1, 3, 2))
+
+
+def tile_of(packed_shape: Sequence[int]) -> int | None:
+    """m of a packed weight of shape (α², tiles, kp, mr) (None: no F(m, 3) has that α²)."""
+    for m in TILES:
+        if packed_shape[0] == (m + 2) ** 2:
+            return m
+    return None
+
+
+def schedule(out_shape: Sequence[int], channels_in: int, m: int,
+             target: Target | None = None) -> g.GemmSchedule:
+    """The GEMM of the α² products (U's panels are a constant; V is read in place)."""
+    t = lowering_target(target)
+    _, o, oh, ow = out_shape
+    tiles = (oh // m) * (ow // m)
+    return g.GemmSchedule.heuristic((m + 2) ** 2, o, tiles, channels_in, "float32",
+                                    a_prepacked=True, b_prepacked=True, target=t)
+
+
+def packed_shape(out_shape: Sequence[int], channels_in: int, m: int) -> tuple[int, ...]:
+    """The shape of the panels `conv2d` reads for these shapes (`pack_weight`'s for the
+    GEMM `schedule` gives): a weight of another shape takes the direct kernel."""
+    s = schedule(out_shape, channels_in, m)
+    kc, blocks = g.k_blocking(channels_in)
+    return ((m + 2) ** 2, -(-int(out_shape[1]) // s.mr), kc * blocks, s.mr)
+
+
+# Where it pays (measured on ResNet-18's layers, 2 threads; see `choose`): the transformed
+# weight at most this many bytes, and at least this many tiles per product
+MAX_WEIGHT_BYTES = 3 << 20
+MIN_TILES = 48
+
+
+def choose(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
+           padding: Sequence[int], dilation: Sequence[int], groups: int,
+           out_shape: Sequence[int]) -> int | None:
+    """The tile size m for a Winograd convolution of these shapes, or None for the direct
+    kernel: a 3×3 kernel, stride 1, no dilation, one group, an output whose sides m divides,
+    enough tiles to feed the products and a transformed weight that is not too large
+    (`MAX_WEIGHT_BYTES`: it is read from memory on every call; 512 channels at 7×7 would
+    read 4× the weight for a 49-pixel map)."""
+    if tuple(w_shape[2:]) != (3, 3) or tuple(strides) != (1, 1) \
+            or tuple(dilation) != (1, 1) or groups != 1 or len(out_shape) != 4:
+        return None
+    _, o, oh, ow = (int(d) for d in out_shape)
+    c = int(w_shape[1])
+    if min(padding[:2]) < 0 or max(padding[:2]) > 2 or c < 8 or o < 8:
+        return None
+    for m in TILES:
+        alpha = m + 2
+        tiles = (oh // m) * (ow // m)
+        if oh % m or ow % m or tiles < MIN_TILES:
+            continue
+        if alpha * alpha * o * c * 4 > MAX_WEIGHT_BYTES:
+            continue
+        return m
+    return None
+
+
+def _combine(coeffs: np.ndarray, values: Sequence[Expr]) -> Expr:
+    """Σ coeffs[i] · values[i] as an expression, zero coefficients skipped, ±1 unscaled."""
+    total: Expr | None = None
+    for c, v in zip(coeffs, values):
+        if c == 0:
+            continue
+        term = v if abs(c) == 1 else Binary("mul", Const(float(abs(c)), "float32"), v)
+        if total is None:
+            total = term if c > 0 else Binary("sub", Const(0.0, "float32"), term)
+        else:
+            total = Binary("add" if c > 0 else "sub", total, term)
+    return total if total is not None else Const(0.0, "float32")
+
+
+def _bind(values: list[Expr], name: str) -> tuple[list[Var], list[tuple[Var, Expr]]]:
+    """A fresh variable for each value, and the bindings (`_lets` wraps them around a body)."""
+    out = [Var(f"{name}{i}", "float32") for i in range(len(values))]
+    return out, list(zip(out, values))
+
+
+def _lets(binds: list[tuple[Var, Expr]], body: Stmt) -> Stmt:
+    for var, value in reversed(binds):
+        body = LetStmt(var, value, body)
+    return body
+
+
+def conv2d(x: Tensor, u: Buffer, m: int, padding: Sequence[int], out_shape: Sequence[int],
+           dtype: str = "float32", target: Target | None = None) -> Tensor:
+    """The Winograd convolution of NCHW ``x`` (3×3 kernel, stride 1, ``padding`` top and left)
+    with the transformed weight ``u`` in A panels (`pack_weight`) into ``out_shape``, whose
+    sides m divides (see the module docstring)."""
+    tgt = lowering_target(target)
+    nimg, o, oh, ow = (int(d) for d in out_shape)
+    c_in, h, w = (int(d) for d in x.shape[1:])
+    top, left = int(padding[0]), int(padding[1])
+    alpha = m + 2
+    pos = alpha * alpha
+    th, tw = oh // m, ow // m
+    tiles = th * tw
+    bt_m, _, at_m = matrices(m)
+    s = schedule(out_shape, c_in, m, tgt)
+    lanes = s.lanes or tgt.lanes(dtype)
+    tp = -(-tiles // s.nr) * s.nr  # V's columns: whole B panels (the padding ones zero)
+    hp, wp = th * m + 2, tw * m + 2  # the padded image the tiles cover
+    padded = Buffer("wpad", (c_in, hp, wp), dtype, "local")
+    v = Buffer("wv", (pos, c_in, tp), dtype, "local")
+    mm = Buffer("wm", (pos, o, tp), dtype, "local")
+    zero = Const(0.0, dtype)
+
+    def pad_image(img: Expr) -> Stmt:
+        c = Var("c")
+        return For(c, Const(0), Const(c_in), padded_copy(
+            x, (img, c), padded, (c,), (-top, hp - top - 1), (-left, wp - left - 1)),
+            "parallel")
+
+    def input_transform() -> Stmt:
+        c, ty, tx = Var("c"), Var("ty"), Var("tx")
+        d = [[Load(padded, (c, ty * m + i, tx * m + j)) for j in range(alpha)]
+             for i in range(alpha)]
+        binds: list[tuple[Var, Expr]] = []
+        # rows first: r[a][j] = Σ_i Bᵀ[a][i] d[i][j]; then V[a][b] = Σ_j r[a][j] Bᵀ[b][j]
+        rows = []
+        for a in range(alpha):
+            vars_, b = _bind([_combine(bt_m[a], [d[i][j] for i in range(alpha)])
+                              for j in range(alpha)], f"r{a}_")
+            binds += b
+            rows.append(vars_)
+        t = ty * tw + tx
+        stores = [Store(v, (Const(a * alpha + b, INDEX), c, t), _combine(bt_m[b], rows[a]))
+                  for a in range(alpha) for b in range(alpha)]
+        body = _lets(binds, Seq(tuple(stores)))
+        loop = For(c, Const(0), Const(c_in), For(ty, Const(0), Const(th), For(
+            tx, Const(0), Const(tw), body, "vectorized")), "parallel")
+        if tp == tiles:
+            return loop
+        # the padding columns of the last B panel: zeros (they give columns never written)
+        p, cc, j = Var("p"), Var("c"), Var("j")
+        rest = For(p, Const(0), Const(pos), For(cc, Const(0), Const(c_in), For(
+            j, Const(tiles), Const(tp - tiles), Store(v, (p, cc, j), zero), "vectorized")))
+        return Seq((loop, rest))
+
+    def product() -> Stmt:
+        def put(bt: Expr, i: Expr, j: Expr, value: Expr) -> Stmt:
+            return Store(mm, (bt, i, j), value)
+
+        def never(bt: Expr, p: Expr, j: Expr) -> Expr:
+            raise AssertionError("the Winograd products read their operands in place")
+
+        return g.gemm(pos, o, tiles, c_in, never, never, put, dtype, s,
+                      a_panel=lambda bt, tile, kk, i: Load(u, (bt, tile, kk, i)),
+                      b_panel=lambda bt, tile, kk, cc: Load(v, (bt, kk, tile * s.nr + cc),
+                                                            lanes),
+                      target=tgt)
+
+    def output_transform(img: Expr, write: WriteFn) -> Stmt:
+        oc, ty, tx = Var("o"), Var("ty"), Var("tx")
+        t = ty * tw + tx
+        q = [[Load(mm, (Const(a * alpha + b, INDEX), oc, t)) for b in range(alpha)]
+             for a in range(alpha)]
+        binds: list[tuple[Var, Expr]] = []
+        cols = []  # s[p][b] = Σ_a Aᵀ[p][a] q[a][b]
+        for p in range(m):
+            vars_, b = _bind([_combine(at_m[p], [q[a][b] for a in range(alpha)])
+                              for b in range(alpha)], f"s{p}_")
+            binds += b
+            cols.append(vars_)
+        writes = [write((img, oc, ty * m + p, tx * m + r), _combine(at_m[r], cols[p]))
+                  for p in range(m) for r in range(m)]
+        body = _lets(binds, Seq(tuple(writes)))
+        return For(oc, Const(0), Const(o), For(ty, Const(0), Const(th), For(
+            tx, Const(0), Const(tw), body, "vectorized")), "parallel")
+
+    def emit(write: WriteFn) -> Stmt:
+        img = Var("n")
+        one = Seq((pad_image(img), input_transform(), product(), output_transform(img, write)))
+        return Allocate(padded, Allocate(v, Allocate(mm, For(img, Const(0), Const(nimg), one))))
+
+    out = extern((nimg, o, oh, ow), dtype, emit)
+    out.schedule = {**s.attrs(), "algorithm": f"winograd F({m}x{m}, 3x3)", "tiles": tiles}
+    return out
