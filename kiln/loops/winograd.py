@@ -38,18 +38,20 @@ from fractions import Fraction
 import numpy as np
 
 from kiln.loops import gemm as g
+from kiln.loops import oplib
 from kiln.loops.compute import Tensor, WriteFn, extern
-from kiln.loops.conv_kernels import padded_copy
 from kiln.loops.ir import (
     INDEX,
     Allocate,
     Binary,
+    Broadcast,
     Buffer,
     Const,
     Expr,
     For,
     LetStmt,
     Load,
+    Select,
     Seq,
     Stmt,
     Store,
@@ -188,24 +190,23 @@ def choose(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int
     return None
 
 
-def _combine(coeffs: np.ndarray, values: Sequence[Expr]) -> Expr:
-    """Σ coeffs[i] · values[i] as an expression, zero coefficients skipped, ±1 unscaled."""
+def _combine(coeffs: np.ndarray, values: Sequence[Expr], lanes: int = 1) -> Expr:
+    """Σ coeffs[i] · values[i] as an expression (of ``lanes``-wide vectors), zero
+    coefficients skipped, ±1 unscaled."""
+    def const(c: float) -> Expr:
+        k = Const(c, "float32")
+        return k if lanes == 1 else Broadcast(k, lanes)
+
     total: Expr | None = None
     for c, v in zip(coeffs, values):
         if c == 0:
             continue
-        term = v if abs(c) == 1 else Binary("mul", Const(float(abs(c)), "float32"), v)
+        term = v if abs(c) == 1 else Binary("mul", const(float(abs(c))), v)
         if total is None:
-            total = term if c > 0 else Binary("sub", Const(0.0, "float32"), term)
+            total = term if c > 0 else Binary("sub", const(0.0), term)
         else:
             total = Binary("add" if c > 0 else "sub", total, term)
-    return total if total is not None else Const(0.0, "float32")
-
-
-def _bind(values: list[Expr], name: str) -> tuple[list[Var], list[tuple[Var, Expr]]]:
-    """A fresh variable for each value, and the bindings (`_lets` wraps them around a body)."""
-    out = [Var(f"{name}{i}", "float32") for i in range(len(values))]
-    return out, list(zip(out, values))
+    return total if total is not None else const(0.0)
 
 
 def _lets(binds: list[tuple[Var, Expr]], body: Stmt) -> Stmt:
@@ -230,40 +231,54 @@ def conv2d(x: Tensor, u: Buffer, m: int, padding: Sequence[int], out_shape: Sequ
     bt_m, _, at_m = matrices(m)
     s = schedule(out_shape, c_in, m, tgt)
     lanes = s.lanes or tgt.lanes(dtype)
-    tp = -(-tiles // s.nr) * s.nr  # V's columns: whole B panels (the padding ones zero)
-    hp, wp = th * m + 2, tw * m + 2  # the padded image the tiles cover
-    padded = Buffer("wpad", (c_in, hp, wp), dtype, "local")
+    # the input in column phases: phases[c, y, r, q] = padded input at (y, q·m + r), so the
+    # column j of tile tx's patch is phases[.., j % m, tx + j // m], and a vector of tiles
+    # reads consecutive elements
+    blocks = -(-tw // lanes)  # vectors of tiles a row
+    q_len = blocks * lanes + 1
+    hp = th * m + 2  # the padded rows the tiles cover
+    phases = Buffer("wphases", (c_in, hp, m, q_len), dtype, "local")
+    # V's columns: whole B panels, and room for the last row's last vector
+    tp = -(-max(tiles, (th - 1) * tw + blocks * lanes) // s.nr) * s.nr
     v = Buffer("wv", (pos, c_in, tp), dtype, "local")
     mm = Buffer("wm", (pos, o, tp), dtype, "local")
     zero = Const(0.0, dtype)
 
-    def pad_image(img: Expr) -> Stmt:
-        c = Var("c")
-        return For(c, Const(0), Const(c_in), padded_copy(
-            x, (img, c), padded, (c,), (-top, hp - top - 1), (-left, wp - left - 1)),
-            "parallel")
+    def phase_input(img: Expr) -> Stmt:
+        c, y, r, q = Var("c"), Var("y"), Var("r"), Var("q")
+        sy, sx = y - top, q * m + r - left
+        inside = Binary("and", Binary("and", Binary("ge", sy, Const(0, INDEX)),
+                                      Binary("lt", sy, Const(h, INDEX))),
+                        Binary("and", Binary("ge", sx, Const(0, INDEX)),
+                               Binary("lt", sx, Const(w, INDEX))))
+        read = x(img, c, oplib.clamp(sy, 0, h - 1), oplib.clamp(sx, 0, w - 1))
+        fill = For(q, Const(0), Const(q_len), Store(phases, (c, y, r, q),
+                                                    Select(inside, read, zero)), "vectorized")
+        return For(c, Const(0), Const(c_in), For(y, Const(0), Const(hp), For(
+            r, Const(0), Const(m), fill)), "parallel")
 
     def input_transform() -> Stmt:
-        c, ty, tx = Var("c"), Var("ty"), Var("tx")
-        d = [[Load(padded, (c, ty * m + i, tx * m + j)) for j in range(alpha)]
-             for i in range(alpha)]
+        # a vector of `lanes` tiles of row ty at a time; lanes past the row's tiles write
+        # the next row's first columns (written again after) or V's spare columns
+        c, ty, tb = Var("c"), Var("ty"), Var("tb")
+        d = [[Load(phases, (c, ty * m + i, Const(j % m, INDEX), tb * lanes + j // m), lanes)
+              for j in range(alpha)] for i in range(alpha)]
         binds: list[tuple[Var, Expr]] = []
         # rows first: r[a][j] = Σ_i Bᵀ[a][i] d[i][j]; then V[a][b] = Σ_j r[a][j] Bᵀ[b][j]
         rows = []
         for a in range(alpha):
-            vars_, b = _bind([_combine(bt_m[a], [d[i][j] for i in range(alpha)])
-                              for j in range(alpha)], f"r{a}_")
-            binds += b
-            rows.append(vars_)
-        t = ty * tw + tx
-        stores = [Store(v, (Const(a * alpha + b, INDEX), c, t), _combine(bt_m[b], rows[a]))
+            names = [Var(f"r{a}_{j}", dtype, lanes) for j in range(alpha)]
+            binds += [(names[j], _combine(bt_m[a], [d[i][j] for i in range(alpha)], lanes))
+                      for j in range(alpha)]
+            rows.append(names)
+        t = ty * tw + tb * lanes
+        stores = [Store(v, (Const(a * alpha + b, INDEX), c, t),
+                        _combine(bt_m[b], rows[a], lanes))
                   for a in range(alpha) for b in range(alpha)]
         body = _lets(binds, Seq(tuple(stores)))
         loop = For(c, Const(0), Const(c_in), For(ty, Const(0), Const(th), For(
-            tx, Const(0), Const(tw), body, "vectorized")), "parallel")
-        if tp == tiles:
-            return loop
-        # the padding columns of the last B panel: zeros (they give columns never written)
+            tb, Const(0), Const(blocks), body)), "parallel")
+        # the columns past the tiles: zeros (they give columns of M never read)
         p, cc, j = Var("p"), Var("c"), Var("j")
         rest = For(p, Const(0), Const(pos), For(cc, Const(0), Const(c_in), For(
             j, Const(tiles), Const(tp - tiles), Store(v, (p, cc, j), zero), "vectorized")))
@@ -283,27 +298,35 @@ def conv2d(x: Tensor, u: Buffer, m: int, padding: Sequence[int], out_shape: Sequ
                       target=tgt)
 
     def output_transform(img: Expr, write: WriteFn) -> Stmt:
-        oc, ty, tx = Var("o"), Var("ty"), Var("tx")
-        t = ty * tw + tx
-        q = [[Load(mm, (Const(a * alpha + b, INDEX), oc, t)) for b in range(alpha)]
+        # per output channel: a vector of tiles at a time into a local image in column
+        # phases (consecutive stores), then the image out through the consumers row by row
+        # (consecutive writes; the reads from the local image are gathers from L1)
+        oc, ty, tb = Var("o"), Var("ty"), Var("tb")
+        staged = Buffer("wout", (oh, m, q_len), dtype, "local")
+        t = ty * tw + tb * lanes
+        q = [[Load(mm, (Const(a * alpha + b, INDEX), oc, t), lanes) for b in range(alpha)]
              for a in range(alpha)]
         binds: list[tuple[Var, Expr]] = []
         cols = []  # s[p][b] = Σ_a Aᵀ[p][a] q[a][b]
         for p in range(m):
-            vars_, b = _bind([_combine(at_m[p], [q[a][b] for a in range(alpha)])
-                              for b in range(alpha)], f"s{p}_")
-            binds += b
-            cols.append(vars_)
-        writes = [write((img, oc, ty * m + p, tx * m + r), _combine(at_m[r], cols[p]))
-                  for p in range(m) for r in range(m)]
-        body = _lets(binds, Seq(tuple(writes)))
-        return For(oc, Const(0), Const(o), For(ty, Const(0), Const(th), For(
-            tx, Const(0), Const(tw), body, "vectorized")), "parallel")
+            names = [Var(f"s{p}_{b}", dtype, lanes) for b in range(alpha)]
+            binds += [(names[b], _combine(at_m[p], [q[a][b] for a in range(alpha)], lanes))
+                      for b in range(alpha)]
+            cols.append(names)
+        stores = [Store(staged, (ty * m + p, Const(r, INDEX), tb * lanes),
+                        _combine(at_m[r], cols[p], lanes)) for p in range(m) for r in range(m)]
+        tiles_out = For(ty, Const(0), Const(th), For(tb, Const(0), Const(blocks), _lets(
+            binds, Seq(tuple(stores)))))
+        y, xx = Var("y"), Var("x")
+        out_rows = For(y, Const(0), Const(oh), For(xx, Const(0), Const(ow), write(
+            (img, oc, y, xx), Load(staged, (y, xx % m, xx // m))), "vectorized"))
+        return For(oc, Const(0), Const(o), Allocate(staged, Seq((tiles_out, out_rows))),
+                   "parallel")
 
     def emit(write: WriteFn) -> Stmt:
         img = Var("n")
-        one = Seq((pad_image(img), input_transform(), product(), output_transform(img, write)))
-        return Allocate(padded, Allocate(v, Allocate(mm, For(img, Const(0), Const(nimg), one))))
+        one = Seq((phase_input(img), input_transform(), product(), output_transform(img, write)))
+        return Allocate(phases, Allocate(v, Allocate(mm, For(img, Const(0), Const(nimg), one))))
 
     out = extern((nimg, o, oh, ow), dtype, emit)
     out.schedule = {**s.attrs(), "algorithm": f"winograd F({m}x{m}, 3x3)", "tiles": tiles}
