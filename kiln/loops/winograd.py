@@ -13,13 +13,14 @@ kiln/transform/alter_layout.py; `pack_weight` lays it in the GEMM's A panels), V
 the transformed input tiles and T the number of tiles. So the kernel (`conv2d`) is three
 stages in one loop nest, each parallel over the threads:
 
-1. the input, padded into a local image (zeros only at its borders), then transformed tile by
-   tile into V[ξ][c][t] (a loop over a row's tiles that LLVM vectorizes: the patch's reads
-   are stride-m interleaved loads, V's stores consecutive);
+1. the input, copied into column phases (padded element (y, q·m + r) at [y, r, q]), so the
+   α×α patches of a vector of consecutive tiles are consecutive loads, then transformed a
+   vector of tiles at a time into V[ξ][c][t];
 2. the α² products by the packed GEMM (kiln/loops/gemm.py), parallel over ξ, U read in
    place from its panels and V in place as B (vectors of consecutive tiles);
-3. the inverse transform of each tile of M, vectorized over a row's tiles, through the
-   consumers fused after the convolution (a bias, a residual, relu) as any kernel's write.
+3. the inverse transform, per output channel a vector of tiles at a time into a local image
+   in column phases, then written out row by row through the consumers fused after the
+   convolution (a bias, a residual, relu) as any kernel's write.
 
 F(4×4, 3×3) does 36 multiplies per tile and channel pair where the direct convolution does
 144 (4×), F(2×2, 3×3) 16 where it does 36 (2.25×); the transforms are O(α²) per tile and
