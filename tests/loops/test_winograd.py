@@ -119,6 +119,7 @@ def test_choose_takes_the_layers_where_it_pays() -> None:
 
     assert pick(64, 64, 56) == 4  # ResNet-18's first stages
     assert pick(128, 128, 28) == 4
+    assert pick(256, 256, 14) == 2  # 4 does not divide 14
     assert pick(512, 512, 7) is None  # 9.4 MB of weight for 49 pixels: 4× that transformed
     assert pick(64, 128, 56, stride=2) is None
     assert pick(64, 64, 56, kernel=5) is None
