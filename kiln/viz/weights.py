@@ -27,7 +27,8 @@ def _data_shape(call: Call) -> tuple[Dim, ...] | None:
 
 
 def _conv2d_weight(call: Call, packed: TensorType) -> TensorType | None:
-    """The OIHW weight of ``nn.conv2d_packed`` (channels, in channels per group, kh, kw)."""
+    """The OIHW weight of ``nn.conv2d_packed`` or ``nn.conv2d_winograd`` (channels, in
+    channels per group, kh, kw)."""
     data, attrs = _data_shape(call), Conv2DAttrs.view(call.attrs)
     channels, kernel, groups = attrs.channels, attrs.kernel_size, attrs.groups
     if data is None or len(data) != 4 or channels is None or kernel is None:
@@ -48,6 +49,7 @@ def _dense_weight(call: Call, packed: TensorType) -> TensorType | None:
 # (operator, argument) -> the logical type of the packed weight it reads there.
 _PACKED: dict[tuple[str, int], Callable[[Call, TensorType], TensorType | None]] = {
     ("nn.conv2d_packed", 1): _conv2d_weight,
+    ("nn.conv2d_winograd", 1): _conv2d_weight,
     ("nn.dense_packed", 1): _dense_weight,
 }
 

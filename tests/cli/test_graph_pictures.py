@@ -228,3 +228,16 @@ def test_unknown_formats_and_a_missing_converter_are_refused(tmp_path, monkeypat
     err = capsys.readouterr().err
     assert "needs cairosvg" in err and "pip install 'kiln[graph]'" in err
     assert not (tmp_path / "cnn.png").exists()
+
+
+def test_a_winograd_convolution_draws_its_weight_as_oihw():
+    r = np.random.default_rng(1)
+    x = kiln.var("x", shape=(1, 16, 32, 32), dtype="float32")
+    w = kiln.const(r.standard_normal((16, 16, 3, 3)).astype("float32"))
+    fused = kiln.optimize(kiln.IRModule.from_expr(kiln.Function(
+        [x], kiln.op.nn.relu(kiln.op.nn.conv2d(x, w, padding=(1, 1))))))
+    assert "nn.conv2d_winograd" in kiln.astext(fused)  # 64 tiles of 4×4: Winograd
+    scene = picture(fused, options=DrawOptions(attrs=True))
+    convs = [scene.text[i] for i, n in enumerate(scene.graph.nodes)
+             if n.label == "nn.conv2d_winograd"]
+    assert [t[2] for t in convs] == ["weight float32[16, 16, 3, 3]"]
