@@ -34,6 +34,7 @@ which is why a layer with many channels on a small map (ResNet's 512 channels at
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from fractions import Fraction
 
 import numpy as np
@@ -59,6 +60,7 @@ from kiln.loops.ir import (
     Var,
 )
 from kiln.loops.schedule import lowering_target
+from kiln.loops.tunable import Space, current_overrides, override, site_key
 from kiln.target import Target
 
 TILES = (4, 2)  # output tile sizes m this kernel has transforms for, the preferred first
@@ -141,22 +143,60 @@ def tile_of(packed_shape: Sequence[int]) -> int | None:
     return None
 
 
-def schedule(out_shape: Sequence[int], channels_in: int, m: int,
-             target: Target | None = None) -> g.GemmSchedule:
-    """The GEMM of the α² products (U's panels are a constant; V is read in place)."""
+def winograd_key(x_shape: Sequence[int], out_shape: Sequence[int], padding: Sequence[int],
+                 m: int) -> str:
+    """The key naming a Winograd convolution's products in a tuning log (padding: top,
+    left; the weight is (out channels, in channels, 3, 3))."""
+    return site_key("winograd", x=tuple(x_shape), out=tuple(out_shape),
+                    padding=tuple(padding[:2]), m=m)
+
+
+def _products(x_shape: Sequence[int], out_shape: Sequence[int], m: int
+              ) -> tuple[int, int, int, int]:
+    """(batch, M, N, K) of the products: positions, out channels, tiles, in channels."""
+    _, o, oh, ow = (int(d) for d in out_shape)
+    return (m + 2) ** 2, o, (oh // m) * (ow // m), int(x_shape[1])
+
+
+def _heuristic(x_shape: Sequence[int], out_shape: Sequence[int], padding: Sequence[int],
+               m: int, target: Target) -> g.GemmSchedule:
+    batch, mm, n, k = _products(x_shape, out_shape, m)
+    base = g.GemmSchedule.heuristic(batch, mm, n, k, "float32", a_prepacked=True,
+                                    b_prepacked=True, target=target)
+    return replace(base, key=winograd_key(x_shape, out_shape, padding, m))
+
+
+def space(x_shape: Sequence[int], out_shape: Sequence[int], padding: Sequence[int], m: int,
+          target: Target | None = None) -> Space:
+    """The search space of the products (`kiln.loops.gemm.tile_space`): every knob free,
+    the register tile's height and the K blocking too, since alter-layout packs U for the
+    schedule the same overrides give."""
     t = lowering_target(target)
-    _, o, oh, ow = out_shape
-    tiles = (oh // m) * (ow // m)
-    return g.GemmSchedule.heuristic((m + 2) ** 2, o, tiles, channels_in, "float32",
-                                    a_prepacked=True, b_prepacked=True, target=t)
+    batch, mm, n, k = _products(x_shape, out_shape, m)
+    base = _heuristic(x_shape, out_shape, padding, m, t)
+    return Space(base.key or "", g.tile_space(base, batch, mm, n, k, "float32", t),
+                 g.tile_check(base, "float32", t), g.tile_canonical(mm, n))
 
 
-def packed_shape(out_shape: Sequence[int], channels_in: int, m: int) -> tuple[int, ...]:
+def schedule(x_shape: Sequence[int], out_shape: Sequence[int], padding: Sequence[int], m: int,
+             target: Target | None = None) -> g.GemmSchedule:
+    """The GEMM of the α² products (U's panels are a constant; V is read in place): the
+    knobs the enclosing `overrides_scope` gives its key (a tuning log's), else the rule's."""
+    t = lowering_target(target)
+    base = _heuristic(x_shape, out_shape, padding, m, t)
+    if current_overrides() is None:
+        return base
+    knobs = override(space(x_shape, out_shape, padding, m, t))
+    return base if knobs is None else g.gemm_schedule(base, knobs)
+
+
+def packed_shape(x_shape: Sequence[int], out_shape: Sequence[int], padding: Sequence[int],
+                 m: int) -> tuple[int, ...]:
     """The shape of the panels `conv2d` reads for these shapes (`pack_weight`'s for the
     GEMM `schedule` gives): a weight of another shape takes the direct kernel."""
-    s = schedule(out_shape, channels_in, m)
-    kc, blocks = g.k_blocking(channels_in)
-    return ((m + 2) ** 2, -(-int(out_shape[1]) // s.mr), kc * blocks, s.mr)
+    s = schedule(x_shape, out_shape, padding, m)
+    c = int(x_shape[1])
+    return ((m + 2) ** 2, -(-int(out_shape[1]) // s.mr), s.kc * -(-c // s.kc), s.mr)
 
 
 # Where it pays (measured on ResNet-18's layers, 2 threads; see `choose`): the transformed
@@ -231,7 +271,7 @@ def conv2d(x: Tensor, u: Buffer, m: int, padding: Sequence[int], out_shape: Sequ
     th, tw = oh // m, ow // m
     tiles = th * tw
     bt_m, _, at_m = matrices(m)
-    s = schedule(out_shape, c_in, m, tgt)
+    s = schedule(x.shape, out_shape, padding, m, tgt)
     lanes = s.lanes or tgt.lanes(dtype)
     # the input in column phases: phases[c, y, r, q] = padded input at (y, q·m + r), so the
     # column j of tile tx's patch is phases[.., j % m, tx + j // m], and a vector of tiles

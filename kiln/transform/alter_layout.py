@@ -197,7 +197,8 @@ def _conv_packed(node: Expr) -> Expr | None:
     m = winograd.choose(xt.static_shape, w.data.shape, conv.strides, conv.padding,
                         conv.dilation, groups, ot.static_shape)
     if m is not None:
-        _, _, kp, mr = winograd.packed_shape(ot.static_shape, cg, m)
+        _, _, kp, mr = winograd.packed_shape(xt.static_shape, ot.static_shape, conv.padding,
+                                             m)
         return conv2d_winograd(x, const(winograd.pack_weight(w.data, m, mr, kp)), **attrs)
     plan = conv_kernels.conv_plan(xt.static_shape, w.data.shape, conv.strides,
                                   conv.padding[:2], conv.dilation, groups, ot.static_shape)

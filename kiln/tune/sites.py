@@ -1,8 +1,9 @@
 """The kernel sites a model has to tune, and a one-operator program for each.
 
 A *site* is where a schedule with searchable knobs is chosen (kiln/loops/tunable.py): a
-packed GEMM (`kiln.loops.gemm.GemmSchedule.default`) or a convolution's implicit GEMM
-(`kiln.loops.conv_kernels.conv_plan`). Its key names the shapes and operand layouts; the
+packed GEMM (`kiln.loops.gemm.GemmSchedule.default`), a convolution's implicit GEMM
+(`kiln.loops.conv_kernels.conv_plan`) or a Winograd convolution's products
+(`kiln.loops.winograd.schedule`). Its key names the shapes and operand layouts; the
 Target is the tuning run's. Lowering records each site's key in ``kernel.attrs
 ["schedules"]``, so the sites of a model are read off its build, deduplicated by key, with
 each one's share of the model's time from `Executable.profile`.
@@ -23,7 +24,7 @@ import numpy as np
 
 from kiln.errors import Error
 from kiln.ir.module import IRModule
-from kiln.loops import conv_kernels, gemm
+from kiln.loops import conv_kernels, gemm, winograd
 from kiln.loops.tunable import Space, parse_key
 from kiln.target import Target
 
@@ -33,7 +34,7 @@ class Site:
     """A kernel site to tune: its key, kind, search space, and its program alone."""
 
     key: str
-    kind: str  # "gemm" or "conv2d"
+    kind: str  # "gemm", "conv2d" or "winograd"
     space: Space
     text: str  # Relay text of the one-operator program
     constants: tuple[str, ...]  # parameters bound as weights (constant, so prepacked)
@@ -75,6 +76,8 @@ def site_of(key: str, target: Target) -> Site | None:
             return _gemm_site(key, f, target)
         if kind == "conv2d":
             return _conv_site(key, f, target)
+        if kind == "winograd":
+            return _winograd_site(key, f, target)
     except (KeyError, ValueError):
         return None
     return None
@@ -121,6 +124,24 @@ def _conv_site(key: str, f: Mapping[str, str], target: Target) -> Site | None:
     flops = 2 * out[0] * out[1] * out[2] * out[3] * w[1] * w[2] * w[3]
     return Site(key, "conv2d", space, f"#[version = \"0.0.5\"]\n{text}\n",
                 ("w",) if prepacked else (), flops)
+
+
+def _winograd_site(key: str, f: Mapping[str, str], target: Target) -> Site | None:
+    # the convolution alone on a constant weight: alter-layout takes it to Winograd's
+    # products when `winograd.choose` picks the same tile size
+    x, out, pad, m = _ints(f["x"]), _ints(f["out"]), _ints(f["padding"]), int(f["m"])
+    w = (out[1], x[1], 3, 3)
+    ends = [max(0, out[2 + axis] + 2 - x[2 + axis] - pad[axis]) for axis in range(2)]
+    full = (*pad, *ends)
+    if winograd.choose(x, w, (1, 1), full, (1, 1), 1, out) != m:
+        return None
+    space = winograd.space(x, out, pad, m, target)
+    if space.key != key:
+        return None
+    text = (f"def @main(%x: {_tensor(x)}, %w: {_tensor(w)}) "
+            f"{{ nn.conv2d(%x, %w, padding=[{pad[0]}, {pad[1]}, {ends[0]}, {ends[1]}]) }}")
+    flops = 2 * out[0] * out[1] * out[2] * out[3] * x[1] * 9
+    return Site(key, "winograd", space, f"#[version = \"0.0.5\"]\n{text}\n", ("w",), flops)
 
 
 def kernel_keys(kernel_attrs: Mapping[str, Any]) -> list[str]:

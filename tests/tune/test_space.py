@@ -11,7 +11,7 @@ import pytest
 import kiln
 from kiln.codegen.cache import fingerprint
 from kiln.ir.traverse import post_order
-from kiln.loops import gemm
+from kiln.loops import gemm, winograd
 from kiln.loops.conv_kernels import conv_space
 from kiln.loops.lower import lower_primitive
 from kiln.loops.tunable import ScheduleOverrides, Space, overrides_scope
@@ -94,6 +94,8 @@ SPACES = {
     # 1x1 conv on a variable weight (nothing prepacked: every knob free)
     "conv2d 1x1": lambda: conv_space((1, 6, 5, 7), (9, 6, 1, 1), (1, 1), (0, 0), (1, 1), 1,
                                      (1, 9, 5, 7), prepacked=False),
+    # a Winograd convolution's products (49 tiles, odd channels; U packed for each point)
+    "winograd": lambda: winograd.space((1, 9, 28, 28), (1, 10, 28, 28), (1, 1), 4),
 }
 
 
