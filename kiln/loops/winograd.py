@@ -320,10 +320,14 @@ def conv2d(x: Tensor, u: Buffer, m: int, padding: Sequence[int], out_shape: Sequ
         body = _lets(binds, Seq(tuple(stores)))
         loop = For(c, Const(0), Const(c_in), For(ty, Const(0), Const(th), For(
             tb, Const(0), Const(blocks), body)), "parallel")
-        # the columns past the tiles: zeros (they give columns of M never read)
+        # V's columns past those the last row's vectors wrote: zeros, so that the products
+        # compute finite values there (columns of M whose results are dropped)
         p, cc, j = Var("p"), Var("c"), Var("j")
+        written = max(tiles, (th - 1) * tw + blocks * lanes)
+        if written == tp:
+            return loop
         rest = For(p, Const(0), Const(pos), For(cc, Const(0), Const(c_in), For(
-            j, Const(tiles), Const(tp - tiles), Store(v, (p, cc, j), zero), "vectorized")))
+            j, Const(written), Const(tp - written), Store(v, (p, cc, j), zero), "vectorized")))
         return Seq((loop, rest))
 
     def product() -> Stmt:
