@@ -928,51 +928,73 @@ def depthwise(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequence[in
 def depthwise_flat(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequence[int],
                    dilation: Sequence[int], out_shape: Sequence[int], write: WriteFn,
                    target: Target | None = None) -> Stmt:
-    """Depthwise conv2d on small maps (two output rows fit in a vector): each channel's
-    image copied into its own `Planes`, where every tap is a shift, and the sum of the
-    taps one vectorized loop over the plane's flat pixels (the padding columns between
-    rows computed too), then the output rows copied out through the epilogue."""
+    """Depthwise conv2d on small maps (two output rows fit in a vector), a block of channels
+    at a time: each channel's image copied into its own `Planes`, where every tap is a shift,
+    the sum of the taps one vectorized loop over the plane's flat pixels (the padding
+    columns between rows computed too), then the output rows copied out through the
+    epilogue.
+
+    Each step runs over the whole block before the next starts (`flat_block`): one channel
+    at a time, the taps' vector loads read the plane that the copy had stored a few
+    instructions before, in narrower pieces, and waited for those stores to reach the cache
+    (store-to-load forwarding fails on such overlaps), and the epilogue's reads of the sums
+    likewise."""
     nimg, oc, oh, ow = out_shape
     dtype = x.dtype
     mult = oc // x.shape[1]
     kh, kw = w.shape[2], w.shape[3]
-    geo = Planes(1, x.shape[2], x.shape[3], (kh, kw), (int(strides[0]), int(strides[1])),
+    block = flat_block(oc)
+    geo = Planes(block, x.shape[2], x.shape[3], (kh, kw), (int(strides[0]), int(strides[1])),
                  (int(dilation[0]), int(dilation[1])), (int(padding[0]), int(padding[1])),
                  (oh, ow))
-    img, ch = Var("n"), Var("c")
-    cin = ch if mult == 1 else ch // mult
+    img, blk, k = Var("n"), Var("cb"), Var("k")
     n = geo.columns
     planes = Buffer("plane", (geo.size(n),), dtype, "local")
-    sums = Buffer("sums", (n,), dtype, "local")
+    sums = Buffer("sums", (block, n), dtype, "local")
     zero = Const(0, INDEX)
+    ch = blk * block + k
     j = Var("j")
     total: Expr | None = None
     for ky in range(kh):
         for kx in range(kw):
-            tap = Load(planes, (geo.tap(zero, Const(ky, INDEX), Const(kx, INDEX)) + j,))
+            tap = Load(planes, (geo.tap(k, Const(ky, INDEX), Const(kx, INDEX)) + j,))
             wt = w(ch, zero, Const(ky, INDEX), Const(kx, INDEX))
             total = Binary("mul", wt, tap) if total is None else FMA(wt, tap, total)
     assert total is not None
-    compute = For(j, Const(0), Const(n), Store(sums, (j,), total), "vectorized")
+    compute = For(k, Const(0), Const(block), For(j, Const(0), Const(n), Store(
+        sums, (k, j), total), "vectorized"))
     oy, ox = Var("oy"), Var("ox")
-    out = For(oy, Const(0), Const(oh), For(ox, Const(0), Const(ow), write(
-        (img, ch, oy, ox), Load(sums, (oy * geo.cols + ox,))), "vectorized"))
-    one_channel = _Channel(x, cin)
+    out = For(k, Const(0), Const(block), For(oy, Const(0), Const(oh), For(
+        ox, Const(0), Const(ow), write((img, ch, oy, ox), Load(sums, (k, oy * geo.cols + ox))),
+        "vectorized")))
+    channels = _Channels(x, blk * block, mult)
     body = Allocate(planes, Allocate(sums, Seq((
-        geo.fill(one_channel, img, planes, lowering_target(target), zero_first=True),
+        geo.fill(channels, img, planes, lowering_target(target), zero_first=True,
+                 parallel=False),
         compute, out))))
     kind = "parallel" if _depthwise_parallel(out_shape, w.shape, target) else "serial"
-    return For(img, Const(0), Const(nimg), For(ch, Const(0), Const(oc), body, kind))
+    return For(img, Const(0), Const(nimg), For(blk, Const(0), Const(oc // block), body, kind))
 
 
-class _Channel:
-    """One channel of ``x`` as a one-channel image (what `Planes.fill` reads)."""
+FLAT_BLOCKS = (16, 8, 4, 2, 1)  # channels per block of `depthwise_flat`, the first dividing C
 
-    def __init__(self, x: Tensor, channel: Expr) -> None:
-        self.x, self.channel = x, channel
+
+def flat_block(channels: int) -> int:
+    """The channels `depthwise_flat` runs a step over at once: the largest of
+    `FLAT_BLOCKS` that divides ``channels``."""
+    return next(b for b in FLAT_BLOCKS if channels % b == 0)
+
+
+class _Channels:
+    """Channels ``first``, ``first + 1``, ... of the output, as the image `Planes.fill`
+    reads: its channel k is input channel (first + k) // multiplier of ``x``."""
+
+    def __init__(self, x: Tensor, first: Expr, multiplier: int) -> None:
+        self.x, self.first, self.multiplier = x, first, multiplier
 
     def __call__(self, img: Expr, ch: Expr, y: Expr, xx: Expr) -> Expr:
-        return self.x(img, self.channel, y, xx)
+        c = self.first + ch
+        return self.x(img, c if self.multiplier == 1 else c // self.multiplier, y, xx)
 
 
 def _phase_planes(x: Tensor, plane_of: tuple[Expr, Expr], rows: tuple[int, int],

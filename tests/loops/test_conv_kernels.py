@@ -66,6 +66,8 @@ CASES = [
     # depthwise on maps whose rows fit twice in a vector: the flat kernel
     ((1, 5, 4, 4), (5, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 5),
     ((2, 3, 7, 8), (6, 3, 3), (2, 2), (1, 1, 1, 0), (2, 1), 3),  # strided, dilated, ×2
+    ((2, 48, 7, 7), (48, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 48),  # 3 blocks of 16 channels
+    ((1, 12, 8, 8), (24, 3, 3), (2, 2), (1, 0, 1, 1), (1, 1), 12),  # ×2, blocks of 8
     # K ≥ TRANSPOSED_MIN_K: with the weight packed, pixels are the GEMM's rows
     ((1, 115, 7, 7), (20, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # whole rows, K padded
     ((1, 116, 15, 15), (24, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1),  # strided, 8 px rows
@@ -104,19 +106,22 @@ def test_conv2d(xs: tuple, ws: tuple, strides: tuple, padding: tuple, dilation: 
     np.testing.assert_allclose(packed(a), want, rtol=1e-4, atol=2e-5 * k)
 
 
-@pytest.mark.parametrize("groups", [1, 16])
-def test_conv2d_epilogue_and_threads(groups: int) -> None:
-    # relu(conv + bias) + residual, large enough to run in parallel
-    xs, o = (1, 16, 30, 30), 16
-    wshape = (o, 16 // groups, 3, 3)
+@pytest.mark.parametrize("groups,size", [(1, 30), (16, 30), (96, 7)])
+def test_conv2d_epilogue_and_threads(groups: int, size: int) -> None:
+    # relu(conv + bias) + residual, large enough to run in parallel (7×7 depthwise: the flat
+    # kernel, its channels in blocks)
+    o = max(groups, 16)
+    xs = (1, o, size, size)
+    wshape = (o, xs[1] // groups, 3, 3)
     x = kiln.var("x", shape=xs, dtype="float32")
     w = kiln.var("w", shape=wshape, dtype="float32")
     bias = kiln.var("b", shape=(o,), dtype="float32")
-    r = kiln.var("r", shape=(1, o, 30, 30), dtype="float32")
+    r = kiln.var("r", shape=(1, o, size, size), dtype="float32")
     conv = nn.conv2d(x, w, padding=(1, 1), groups=groups)
     body = kiln.op.add(nn.relu(nn.bias_add(conv, bias)), r)
     exe = kiln.build(kiln.IRModule.from_expr(kiln.Function([x, w, bias, r], body)))
-    args = [RNG.standard_normal(s).astype(np.float32) for s in (xs, wshape, (o,), (1, o, 30, 30))]
+    args = [RNG.standard_normal(s).astype(np.float32)
+            for s in (xs, wshape, (o,), (1, o, size, size))]
     conv_ref = reference(args[0], args[1], (1, 1), (1, 1, 1, 1), (1, 1), groups)
     want = np.maximum(conv_ref + args[2].reshape(1, -1, 1, 1), 0) + args[3]
     results = []
