@@ -78,6 +78,13 @@ STACK_BUDGET = 256 * 1024  # bytes: all of a kernel's stack buffers together
 # FOLD_TAIL_LANES (a float32 vector of AVX-512) fold their tail into masked steps (`_fold_tail`)
 FOLD_TAIL_LANES = 16
 FOLD_TAIL_MAX = 128
+# ... and those of KEEP_LOOP_MIN to FOLD_TAIL_LANES - 1 iterations, one masked step, are kept
+# as loops for the vectorizer (`_loop_metadata`): LLVM's full unrolling, which runs first,
+# turned a depthwise convolution's 7-pixel output rows into 7 scalar copies and then
+# vectorized the loop *around* them across rows, with gathers and scatters. Shorter loops
+# (zeroing one or two pixels of padding) are left to the unroller: the vectorizer declines
+# them and says so on stderr.
+KEEP_LOOP_MIN = 4
 
 
 # --- what a kernel's status codes mean ---------------------------------------------------------
@@ -368,7 +375,10 @@ class _KernelEmitter:
         vector step (LLVM's predication) instead of a scalar loop: with AVX-512's mask
         registers, for short loops of a length that whole vectors do not cover. A 14-pixel
         row of a depthwise convolution was three 4-lane steps and two scalar ones; now one
-        masked 16-lane step (MobileNetV2's 384-channel 14×14 layer: 58 → 39 µs, one core)."""
+        masked 16-lane step (MobileNetV2's 384-channel 14×14 layer: 58 → 39 µs, one core).
+        Kept from full unrolling too below a vector's length (`KEEP_LOOP_MIN`): the
+        960-channel 7×7 depthwise layer alone, 2 threads of the Emerald Rapids VM,
+        26 → 18 µs."""
         return (extent is not None and "avx512f" in self.mc.features
                 and extent % FOLD_TAIL_LANES != 0 and extent < FOLD_TAIL_MAX)
 
@@ -383,6 +393,9 @@ class _KernelEmitter:
             hints.append(self.module.add_metadata(
                 [ir.MetaDataString(self.module, "llvm.loop.vectorize.predicate.enable"),
                  ir.Constant(I1, 1)]))
+            if extent is not None and KEEP_LOOP_MIN <= extent < FOLD_TAIL_LANES:
+                hints.append(self.module.add_metadata(
+                    [ir.MetaDataString(self.module, "llvm.loop.unroll.disable")]))
         # A loop ID refers to itself, so that each loop's node is distinct.
         node = self.module.add_metadata(
             [ir.MetaDataString(self.module, f"kiln.loop.{len(self.module.metadata)}")])
