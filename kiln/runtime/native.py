@@ -31,6 +31,7 @@ from kiln.codegen.program import STATUS_SHIFT, NotStatic, ProgramCode, emit_prog
 from kiln.codegen.target import check_runnable, machine
 from kiln.errors import Error, InternalError
 from kiln.ir.ty import TensorType, TupleType, Type
+from kiln.runtime.aligned import frozen_constant
 from kiln.runtime.compiler import NATIVE, KernelSet
 from kiln.runtime.executor import register_executor
 from kiln.runtime.vm import Specializer, _rebuild
@@ -74,14 +75,9 @@ class NativeExecutor:
             self._fn = _ENTRY(library.function_address(code.symbol))
             if code.direct_symbol is not None and library.defines(code.direct_symbol):
                 self._direct = _ENTRY(library.function_address(code.direct_symbol))
-        constants = []
-        for c in program.constants:
-            c = np.require(c, requirements=["C", "A"])
-            if c.flags.writeable:
-                c = c.copy()
-                c.setflags(write=False)
-            constants.append(c)
-        self._constants = constants  # the table below points into them
+        # read-only, on 64-byte boundaries (kiln/runtime/aligned.py); the table below
+        # points into them
+        self._constants = constants = [frozen_constant(c) for c in program.constants]
         table = [data_pointer(c) for c in constants]
         if self._fn is not None:
             table += [f.address for f in self._kernel_functions

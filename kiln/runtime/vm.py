@@ -32,6 +32,7 @@ import numpy as np
 from kiln.errors import Error, EvalError, InternalError
 from kiln.eval.values import ConstructorValue, RefValue
 from kiln.ir.ty import TensorType, TupleType, Type
+from kiln.runtime.aligned import frozen_constant
 from kiln.runtime.chains import chain_end, chain_step
 from kiln.runtime.chains import users as chain_users
 from kiln.runtime.host_ops import host_step
@@ -203,13 +204,7 @@ class VM:
         # per function, arenas of returned frames (`_frame`); list.pop and append are atomic,
         # so VM runs on several threads never share one
         self._spare: dict[str, list[np.ndarray]] = {}
-        self.constants = []
-        for c in program.constants:
-            c = np.require(c, requirements=["C", "A"])
-            if c.flags.writeable:
-                c = c.copy()
-                c.setflags(write=False)
-            self.constants.append(c)
+        self.constants = [frozen_constant(c) for c in program.constants]  # aligned.py
         self.chained = 0  # kernel instructions run in chains (kiln/runtime/chains.py)
         self.codes: dict[str, _Code] = {}
         for name, fn in program.functions.items():
