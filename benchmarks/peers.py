@@ -63,6 +63,7 @@ from kiln.op import nn
 from kiln.testing import models, torch_models
 
 INNER = 5  # timed calls per block
+OPENBLAS_SETTLE_S = 0.5  # seconds, past the spin of OpenBLAS's idle threads after a call
 RTOL = 1e-4  # agreement, relative to the largest expected magnitude (tests/models' tolerance)
 CASE_SECONDS = 60.0  # cap on one workload's timing in one condition
 OPENBLAS_OVERRIDES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
@@ -528,6 +529,10 @@ def main() -> None:
         works.append(work)
     ready = [w for w in works if not w.skipped]
     skipped = [w for w in works if w.skipped]
+    if any("numpy" in w.runners for w in works):
+        # the agreement check called numpy: let OpenBLAS's threads, which spin about 100 ms
+        # after a call, go to sleep before the first timing (see time_numpy)
+        time.sleep(OPENBLAS_SETTLE_S)
 
     results: dict[str, list[tuple[Workload, Timing]]] = {}
     for condition in conditions:
