@@ -1,6 +1,7 @@
 """3×3 convolutions of stride 1 by Winograd's minimal filtering, F(m×m, 3×3).
 
-The output is cut into m×m tiles. Each tile needs an α×α patch of the padded input
+The output is cut into m×m tiles (the last of a row or column may stick out past its end:
+those pixels are computed and dropped). Each tile needs an α×α patch of the padded input
 (α = m + 2) and gives its m×m results as ``Aᵀ [ (G g Gᵀ) ⊙ (Bᵀ d B) ] A`` (Lavin & Gray,
 "Fast Algorithms for Convolutional Neural Networks", 2016): a tile costs α² multiplies per
 input channel and output channel instead of 9·m². Summed over the input channels, the
@@ -155,7 +156,7 @@ def _products(x_shape: Sequence[int], out_shape: Sequence[int], m: int
               ) -> tuple[int, int, int, int]:
     """(batch, M, N, K) of the products: positions, out channels, tiles, in channels."""
     _, o, oh, ow = (int(d) for d in out_shape)
-    return (m + 2) ** 2, o, (oh // m) * (ow // m), int(x_shape[1])
+    return (m + 2) ** 2, o, -(-oh // m) * -(-ow // m), int(x_shape[1])
 
 
 def _heuristic(x_shape: Sequence[int], out_shape: Sequence[int], padding: Sequence[int],
@@ -204,16 +205,24 @@ def packed_shape(x_shape: Sequence[int], out_shape: Sequence[int], padding: Sequ
 # 14×14 layers (F(2×2, 3×3): 4.2 MB) took the whole model from 15.8 to 14.7 ms.
 MAX_WEIGHT_BYTES = 5 << 20
 MIN_TILES = 48
+# The tiles may stick out of the output's bottom and right (their extra pixels computed and
+# dropped) by at most this share of its area: a 64-channel 3×3 at 55×55 in F(4×4), 3.7 %
+# more pixels, 0.578 → 0.474 ms against the direct kernel, 128 at 27×27 (7.5 %) 0.576 →
+# 0.447, 96 at 35×35 0.551 → 0.398, 256 at 13×13 in F(2×2) (16 %) 0.557 → 0.507; 256 at
+# 13×13 in F(4×4) (51 %) 0.579 and 512 at 7×7 in F(2×2) (31 %, 16.8 MB of U) 0.759
+# against 0.669 were slower (2 threads, the Emerald Rapids VM, interleaved).
+MAX_OVERHANG = 0.2
 
 
 def choose(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
            padding: Sequence[int], dilation: Sequence[int], groups: int,
            out_shape: Sequence[int]) -> int | None:
     """The tile size m for a Winograd convolution of these shapes, or None for the direct
-    kernel: a 3×3 kernel, stride 1, no dilation, one group, an output whose sides m divides,
-    enough tiles to feed the products and a transformed weight that is not too large
-    (`MAX_WEIGHT_BYTES`: it is read from memory on every call; 512 channels at 7×7 would
-    read 4× the weight for a 49-pixel map)."""
+    kernel: a 3×3 kernel, stride 1, no dilation, one group, tiles that cover the output
+    without sticking out by more than `MAX_OVERHANG` of it, enough tiles to feed the
+    products and a transformed weight that is not too large (`MAX_WEIGHT_BYTES`: it is read
+    from memory on every call; 512 channels at 7×7 would read 4× the weight for a 49-pixel
+    map)."""
     if tuple(w_shape[2:]) != (3, 3) or tuple(strides) != (1, 1) \
             or tuple(dilation) != (1, 1) or groups != 1 or len(out_shape) != 4:
         return None
@@ -223,8 +232,8 @@ def choose(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int
         return None
     for m in TILES:
         alpha = m + 2
-        tiles = (oh // m) * (ow // m)
-        if oh % m or ow % m or tiles < MIN_TILES:
+        th, tw = -(-oh // m), -(-ow // m)
+        if th * tw < MIN_TILES or th * tw * m * m > (1 + MAX_OVERHANG) * oh * ow:
             continue
         if alpha * alpha * o * c * 4 > MAX_WEIGHT_BYTES:
             continue
@@ -260,15 +269,16 @@ def _lets(binds: list[tuple[Var, Expr]], body: Stmt) -> Stmt:
 def conv2d(x: Tensor, u: Buffer, m: int, padding: Sequence[int], out_shape: Sequence[int],
            dtype: str = "float32", target: Target | None = None) -> Tensor:
     """The Winograd convolution of NCHW ``x`` (3×3 kernel, stride 1, ``padding`` top and left)
-    with the transformed weight ``u`` in A panels (`pack_weight`) into ``out_shape``, whose
-    sides m divides (see the module docstring)."""
+    with the transformed weight ``u`` in A panels (`pack_weight`) into ``out_shape`` (see the
+    module docstring): tiles of m × m, the last of each row and column cut where the output
+    ends (the padding past the input reads zeros)."""
     tgt = lowering_target(target)
     nimg, o, oh, ow = (int(d) for d in out_shape)
     c_in, h, w = (int(d) for d in x.shape[1:])
     top, left = int(padding[0]), int(padding[1])
     alpha = m + 2
     pos = alpha * alpha
-    th, tw = oh // m, ow // m
+    th, tw = -(-oh // m), -(-ow // m)  # the last tiles of a row or column may stick out
     tiles = th * tw
     bt_m, _, at_m = matrices(m)
     s = schedule(x.shape, out_shape, padding, m, tgt)
@@ -348,7 +358,7 @@ def conv2d(x: Tensor, u: Buffer, m: int, padding: Sequence[int], out_shape: Sequ
         # phases (consecutive stores), then the image out through the consumers row by row
         # (consecutive writes; the reads from the local image are gathers from L1)
         oc, ty, tb = Var("o"), Var("ty"), Var("tb")
-        staged = Buffer("wout", (oh, m, q_len), dtype, "local")
+        staged = Buffer("wout", (th * m, m, q_len), dtype, "local")
         t = ty * tw + tb * lanes
         q = [[Load(mm, (Const(a * alpha + b, INDEX), oc, t), lanes) for b in range(alpha)]
              for a in range(alpha)]

@@ -4,8 +4,8 @@ The transforms satisfy the 1-D identity for both tile sizes; the kernel, reached
 alter-layout on a constant weight, matches torch's conv2d (in float64) on awkward shapes:
 channels that fill no panel, tiles that fill no B panel, asymmetric padding, several
 images, a fused epilogue with a residual, one and two threads bit for bit, the AVX2 Target;
-a tile size that does not divide the output falls back to the direct kernel on the
-recovered weight. `choose` keeps it to the layers where it pays.
+tiles that stick out of the output's bottom and right. `choose` keeps it to the layers
+where it pays.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def algorithms(exe: kiln.Executable) -> list[str]:
             for _, sched in d.kernel.attrs.get("schedules", ()) if "algorithm" in sched]
 
 
-# (N, C, H, W), O, padding (top, left, bottom, right), m, whether m divides the output
+# (N, C, H, W), O, padding (top, left, bottom, right), m, whether the Winograd kernel runs
 CASES = [
     ((1, 16, 8, 8), 24, (1, 1, 1, 1), 4, True),
     ((1, 16, 8, 8), 24, (1, 1, 1, 1), 2, True),
@@ -64,7 +64,11 @@ CASES = [
     ((1, 33, 12, 20), 40, (1, 1, 1, 1), 4, True),  # 15 tiles: part of one B panel
     ((1, 20, 8, 72), 70, (1, 1, 1, 1), 4, True),  # 18 tiles a row: two vectors of them
     ((1, 64, 20, 20), 70, (1, 1, 1, 1), 4, True),  # 70 channels: a partial row tile
-    ((1, 8, 7, 10), 8, (0, 0, 0, 0), 4, False),  # 4 does not divide 5×8: the direct kernel
+    # tiles sticking out of the output: 5×8 in 2×2 tiles of 4, 13×13 in 7×7 tiles of 2,
+    # asymmetric padding and two images with partial tiles both ways
+    ((1, 8, 7, 10), 8, (0, 0, 0, 0), 4, True),
+    ((1, 12, 13, 13), 16, (1, 1, 1, 1), 2, True),
+    ((2, 9, 11, 15), 10, (1, 2, 1, 0), 4, True),
 ]
 
 
@@ -119,7 +123,9 @@ def test_choose_takes_the_layers_where_it_pays() -> None:
 
     assert pick(64, 64, 56) == 4  # ResNet-18's first stages
     assert pick(128, 128, 28) == 4
-    assert pick(256, 256, 14) == 2  # 4 does not divide 14
+    assert pick(256, 256, 14) == 2  # in tiles of 4, 16 × 16 pixels for 14 × 14: 31 % more
+    assert pick(64, 64, 55) == 4  # 14 × 14 tiles of 4 for 55 × 55: 3.7 % more
+    assert pick(256, 256, 13) == 2  # in tiles of 2, 16 % more
     assert pick(512, 512, 7) is None  # 9.4 MB of weight for 49 pixels: 4× that transformed
     assert pick(64, 128, 56, stride=2) is None
     assert pick(64, 64, 56, kernel=5) is None
