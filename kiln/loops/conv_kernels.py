@@ -943,7 +943,7 @@ def depthwise_flat(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequen
     dtype = x.dtype
     mult = oc // x.shape[1]
     kh, kw = w.shape[2], w.shape[3]
-    block = flat_block(oc)
+    block = flat_block(oc, lowering_target(target).cores)
     geo = Planes(block, x.shape[2], x.shape[3], (kh, kw), (int(strides[0]), int(strides[1])),
                  (int(dilation[0]), int(dilation[1])), (int(padding[0]), int(padding[1])),
                  (oh, ow))
@@ -976,13 +976,15 @@ def depthwise_flat(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequen
     return For(img, Const(0), Const(nimg), For(blk, Const(0), Const(oc // block), body, kind))
 
 
-FLAT_BLOCKS = (16, 8, 4, 2, 1)  # channels per block of `depthwise_flat`, the first dividing C
+FLAT_BLOCKS = (16, 8, 4, 2, 1)  # channels per block of `depthwise_flat` (`flat_block`)
 
 
-def flat_block(channels: int) -> int:
-    """The channels `depthwise_flat` runs a step over at once: the largest of
-    `FLAT_BLOCKS` that divides ``channels``."""
-    return next(b for b in FLAT_BLOCKS if channels % b == 0)
+def flat_block(channels: int, cores: int = 1) -> int:
+    """The channels `depthwise_flat` runs a step over at once: the largest of `FLAT_BLOCKS`
+    that divides ``channels`` into at least one block per core (the blocks are what the
+    threads share out), else 1."""
+    return next(b for b in FLAT_BLOCKS if channels % b == 0 and channels // b >= cores
+                or b == 1)
 
 
 class _Channels:

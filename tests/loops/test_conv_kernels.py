@@ -438,3 +438,13 @@ def test_consumers_reading_maps_run_on_the_staged_image(spec: str) -> None:
     assert not _reads_maps(lambda i, v: Store(out, i, Binary("add", v, Load(bias, (i[1],)))),
                            "float32")
     assert _reads_maps(lambda i, v: Store(out, i, Binary("add", v, Load(other, i))), "float32")
+
+
+def test_flat_depthwise_blocks_leave_every_core_a_block() -> None:
+    from kiln.loops.conv_kernels import flat_block
+
+    assert flat_block(960, 2) == 16  # MobileNetV2's 7×7 layers: 60 blocks
+    assert flat_block(16, 2) == 8  # two blocks, one a thread
+    assert flat_block(16, 32) == 1  # more cores than channels: a channel a block
+    assert flat_block(24, 1) == 8
+    assert flat_block(5, 2) == 1
