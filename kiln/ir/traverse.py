@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import Any
 
-from kiln.errors import InternalError
+from kiln.errors import Error, InternalError
 from kiln.ir.adt import Constructor, PatternVar, pattern_children
 from kiln.ir.expr import (
     Call,
@@ -158,8 +158,18 @@ def post_order(
             continue
         for kid in reversed(kids(node)):
             if id(kid) not in seen:
+                if not isinstance(kid, Expr):
+                    raise _not_an_expression(node, kid)
                 stack.append((kid, False))
     return order
+
+
+def _not_an_expression(parent: Any, value: Any) -> Error:
+    """The error for a field of ``parent`` that holds ``value``, which is not an expression
+    (a program built in Python with None, a number or an array where an Expr belongs)."""
+    hint = " (wrap a value with kiln.const)" if value is not None else ""
+    return Error(f"a {type(parent).__name__} holds a {type(value).__name__} where an expression "
+                 f"belongs{hint}")
 
 
 def rewrite(root: Expr, rule: Callable[[Expr], Expr | None]) -> Expr:

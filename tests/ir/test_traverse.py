@@ -1,6 +1,10 @@
 """The one post-order walk: order, sharing, gates, other edges, depth."""
 
+import numpy as np
+import pytest
+
 import kiln
+from kiln.errors import InternalError
 from kiln.ir.expr import Call, Function, Let, Tuple
 from kiln.ir.traverse import children, post_order
 
@@ -50,3 +54,18 @@ def test_a_deep_let_chain_needs_no_recursion():
     assert sum(isinstance(e, Let) for e in order) == n
     lets = [e for e in order if isinstance(e, Let)]
     assert lets[-1] is body and lets[0].var is vs[-1]  # the innermost let finishes first
+
+
+@pytest.mark.parametrize("body", [None, 2.5, np.ones(3, np.float32)])
+def test_a_field_that_is_not_an_expression_is_a_clear_error(body: object) -> None:
+    # a program built in Python with a value where an expression belongs: a kiln.Error that
+    # names the node and the value's type, from the first walk (here, kiln.build's), never
+    # an internal error
+    x = kiln.var("x", shape=(3,), dtype="float32")
+    fn = Function((x,), body)  # type: ignore[arg-type]
+    with pytest.raises(kiln.Error, match=f"a Function holds a {type(body).__name__} where an "
+                                         "expression belongs") as info:
+        kiln.build(kiln.IRModule.from_expr(fn))
+    assert not isinstance(info.value, InternalError)
+    with pytest.raises(kiln.Error, match="where an expression belongs"):
+        post_order(Tuple((x, body)))  # type: ignore[arg-type]
