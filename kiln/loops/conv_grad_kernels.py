@@ -122,7 +122,8 @@ def schedule(o: int, taps: int, k: int, target: Target) -> g.GemmSchedule:
     fewest = -(-k // cap)
     # as many blocks as the fewest, or up to twice, where that makes them all of one length
     blocks = next((b for b in range(fewest, 2 * fewest + 1) if k % b == 0), fewest)
-    return replace(s, kc=-(-k // blocks))
+    kc = -(-k // blocks)
+    return replace(s, kc=kc, unroll=g.unroll_for(kc))
 
 
 def backward_weight(grad: Tensor, data: Tensor, kernel: Sequence[int], strides: Sequence[int],

@@ -219,11 +219,26 @@ class GemmSchedule:
             elif mt >= threads:
                 tmb = min(tmb, _ceil(mt, threads))
                 parallel = "m"
-        return GemmSchedule(mr, nr, kc, tmb * mr, tnb * nr, parallel, lanes=lanes)
+        return GemmSchedule(mr, nr, kc, tmb * mr, tnb * nr, parallel, unroll_for(kc),
+                            lanes=lanes)
 
     def attrs(self) -> dict:
         """The knobs, for ``kernel.attrs`` (printing, statistics)."""
         return {"kernel": "gemm", **asdict(self)}
+
+
+UNROLLS = (4, 2, 1)  # the K loop's unrolling by default: the largest dividing the K block
+
+
+def unroll_for(kc: int) -> int:
+    """How many steps of a K block of ``kc`` the micro-kernel's loop unrolls by default.
+
+    Four steps a trip where they divide the block, as the tuner kept choosing for large
+    products: against one step, a 1024³ matmul 4-5 % faster, the batch-64 MLP 6-7 %, the
+    4-layer encoder 2-16 %, MobileNetV2 0-10 %, ResNet-18 4 % faster to 1 % slower (the same
+    model built both ways, alternated in one process, two runs on the 2-core Emerald Rapids
+    VM)."""
+    return next(u for u in UNROLLS if kc % u == 0)
 
 
 # --- the search space (kiln/loops/tunable.py) ---------------------------------------------------

@@ -204,7 +204,7 @@ def _in_place(x: Tensor, y: Tensor, bx: Callable[[Expr], Expr], by: Callable[[Ex
     if not fit:
         return s, None, None
     mr, lanes, nr = fit[0], s.lanes or tgt.lanes(y.dtype), s.nr
-    s = replace(s, mr=mr, mc=mr * -(-m // mr), kc=k)
+    s = replace(s, mr=mr, mc=mr * -(-m // mr), kc=k, unroll=g.unroll_for(k))
 
     def a_panel(b: Expr, tile: Expr, kk: Expr, i: Expr) -> Expr:
         row = tile * mr + i
