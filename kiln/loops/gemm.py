@@ -234,10 +234,11 @@ def unroll_for(kc: int) -> int:
     """How many steps of a K block of ``kc`` the micro-kernel's loop unrolls by default.
 
     Four steps a trip where they divide the block, as the tuner kept choosing for large
-    products: against one step, a 1024³ matmul 4-5 % faster, the batch-64 MLP 6-7 %, the
-    4-layer encoder 2-16 %, MobileNetV2 0-10 %, ResNet-18 4 % faster to 1 % slower (the same
-    model built both ways, alternated in one process, two runs on the 2-core Emerald Rapids
-    VM)."""
+    products. Against one step (the same model built both ways, alternated in one process,
+    three runs on the 2-core Emerald Rapids VM): the batch-64 MLP 6-7 % faster, the 4-layer
+    encoder 2-16 %, a 1024³ matmul 1.5-5.5 %, MobileNetV2 and ResNet-18 within the noise
+    (-10 to +1 %, -4 to +1 %); compiled for AVX2 on the same machine, the encoder 3 %, the
+    rest within 1 %. An identical build alternated with itself differs by up to 6 %."""
     return next(u for u in UNROLLS if kc % u == 0)
 
 
