@@ -21,9 +21,11 @@ whose workers wait for each other at a barrier suffers most there.
 
 Also: "alternating with numpy": an MLP batch 64 with its weights as arguments, called
 alternately with the same computation in numpy (OpenBLAS, whose idle threads spin), against
-kiln's time called alone, in 5 runs, in a fresh process. Everything that calls OpenBLAS (this
-check and the numpy column) runs after all the kiln timings: once OpenBLAS has run, kiln's
-parallel kernels are many times slower for a while, and torch's and ORT's are not.
+kiln's time called alone, in 5 runs, in a fresh process; and again with
+``OPENBLAS_THREAD_TIMEOUT=4`` (OpenBLAS's idle threads sleep at once) unless it is set.
+Everything that calls OpenBLAS (this check and the numpy column) runs after all the kiln
+timings: once OpenBLAS has run, kiln's parallel kernels are many times slower for a while,
+and torch's and ORT's are not.
 
     .venv/bin/python benchmarks/peers.py [--threads 2] [--repeat 30] [--only mlp1,matmul]
         [--conditions idle,busy] [--unset-openblas] [--spin-ms 100]
@@ -371,12 +373,20 @@ def alternating_with_numpy(runs: int, calls: int) -> list[tuple[float, float, fl
     return [(a, b, numpy_alone) for a, b in zip(alone, after)]
 
 
-def alternating_in_child(threads: int, calls: int) -> list[tuple[float, float, float]]:
-    """`alternating_with_numpy` in a fresh process: one that has not run OpenBLAS yet."""
+def alternating_in_child(threads: int, calls: int, env: dict[str, str] | None = None
+                         ) -> list[tuple[float, float, float]]:
+    """`alternating_with_numpy` in a fresh process: one that has not run OpenBLAS yet
+    (``env``: variables to set in it besides this process's)."""
     command = [sys.executable, os.path.abspath(__file__), "--alternating-child",
                "--threads", str(threads), "--repeat", str(calls)]
-    proc = subprocess.run(command, capture_output=True, text=True, check=True)
+    proc = subprocess.run(command, capture_output=True, text=True, check=True,
+                          env={**os.environ, **(env or {})})
     return [tuple(run) for run in json.loads(proc.stdout.strip().splitlines()[-1])]
+
+
+# OpenBLAS's idle threads sleep after 2^4 cycles instead of 2^28 (docs/runtime.md, "Right
+# after numpy"): the alternation is run with it too, unless the caller set it already
+QUICK_SLEEP = {"OPENBLAS_THREAD_TIMEOUT": "4"}
 
 
 def ms(seconds: float) -> str:
@@ -539,26 +549,30 @@ def main() -> None:
         with condition_context(condition):
             results[condition] = time_condition(ready, repeat, condition)
     # numpy last, condition by condition again: see time_numpy
-    alternating: dict[str, list[tuple[float, float, float]]] = {}
+    alternating: dict[str, list[tuple[str, list[tuple[float, float, float]]]]] = {}
+    settings: list[tuple[str, dict[str, str] | None]] = [("OpenBLAS as it is", None)]
+    if "OPENBLAS_THREAD_TIMEOUT" not in os.environ:
+        settings.append(("OPENBLAS_THREAD_TIMEOUT=4", QUICK_SLEEP))
     for condition in conditions:
         with condition_context(condition):
             time_numpy(results[condition], repeat)
             if not only or "numpy_alternating" in only:
                 print(f"  [{condition}] MLP batch 64 alternating with numpy ...", flush=True)
-                alternating[condition] = alternating_in_child(args.threads,
-                                                              10 if args.quick else 30)
+                alternating[condition] = [
+                    (name, alternating_in_child(args.threads, 10 if args.quick else 30, env))
+                    for name, env in settings]
 
     for condition, rows in results.items():
         report(condition, rows, skipped)
-        if condition in alternating:
-            runs = alternating[condition]
+        for setting, runs in alternating.get(condition, []):
             print(f"\nMLP batch 64 (weights as arguments) called alternately with numpy, "
-                  f"{condition}, in a fresh process: kiln alone / kiln right after numpy / "
-                  f"numpy alone, medians in ms, per run")
+                  f"{condition}, {setting}, in a fresh process: kiln alone / kiln right after "
+                  f"numpy / numpy alone, medians in ms, per run")
             for solo, after, np_solo in runs:
                 print(f"  {ms(solo)} / {ms(after)} / {ms(np_solo)}   after/alone "
                       f"{after / solo:.2f}")
-            print(f"  median after/alone: {statistics.median(a / s for s, a, _ in runs):.2f}")
+            print(f"  median after/alone: {statistics.median(a / s for s, a, _ in runs):.2f}, "
+                  f"worst {max(a / s for s, a, _ in runs):.2f}")
     if "idle" in results and "busy" in results:
         report_busy_vs_idle(results)
     print("\nload average (1, 5, 15 min) at start {:.1f} {:.1f} {:.1f}, at end {:.1f} {:.1f} "
