@@ -41,9 +41,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kiln.errors import InternalError
+from kiln.ir.dtype import dtype_of
 from kiln.loops import gemm as g
 from kiln.loops import oplib
-from kiln.loops.compute import Tensor, WriteFn, extern
+from kiln.loops.compute import BufferTensor, Tensor, WriteFn, extern
 from kiln.loops.ir import (
     FMA,
     INDEX,
@@ -89,11 +90,17 @@ def conv2d(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequence[int],
     if cg == 1 and groups == c and groups > 1:
         flat = (out_shape[3] * DEPTHWISE_FLAT_ROWS <= tgt.lanes(dtype)
                  and strides[0] * strides[1] <= MAX_PHASES)
+        parallel = _depthwise_parallel(out_shape, w.shape, tgt)
+        if not flat and direct_usable(x, w.shape, strides, dilation, tgt):
+            t = extern(tuple(out_shape), dtype, lambda write: depthwise_direct(
+                x, w, strides, padding, out_shape, write, tgt))
+            t.schedule = {"kernel": "depthwise direct", "parallel": parallel}
+            return t
         kernel = depthwise_flat if flat else depthwise
         t = extern(tuple(out_shape), dtype, lambda write: kernel(
             x, w, strides, padding, dilation, out_shape, write, tgt))
         t.schedule = {"kernel": "depthwise flat" if flat else "depthwise",
-                      "parallel": _depthwise_parallel(out_shape, w.shape, tgt)}
+                      "parallel": parallel}
         return t
     return implicit_gemm(x, w, strides, padding, dilation, groups, out_shape, dtype,
                          target=tgt)
@@ -923,6 +930,97 @@ def depthwise(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequence[in
     body = Allocate(plane, Seq((copy, rows)))
     kind = "parallel" if _depthwise_parallel(out_shape, w.shape, target) else "serial"
     return For(img, Const(0), Const(nimg), For(ch, Const(0), Const(oc), body, kind))
+
+
+def direct_usable(x: Tensor, w_shape: Sequence[int], strides: Sequence[int],
+                  dilation: Sequence[int], target: Target) -> bool:
+    """Whether `depthwise_direct` takes this depthwise convolution: its input a buffer, a
+    kernel of at most 3×3, stride 1, no dilation, and a channel's zero-padded plane larger
+    than the Target's L1 (so that `depthwise`'s copy of it would spill to L2).
+
+    In MobileNetV2, 2 threads of the Emerald Rapids VM (L1d 48 KiB; the model's kernels
+    profiled, both kernels built and alternated in one process), against the copied
+    planes: 32 channels at 112² (a 52 KB plane) 117 → 81 and 111 → 80 µs in two runs; but
+    144 at 56² (13 KB) 110 → 98 then 93 → 99, 192 at 28² 82 → 100 and 384 at 14² 105 → 121
+    (the border's tested taps weigh more on short rows), and stride 2, which LLVM reads as
+    interleaved loads, slower everywhere (96 channels at 112²: 190 → 238)."""
+    plane = (int(x.shape[2]) + 2) * (int(x.shape[3]) + 2) * dtype_of(x.dtype).itemsize
+    return (isinstance(x, BufferTensor) and int(w_shape[2]) <= 3 and int(w_shape[3]) <= 3
+            and tuple(dilation) == (1, 1) and tuple(int(v) for v in strides) == (1, 1)
+            and plane > target.l1d)
+
+
+def depthwise_direct(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequence[int],
+                     out_shape: Sequence[int], write: WriteFn,
+                     target: Target | None = None) -> Stmt:
+    """Depthwise conv2d reading the input where it is, no plane copied (`direct_usable`).
+
+    Output pixels whose whole window lies inside the image (all but a border a pixel or
+    two wide) read their taps straight from the input, a vector of pixels at a time; the
+    border's pixels test each tap and read zero outside. `depthwise` first copies each
+    channel's zero-padded plane and then reads it: the input goes through the caches
+    twice, and a core's copy and its arithmetic take turns. (The strides of 2 that the
+    body could express are left to `depthwise`: see `direct_usable`.)"""
+    nimg, oc, oh, ow = (int(d) for d in out_shape)
+    _, _, kh, kw = (int(d) for d in w.shape)
+    h, wd = int(x.shape[2]), int(x.shape[3])
+    mult = oc // int(x.shape[1])
+    sh, sw = int(strides[0]), int(strides[1])
+    top, left = int(padding[0]), int(padding[1])
+    img, ch = Var("n"), Var("c")
+    cin = ch if mult == 1 else ch // mult
+
+    def inside_range(size: int, stride: int, taps: int, pad: int, out: int) -> tuple[int, int]:
+        # outputs o with o·stride - pad >= 0 and o·stride + taps - 1 - pad <= size - 1
+        lo = -(-pad // stride)
+        hi = (size - taps + pad) // stride + 1
+        return min(max(lo, 0), out), min(max(hi, lo, 0), out)
+
+    y0, y1 = inside_range(h, sh, kh, top, oh)
+    x0, x1 = inside_range(wd, sw, kw, left, ow)
+
+    def total(oy: Expr, ox: Expr, checked: bool) -> Expr:
+        acc: Expr | None = None
+        for ky in range(kh):
+            for kx in range(kw):
+                row, col = oy * sh + (ky - top), ox * sw + (kx - left)
+                if checked:
+                    inside = Binary("and", Binary("and", Binary("ge", row, Const(0, INDEX)),
+                                                  Binary("lt", row, Const(h, INDEX))),
+                                    Binary("and", Binary("ge", col, Const(0, INDEX)),
+                                           Binary("lt", col, Const(wd, INDEX))))
+                    tap: Expr = Select(inside, x(img, cin, oplib.clamp(row, 0, h - 1),
+                                                 oplib.clamp(col, 0, wd - 1)),
+                                       Const(0.0, x.dtype))
+                else:
+                    tap = x(img, cin, row, col)
+                wt = w(ch, Const(0, INDEX), Const(ky, INDEX), Const(kx, INDEX))
+                acc = Binary("mul", wt, tap) if acc is None else FMA(wt, tap, acc)
+        assert acc is not None
+        return acc
+
+    def pixels(oy: Expr, lo: int, hi: int, checked: bool, kind: str) -> list[Stmt]:
+        if hi <= lo:
+            return []
+        ox = Var("ox")
+        v = Var("dw", x.dtype)
+        return [For(ox, Const(lo), Const(hi - lo), LetStmt(
+            v, total(oy, ox, checked), write((img, ch, oy, ox), v)), kind)]
+
+    oy = Var("oy")
+    inner = Seq(tuple(pixels(oy, 0, x0, True, "serial") + pixels(oy, x0, x1, False, "vectorized")
+                      + pixels(oy, x1, ow, True, "serial")))
+    rows: list[Stmt] = []
+    if y1 > y0:
+        rows.append(For(oy, Const(y0), Const(y1 - y0), inner))
+    for lo, hi in ((0, y0), (y1, oh)):
+        if hi > lo:
+            by = Var("oy")
+            rows.append(For(by, Const(lo), Const(hi - lo), Seq(tuple(
+                pixels(by, 0, ow, True, "serial")))))
+    kind = "parallel" if _depthwise_parallel(out_shape, w.shape, target) else "serial"
+    return For(img, Const(0), Const(nimg), For(ch, Const(0), Const(oc), Seq(tuple(rows)),
+                                                kind))
 
 
 def depthwise_flat(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequence[int],

@@ -63,6 +63,11 @@ CASES = [
     ((1, 4, 13, 14), (6, 3, 3), (3, 2), (1, 2, 0, 1), (2, 1), 1),  # padded, dilated
     ((1, 8, 12, 12), (8, 3, 3), (3, 3), (1, 1, 1, 1), (1, 1), 2),  # grouped
     ((1, 64, 32, 32), (16, 4, 4), (4, 4), (0, 0, 0, 0), (1, 1), 1),  # K 1024: pixels as rows
+    # depthwise read in place (stride 1, up to 3×3, a padded plane past L1): the windows
+    # inside the image vectorized, the border tested tap by tap
+    ((1, 2, 130, 131), (2, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 2),
+    ((1, 2, 128, 140), (4, 2, 3), (1, 1), (0, 2, 1, 0), (1, 1), 2),  # ×2, 2×3, pad 2 left
+    ((2, 2, 129, 129), (2, 3, 3), (1, 1), (0, 0, 0, 0), (1, 1), 2),  # unpadded, two images
     # depthwise on maps whose rows fit twice in a vector: the flat kernel
     ((1, 5, 4, 4), (5, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 5),
     ((2, 3, 7, 8), (6, 3, 3), (2, 2), (1, 1, 1, 0), (2, 1), 3),  # strided, dilated, ×2
@@ -106,10 +111,10 @@ def test_conv2d(xs: tuple, ws: tuple, strides: tuple, padding: tuple, dilation: 
     np.testing.assert_allclose(packed(a), want, rtol=1e-4, atol=2e-5 * k)
 
 
-@pytest.mark.parametrize("groups,size", [(1, 30), (16, 30), (96, 7)])
+@pytest.mark.parametrize("groups,size", [(1, 30), (16, 30), (96, 7), (16, 128)])
 def test_conv2d_epilogue_and_threads(groups: int, size: int) -> None:
     # relu(conv + bias) + residual, large enough to run in parallel (7×7 depthwise: the flat
-    # kernel, its channels in blocks)
+    # kernel, its channels in blocks; 128×128: read in place, its plane past L1)
     o = max(groups, 16)
     xs = (1, o, size, size)
     wshape = (o, xs[1] // groups, 3, 3)
