@@ -908,28 +908,51 @@ def depthwise(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequence[in
     xlo, xhi = oplib.window_span(ow, sw, kw, dw, left)
     img, ch = Var("n"), Var("c")
     cin = ch if mult == 1 else ch // mult
-    if sw == 1:
-        plane = Buffer("plane", (1, yhi - ylo + 1, xhi - xlo + 1), dtype, "local")
-        copy = padded_copy(x, (img, cin), plane, (Const(0, INDEX),), (ylo, yhi), (xlo, xhi))
-    else:
-        plane, copy = _phase_planes(x, (img, cin), (ylo, yhi), (xlo, xhi), sw,
-                                    ow + (kw - 1) * dw // sw)
-    oy, ox = Var("oy"), Var("ox")
-    total: Expr | None = None
-    for ky in range(kh):
-        for kx in range(kw):
-            # padded column ox·sw + kx·dw, in phase plane (kx·dw) % sw at ox + (kx·dw) // sw
-            tap = Load(plane, (Const(kx * dw % sw, INDEX), oy * sh + (ky * dh - top - ylo),
-                               ox + kx * dw // sw))
-            wt = w(ch, Const(0, INDEX), Const(ky, INDEX), Const(kx, INDEX))
-            total = Binary("mul", wt, tap) if total is None else FMA(wt, tap, total)
-    assert total is not None
-    v = Var("dw", dtype)
-    rows = For(oy, Const(0), Const(oh), For(ox, Const(0), Const(ow), LetStmt(
-        v, total, write((img, ch, oy, ox), v)), "vectorized"))
-    body = Allocate(plane, Seq((copy, rows)))
+    width = ow + (kw - 1) * dw // sw if sw != 1 else xhi - xlo + 1
+    band = _band_rows(oh, sh, kh, dh, sw * width * dtype_of(dtype).itemsize,
+                      lowering_target(target))
+
+    def rows_of(r0: int, r1: int) -> Stmt:
+        # output rows [r0, r1) from a plane of just the input rows they read
+        lo, hi = r0 * sh + ylo, (r1 - 1) * sh + (kh - 1) * dh - top
+        if sw == 1:
+            plane = Buffer("plane", (1, hi - lo + 1, width), dtype, "local")
+            copy = padded_copy(x, (img, cin), plane, (Const(0, INDEX),), (lo, hi), (xlo, xhi))
+        else:
+            plane, copy = _phase_planes(x, (img, cin), (lo, hi), (xlo, xhi), sw, width)
+        oy, ox = Var("oy"), Var("ox")
+        total: Expr | None = None
+        for ky in range(kh):
+            for kx in range(kw):
+                # padded column ox·sw + kx·dw, in phase plane (kx·dw) % sw at ox + (kx·dw) // sw
+                tap = Load(plane, (Const(kx * dw % sw, INDEX), oy * sh + (ky * dh - top - lo),
+                                   ox + kx * dw // sw))
+                wt = w(ch, Const(0, INDEX), Const(ky, INDEX), Const(kx, INDEX))
+                total = Binary("mul", wt, tap) if total is None else FMA(wt, tap, total)
+        assert total is not None
+        v = Var("dw", dtype)
+        rows = For(oy, Const(r0), Const(r1 - r0), For(ox, Const(0), Const(ow), LetStmt(
+            v, total, write((img, ch, oy, ox), v)), "vectorized"))
+        return Allocate(plane, Seq((copy, rows)))
+
+    body = Seq(tuple(rows_of(r, min(r + band, oh)) for r in range(0, oh, band)))
     kind = "parallel" if _depthwise_parallel(out_shape, w.shape, target) else "serial"
     return For(img, Const(0), Const(nimg), For(ch, Const(0), Const(oc), body, kind))
+
+
+def _band_rows(oh: int, sh: int, kh: int, dh: int, row_bytes: int, target: Target) -> int:
+    """Output rows `depthwise` computes from one copy of the input rows they read: all of
+    them where a channel's plane fits in L1, else bands whose plane fits in a quarter of it
+    (each band copies the rows its window shares with the next once more).
+
+    MobileNetV2's 96-channel stride-2 layer at 112² has a 51 KB plane (two column phases),
+    past the 48 KB L1 of the Emerald Rapids VM: copied whole, its rows were read back
+    from L2."""
+    whole = ((oh - 1) * sh + (kh - 1) * dh + 1) * row_bytes
+    if whole <= target.l1d:
+        return oh
+    rows_in = max(1, target.l1d // 4 // row_bytes)
+    return max(1, min(oh, (rows_in - (kh - 1) * dh) // sh))
 
 
 def direct_usable(x: Tensor, w_shape: Sequence[int], strides: Sequence[int],
