@@ -1001,22 +1001,16 @@ def depthwise_direct(x: Tensor, w: Tensor, strides: Sequence[int], padding: Sequ
 
     y0, y1 = inside_range(h, sh, kh, top, oh)
     x0, x1 = inside_range(wd, sw, kw, left, ow)
+    row_span = oplib.window_span(oh, sh, kh, 1, top)  # the input rows and columns read
+    col_span = oplib.window_span(ow, sw, kw, 1, left)
 
     def total(oy: Expr, ox: Expr, checked: bool) -> Expr:
         acc: Expr | None = None
         for ky in range(kh):
             for kx in range(kw):
                 row, col = oy * sh + (ky - top), ox * sw + (kx - left)
-                if checked:
-                    inside = Binary("and", Binary("and", Binary("ge", row, Const(0, INDEX)),
-                                                  Binary("lt", row, Const(h, INDEX))),
-                                    Binary("and", Binary("ge", col, Const(0, INDEX)),
-                                           Binary("lt", col, Const(wd, INDEX))))
-                    tap: Expr = Select(inside, x(img, cin, oplib.clamp(row, 0, h - 1),
-                                                 oplib.clamp(col, 0, wd - 1)),
-                                       Const(0.0, x.dtype))
-                else:
-                    tap = x(img, cin, row, col)
+                tap = oplib.guarded_read(x, (img, cin, row, col), (None, None, row_span, col_span),
+                                         Const(0.0, x.dtype)) if checked else x(img, cin, row, col)
                 wt = w(ch, Const(0, INDEX), Const(ky, INDEX), Const(kx, INDEX))
                 acc = Binary("mul", wt, tap) if acc is None else FMA(wt, tap, acc)
         assert acc is not None

@@ -39,7 +39,7 @@ from kiln.op.common import (
     shape_str,
     tensor_args,
 )
-from kiln.op.nn.conv import Conv2DAttrs
+from kiln.op.nn.conv import Conv2DAttrs, conv2d
 from kiln.op.registry import Attr, OpPattern, register
 
 
@@ -241,17 +241,11 @@ def _conv_lower(inputs: list, attrs: Conv2DAttrs, out_type: Type) -> Tensor:
     return _conv2d_lower([x, w], attrs, out_type)
 
 
-def _conv_attrs() -> tuple[Attr, ...]:
-    from kiln.op.nn.conv import conv2d
-
-    return tuple(conv2d.attrs)
-
-
 conv2d_packed = register(
     "nn.conv2d_packed",
     inputs=("data", "weight"),
     attrs_type=Conv2DAttrs,
-    attrs=_conv_attrs(),
+    attrs=tuple(conv2d.attrs),  # conv2d's own
     relation=_conv_relation,
     compute=_conv_compute,
     pattern=OpPattern.OUT_ELEMWISE_FUSABLE,

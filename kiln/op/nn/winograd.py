@@ -23,7 +23,7 @@ from kiln.loops.compute import BufferTensor, Tensor
 from kiln.loops.ir import Binary, Const, Select
 from kiln.loops.ir import Expr as LExpr
 from kiln.op.common import require_rank, same_dtype, shape_str, tensor_args
-from kiln.op.nn.conv import Conv2DAttrs
+from kiln.op.nn.conv import Conv2DAttrs, conv2d
 from kiln.op.registry import OpPattern, register
 
 
@@ -138,17 +138,11 @@ def _lower(inputs: list, attrs: Conv2DAttrs, out_type: Type) -> Tensor:
     return _conv2d_lower([x, w], attrs, out_type)
 
 
-def _attrs() -> tuple:
-    from kiln.op.nn.conv import conv2d
-
-    return tuple(conv2d.attrs)
-
-
 conv2d_winograd = register(
     "nn.conv2d_winograd",
     inputs=("data", "weight"),
     attrs_type=Conv2DAttrs,
-    attrs=_attrs(),
+    attrs=tuple(conv2d.attrs),  # conv2d's own
     relation=_relation,
     compute=_compute,
     pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
