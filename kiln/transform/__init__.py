@@ -7,6 +7,7 @@ from kiln.transform.alter_layout import AlterLayout
 from kiln.transform.bind_params import bind_params
 from kiln.transform.combine_parallel_conv2d import CombineParallelConv2D
 from kiln.transform.combine_parallel_dense import CombineParallelDense
+from kiln.transform.convert_layout import ConvertLayout
 from kiln.transform.dead_code import DeadCodeElimination
 from kiln.transform.defunctionalization import Defunctionalization
 from kiln.transform.eliminate_common_subexpr import EliminateCommonSubexpr
@@ -50,6 +51,7 @@ __all__ = [
     "AlterLayout",
     "CombineParallelConv2D",
     "CombineParallelDense",
+    "ConvertLayout",
     "DeadCodeElimination",
     "Defunctionalization",
     "DumpIR",

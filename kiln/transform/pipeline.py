@@ -35,6 +35,7 @@ STANDARD_PIPELINE = (
     "matrix-chain-reordering",
     "fold-constant",
     "dead-code-elimination",
+    "convert-layout",  # CNNs in channel blocks (NCHW16c) between their convolutions
     "alter-layout",  # constant dense/conv2d weights packed for the GEMM (op/nn/packed.py)
     "split-to-slices",  # a split feeding fusible operators: slices that fuse into them
     "fuse-ops",

@@ -174,12 +174,66 @@ def _compute(arrays: list[np.ndarray], attrs: Conv2DAttrs) -> np.ndarray:
     return from_logical(_conv2d_nchw(x, w, attrs), "NCHW", out_layout)
 
 
+def fast_form(data: Layout, kernel: Layout, out: Layout, groups: int, channels: int,
+              kernel_in: int) -> str | None:
+    """Which kernel of kiln/loops/nchwc_kernels.py takes a float32 call in these layouts:
+    "direct" (groups = 1; data ``NCHW[bi]c``, or NCHW with bi = 1; kernel ``OIHW[bi]i[bo]o``; result
+    ``NCHW[bo]c``), "depthwise" (a channel per group; data and result ``NCHW[b]c``, kernel
+    ``OIHW1i[b]o``), or None (the plain reduction)."""
+    bo = out.factor("C")
+    bi = data.factor("C") or 1
+    if bo is None or out.text != f"NCHW{bo}c" or data.text not in ("NCHW", f"NCHW{bi}c"):
+        return None
+    if groups == 1 and kernel.text == f"OIHW{bi}i{bo}o":
+        return "direct"
+    if (groups == channels and kernel_in == 1 and bi == bo and data.text != "NCHW"
+            and kernel.text == f"OIHW1i{bo}o"):
+        return "depthwise"
+    return None
+
+
+def _fast(x: Tensor, w: Tensor, attrs: Conv2DAttrs, out: TensorType,
+          layouts: tuple[Layout, Layout, Layout]) -> Tensor | None:
+    """The call as a kernel of kiln/loops/nchwc_kernels.py, where `fast_form` gives one."""
+    from kiln.loops import nchwc_kernels
+    from kiln.loops.compute import BufferTensor, extern
+
+    data_layout, kernel_layout, out_layout = layouts
+    if x.dtype != "float32" or w.dtype != "float32" or out.dtype != "float32":
+        return None
+    channels = _static(logical_shape(x.shape, data_layout)["C"])
+    kernel_in = _static(logical_shape(w.shape, kernel_layout)["I"])
+    form = fast_form(data_layout, kernel_layout, out_layout, attrs.groups, channels, kernel_in)
+    if form is None:
+        return None
+    strides, dilation = pair(attrs.strides, "strides"), pair(attrs.dilation, "dilation")
+    top, left, _, _ = padding4(attrs.padding, "padding")
+    shape = out.static_shape
+    if not isinstance(w, BufferTensor):
+        return None
+    weight = w
+    if form == "direct":
+        t = extern(shape, out.dtype, lambda write: nchwc_kernels.conv_nchwc(
+            x, weight, strides, (top, left), dilation, shape, write))
+    elif isinstance(x, BufferTensor):
+        data = x
+        t = extern(shape, out.dtype, lambda write: nchwc_kernels.depthwise_nchwc(
+            data, weight, strides, (top, left), dilation, shape, write))
+    else:
+        return None
+    t.schedule = {"kernel": f"nchwc {form}"}
+    return t
+
+
 @oplib.zeros_if_empty
 def _lower(inputs: list[Tensor], attrs: Conv2DAttrs, out_type: Type) -> Tensor:
-    # Correct first: conv2d's plain reduction over the inputs read through the layouts' index
-    # math, its result read back into out_layout (no blocking-aware schedule yet).
     out = oplib.out_tensor_type(out_type)
     data_layout, kernel_layout, out_layout = _layouts(attrs)
+    fast = _fast(inputs[0], inputs[1], attrs, out, (data_layout, kernel_layout, out_layout))
+    if fast is not None:
+        return fast
+    # Otherwise conv2d's plain reduction over the inputs read through the layouts' index
+    # math, its result read back into out_layout.
     x = read_in_layout(inputs[0], data_layout, _NCHW)
     w = read_in_layout(inputs[1], kernel_layout, _OIHW)
     sizes = logical_shape(out.static_shape, out_layout)

@@ -1,0 +1,314 @@
+"""Fast kernels of nn.contrib_conv2d_NCHWc: float32 convolution on channel-blocked tensors.
+
+The convert-layout pass (kiln/transform/convert_layout.py) runs a CNN's convolutions in
+``NCHW[b]c`` (b = the Target's vector lanes, or 8 where that does not divide the channels):
+the element of channel ``c0·b + c1`` at ``[n, c0, y, x, c1]``, so that a vector of b output
+channels of one pixel is contiguous. Two kernels take such calls:
+
+- **Direct** (`conv_nchwc`, groups = 1): a register tile of T output pixels × J blocks of
+  output channels (the GEMM's 14 × 2 vectors on AVX-512, `tile_shape`). Each step of the
+  reduction (an input channel at a kernel tap) broadcasts T input pixels, loads J weight
+  vectors of the ``OIHW[bi]i[bo]o`` weight and does T·J FMAs; the input is read where it
+  is, nothing copied or packed. A row's pixels whose windows leave the image (the padding)
+  are computed one at a time, their taps tested; a 1×1 stride-1 convolution without padding
+  tiles the image's pixels as one flat row.
+- **Depthwise** (`depthwise_nchwc`, one channel per group): each output pixel is a vector of
+  b channels summed over the taps, read straight from the input (the NCHW kernels copy each
+  channel's plane first, kiln/loops/conv_kernels.py).
+
+The data may also be plain NCHW (a stem whose 3 channels do not block): its channels are
+then blocks of one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from kiln.loops import gemm as g
+from kiln.loops import oplib
+from kiln.loops.compute import BufferTensor, Tensor, WriteFn
+from kiln.loops.ir import (
+    FMA,
+    INDEX,
+    Allocate,
+    Binary,
+    Broadcast,
+    Buffer,
+    Const,
+    Expr,
+    For,
+    IfThenElse,
+    LetStmt,
+    Load,
+    Seq,
+    Stmt,
+    Store,
+    Var,
+)
+from kiln.loops.schedule import PARALLEL_MIN_ELEMENTS, lowering_target, worth_parallel
+from kiln.target import Target
+
+
+def tile_shape(pixels: int, out_blocks: int, block: int, target: Target) -> tuple[int, int]:
+    """(T, J): the pixels and the blocks of output channels of `conv_nchwc`'s register
+    tile, with as many accumulator registers as the GEMM's micro-kernel keeps
+    (`gemm.register_tile`; 28 on AVX-512, 12 on AVX2; a block of 24 channels takes two on
+    AVX-512). J divides the blocks; the most registers in use win, then the fewest loads a
+    step (T broadcasts and J weight vectors: 7 pixels of 4 blocks load 11 times for 28
+    FMAs, 14 of 2 load 16 times)."""
+    mr, nr = g.register_tile(target)
+    lanes = target.lanes("float32")
+    budget = mr * (nr // lanes)
+    per_block = -(-block // lanes)
+    best = (0, 0, 1, 1)
+    for j in range(1, budget // per_block + 1):
+        if out_blocks % j:
+            continue
+        most = min(pixels, budget // (j * per_block))
+        t = -(-pixels // -(-pixels // most))  # the row's tiles as even as they can be
+        best = max(best, (t * j * per_block, -(t + j * per_block), t, j))
+    return best[2], best[3]
+
+
+def _used(tile: tuple[int, int]) -> int:
+    t, j = tile
+    return t * j
+
+
+def _inside(size: int, stride: int, taps: int, dilation: int, pad: int,
+            out: int) -> tuple[int, int]:
+    """Outputs [lo, hi) whose whole window lies inside an axis of ``size``."""
+    span = (taps - 1) * dilation
+    lo = -(-pad // stride)
+    hi = (size - 1 - span + pad) // stride + 1
+    lo = min(max(lo, 0), out)
+    return lo, min(max(hi, lo), out)
+
+
+def _taps(o: int, stride: int, taps: int, dilation: int, pad: int, size: int) -> list[int]:
+    """The taps of output position ``o`` whose input lies inside an axis of ``size``."""
+    return [k for k in range(taps) if 0 <= o * stride + k * dilation - pad < size]
+
+
+Pixel = tuple[Expr, bool]  # an output column, and whether its window leaves the image
+
+
+def _row(ow: int, per: int, inside: tuple[int, int],
+         tile: Callable[[list[Pixel]], Stmt]) -> Stmt:
+    """A row of ``ow`` output pixels in tiles of ``per`` at fixed columns: ``tile(pixels)``
+    for each, a run of tiles whose windows stay inside the image's columns (``inside`` =
+    [x0, x1)) as one loop."""
+    x0, x1 = inside
+    parts: list[Stmt] = []
+    run: list[int] = []
+
+    def flush() -> None:
+        if run:
+            k = Var("tx")
+            parts.append(For(k, Const(0), Const(len(run)), tile(
+                [(k * per + (run[0] + t), False) for t in range(per)])))
+            run.clear()
+
+    for c0 in range(0, ow, per):
+        count = min(per, ow - c0)
+        if count == per and x0 <= c0 and c0 + count <= x1:
+            run.append(c0)
+            continue
+        flush()
+        parts.append(tile([(Const(c0 + t, INDEX), not x0 <= c0 + t < x1)
+                           for t in range(count)]))
+    flush()
+    return Seq(tuple(parts))
+
+
+def _rows(oy: Expr, oh: int, inside: tuple[int, int], kh: int,
+          row: Callable[[Expr, list[int]], Stmt], taps: Callable[[int], list[int]]) -> Stmt:
+    """Output row ``oy`` of ``oh``: ``row(y, kernel rows)`` — rows whose windows stay inside
+    the image's rows (``inside`` = [y0, y1)) share code with all ``kh`` kernel rows, each
+    other row (a few at the top and bottom) has its own with ``taps(row)``, the kernel rows
+    that fall inside."""
+    y0, y1 = inside
+    # (the shared rows' y clamped to them: no value changes, but the verifier's interval
+    # arithmetic then bounds every read)
+    clamped = Binary("max", Binary("min", oy, Const(y1 - 1, INDEX)), Const(y0, INDEX))
+    body = row(clamped, list(range(kh))) if y1 > y0 else Seq(())
+    for r in [r for r in range(oh) if not y0 <= r < y1]:
+        body = IfThenElse(Binary("eq", oy, Const(r, INDEX)), row(Const(r, INDEX), taps(r)), body)
+    return body
+
+
+def conv_nchwc(x: Tensor, w: BufferTensor, strides: Sequence[int], padding: Sequence[int],
+               dilation: Sequence[int], out_shape: Sequence[int], write: WriteFn,
+               target: Target | None = None) -> Stmt:
+    """The direct convolution (module docstring): x ``NCHW[bi]c`` (or NCHW), w
+    ``OIHW[bi]i[bo]o``, the result ``NCHW[bo]c`` of ``out_shape`` through ``write``.
+
+    A parallel iteration is one output row of one tile of channel blocks (or, 1×1 at stride
+    1 without padding, one tile of the flattened pixels). A row's tiles start at fixed
+    columns, so each pixel knows which kernel columns fall inside the image, and the rows
+    at the top and bottom (a few) have code of their own with the kernel rows that fall
+    inside: no tap is tested at run time."""
+    tgt = lowering_target(target)
+    nimg, oblocks, oh, ow, bo = (int(d) for d in out_shape)
+    iblocks, kh, kw, bi = (int(d) for d in w.shape[1:5])
+    sh, sw = (int(s) for s in strides)
+    dh, dw = (int(d) for d in dilation)
+    top, left = int(padding[0]), int(padding[1])
+    h, wd = int(x.shape[2]), int(x.shape[3])
+    # a 1×1 stride-1 convolution without padding tiles the flattened pixels where that
+    # fills more registers than a row's tiles (a 7-pixel row of 10 blocks: 14 pixels of 2
+    # blocks, not 4 of 5); elsewhere rows, whose pixels' addresses are a constant apart
+    flat = (kh, kw, sh, sw, top, left, oh, ow) == (1, 1, 1, 1, 0, 0, h, wd) and _used(
+        tile_shape(oh * ow, oblocks, bo, tgt)) > _used(tile_shape(ow, oblocks, bo, tgt))
+    spans = [None, None, None, oplib.window_span(ow, sw, kw, dw, left), None][:len(x.shape)]
+    t_max, jb = tile_shape(oh * ow if flat else ow, oblocks, bo, tgt)
+    otiles = oblocks // jb
+    img, ot = Var("n"), Var("ot")
+
+    def tile(pixels: list[tuple[Expr, Expr, bool]], rows: list[int]) -> Stmt:
+        # pixels[t] = (output y, output x, whether some kernel column falls outside the
+        # image: its reads are then tested); the kernel rows ``rows``; J blocks of channels
+        # from ot·J
+        count = len(pixels)
+        acc = Buffer("acc", (count * jb, bo), "float32", "local")
+        init = Seq(tuple(Store(acc, (Const(r), Const(0)), Broadcast(Const(0.0, "float32"), bo))
+                         for r in range(count * jb)))
+        i0, ky, kx, i1 = Var("i0"), Var("ky"), Var("kx"), Var("i1")
+        bvs = [Var(f"b{j}", "float32", bo) for j in range(jb)]
+        avs = [Var(f"a{t}", "float32") for t in range(count)]
+        step: Stmt = Seq(tuple(
+            Store(acc, (Const(t * jb + j), Const(0)), FMA(
+                Broadcast(avs[t], bo), bvs[j], Load(acc, (Const(t * jb + j), Const(0)), bo)))
+            for t in range(count) for j in range(jb)))
+        for t in reversed(range(count)):
+            y, xx, edge = pixels[t]
+            at = [img, i0, y * sh + ky * dh - top, xx * sw + kx * dw - left, i1][:len(x.shape)]
+            value = oplib.guarded_read(x, at, spans, Const(0.0, "float32")) if edge else x(*at)
+            step = LetStmt(avs[t], value, step)
+        for j in reversed(range(jb)):
+            step = LetStmt(bvs[j], Load(w.buffer, (ot * jb + j, i0, ky, kx, i1, Const(0)), bo),
+                           step)
+        taps = For(kx, Const(0), Const(kw), For(i1, Const(0), Const(bi), step,
+                                                "unrolled" if bi <= 32 else "serial"))
+        reduction = For(i0, Const(0), Const(iblocks), For(ky, Const(rows[0]), Const(len(rows)),
+                                                          taps)) if rows else Seq(())
+        out = Buffer("otile", (count * jb, bo), "float32", "local")
+        spill = Seq(tuple(Store(out, (Const(r), Const(0)), Load(acc, (Const(r), Const(0)), bo))
+                          for r in range(count * jb)))
+        c1 = Var("c1")
+        writes = [For(c1, Const(0), Const(bo), write((img, ot * jb + j, y, xx, c1), Load(
+            out, (Const(t * jb + j), c1))), "vectorized")
+            for t, (y, xx, _) in enumerate(pixels) for j in range(jb)]
+        return Allocate(acc, Allocate(out, Seq((init, reduction, spill, Seq(tuple(writes))))))
+
+    flops = nimg * oblocks * bo * oh * ow * iblocks * bi * kh * kw
+    if flat:
+        # one tile of the flattened pixels per iteration: full tiles, then the rest
+        full, rest = divmod(oh * ow, t_max)
+        tiles = full + (1 if rest else 0)
+        u, k = Var("u"), Var("k")
+
+        def flat_tile(first: Expr, count: int) -> Stmt:
+            pixels = [((first + t) // ow, (first + t) % ow, False) for t in range(count)]
+            return tile(pixels, [0])
+
+        body: Stmt = flat_tile(k * t_max, t_max) if full else flat_tile(Const(0, INDEX), rest)
+        if full and rest:
+            body = IfThenElse(Binary("lt", k, Const(full, INDEX)), body,
+                              flat_tile(Const(full * t_max, INDEX), rest))
+        nest = LetStmt(ot, u // tiles, LetStmt(k, u % tiles, body))
+        units = otiles * tiles
+    else:
+        oy = Var("oy")
+        per = -(-ow // -(-ow // t_max))
+
+        body = _rows(oy, oh, _inside(h, sh, kh, dh, top, oh), kh,
+                     lambda y, ys: _row(ow, per, _inside(wd, sw, kw, dw, left, ow),
+                                        lambda xs: tile([(y, c, e) for c, e in xs], ys)),
+                     lambda r: _taps(r, sh, kh, dh, top, h))
+        u = Var("u")
+        # u = (ot, oy): a tile of channels' rows together (its weight stays in cache)
+        nest = LetStmt(ot, u // oh, LetStmt(oy, u % oh, body))
+        units = otiles * oh
+    kind = "parallel" if worth_parallel(flops, tgt.cores) and units > 1 else "serial"
+    return For(img, Const(0), Const(nimg), For(u, Const(0), Const(units), nest, kind))
+
+
+DEPTHWISE_TILE = 8  # output pixels `depthwise_nchwc` computes at once
+
+
+def depthwise_nchwc(x: BufferTensor, w: BufferTensor, strides: Sequence[int],
+                    padding: Sequence[int], dilation: Sequence[int], out_shape: Sequence[int],
+                    write: WriteFn, target: Target | None = None) -> Stmt:
+    """Depthwise convolution (module docstring): x and the result ``NCHW[b]c``, w
+    ``OIHW1i[b]o``. A parallel iteration is one output row of one channel block, in tiles
+    of `DEPTHWISE_TILE` pixels: the block's kernel taps are vectors held across the row, and
+    each input vector a tile reads is loaded once for all the tile's pixels whose windows
+    hold it (a stride-1 3×3 tile of 8 pixels: 30 loads for 72 FMAs). Rows and columns at
+    the borders are laid out as in `conv_nchwc`, their taps outside the image left out."""
+    tgt = lowering_target(target)
+    nimg, blocks, oh, ow, b = (int(d) for d in out_shape)
+    kh, kw = int(w.shape[2]), int(w.shape[3])
+    sh, sw = (int(s) for s in strides)
+    dh, dw = (int(d) for d in dilation)
+    top, left = int(padding[0]), int(padding[1])
+    h, wd = int(x.shape[2]), int(x.shape[3])
+    img, c0, oy = Var("n"), Var("c0"), Var("oy")
+    zero = Const(0, INDEX)
+    taps = {(ky, kx): Var(f"w{ky}_{kx}", "float32", b) for ky in range(kh) for kx in range(kw)}
+
+    def tile(y: Expr, pixels: list[Pixel], rows: list[int]) -> Stmt:
+        count = len(pixels)
+        acc = Buffer("acc", (count, b), "float32", "local")
+        first = pixels[0][0]
+        sums: list[Expr | None] = [None] * count
+        lets: list[tuple[Var, Expr]] = []
+        for ky in rows:
+            row = y * sh + (ky * dh - top)
+            loaded: dict[int, Var] = {}
+            for t in range(count):
+                for kx in range(kw):
+                    if pixels[t][1] and not _column_inside(pixels[t][0], t, sw, kx * dw - left,
+                                                           wd):
+                        continue
+                    col = t * sw + kx * dw - left  # past the tile's first pixel's column
+                    if col not in loaded:
+                        loaded[col] = Var(f"x{ky}_{len(loaded)}", "float32", b)
+                        lets.append((loaded[col], Load(x.buffer, (
+                            img, c0, row, first * sw + col, zero), b)))
+                    prod, wt, before = loaded[col], taps[(ky, kx)], sums[t]
+                    sums[t] = Binary("mul", wt, prod) if before is None else FMA(wt, prod,
+                                                                                 before)
+        stores = [Store(acc, (Const(t), Const(0)),
+                        total if total is not None else Broadcast(Const(0.0, "float32"), b))
+                  for t, total in enumerate(sums)]
+        compute: Stmt = Seq(tuple(stores))
+        for v, e in reversed(lets):
+            compute = LetStmt(v, e, compute)
+        c1 = Var("c1")
+        writes = [For(c1, Const(0), Const(b), write((img, c0, y, col, c1), Load(
+            acc, (Const(t), c1))), "vectorized") for t, (col, _) in enumerate(pixels)]
+        return Allocate(acc, Seq((compute, Seq(tuple(writes)))))
+
+    per = -(-ow // -(-ow // min(ow, DEPTHWISE_TILE)))
+    body = _rows(oy, oh, _inside(h, sh, kh, dh, top, oh), kh,
+                 lambda y, ys: _row(ow, per, _inside(wd, sw, kw, dw, left, ow),
+                                    lambda xs: tile(y, xs, ys)),
+                 lambda r: _taps(r, sh, kh, dh, top, h))
+    for (ky, kx), v in reversed(list(taps.items())):
+        body = LetStmt(v, Load(w.buffer, (c0, zero, Const(ky), Const(kx), zero, zero), b), body)
+    u = Var("u")
+    nest = LetStmt(c0, u // oh, LetStmt(oy, u % oh, body))
+    # memory-bound: parallel from as little work as `conv_kernels.depthwise`'s planes
+    work = nimg * blocks * b * oh * ow * kh * kw
+    kind = "parallel" if (work >= PARALLEL_MIN_ELEMENTS and tgt.cores > 1
+                          and blocks * oh > 1) else "serial"
+    return For(img, Const(0), Const(nimg), For(u, Const(0), Const(blocks * oh), nest, kind))
+
+
+def _column_inside(column: Expr, t: int, stride: int, offset: int, size: int) -> bool:
+    """Whether output ``column`` (a constant: a border tile's) reads inside an axis of
+    ``size`` at ``column · stride + offset``."""
+    assert isinstance(column, Const)
+    at = int(column.value) * stride + offset
+    return 0 <= at < size

@@ -1,0 +1,228 @@
+"""convert-layout: a CNN's convolutions and what lies between them in channel blocks (NCHW[b]c).
+
+TVM's alter-op-layout rewrote x86 convolutions into ``nn.contrib_conv2d_NCHWc`` and kept the
+data blocked from one convolution to the next, inserting ``layout_transform`` only where an
+operator needs the plain layout. This pass does the same for float32 ``nn.conv2d`` calls in
+NCHW / OIHW with a constant weight that a kernel of kiln/loops/nchwc_kernels.py takes:
+
+- the block b of a tensor of C channels is the Target's vector lanes where they divide C, else
+  8 where that divides C (MobileNetV2's 24 channels); a convolution whose output channels
+  have neither stays as it is;
+- a convolution's input keeps the block it arrives in (or takes its channels' block; a stem's
+  3 channels stay plain NCHW, read as blocks of one), its weight is blocked at compile time
+  (``OIHW[bi]i[bo]o``; depthwise ``OIHW1i[b]o``), and its result is ``NCHW[bo]c``;
+- elementwise operators (relu, clip, ...) and broadcasting ones whose other operands are
+  constants over channels (a folded batch norm's shift: shape (C, 1, 1)), scalars, or tensors
+  of the same shape (a residual add) work on the blocked tensors as they are, constants
+  blocked at compile time;
+- 2-D pooling takes the blocked layout (``layout="NCHW16c"``);
+- every other use of a blocked tensor gets it back in NCHW through one ``layout_transform``.
+
+A convolution is converted where its weight is constant, so the pass runs after the weights
+are bound (``kiln.build(mod, params=...)``); the alter-layout pass that follows packs what is
+left for the NCHW kernels. ``PassContext(config={"convert-layout": False})`` turns it off.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kiln.ir.expr import Call, Constant, Expr, Function, Op, const
+from kiln.ir.module import IRModule
+from kiln.ir.traverse import children, post_order, with_children
+from kiln.ir.ty import TensorType
+from kiln.loops.schedule import lowering_target
+from kiln.op import registry
+from kiln.op.registry import OpPattern
+from kiln.transform.pass_manager import PassContext, map_typed_functions, module_pass
+
+CONFIG_KEY = "convert-layout"
+POOLS: tuple[str, ...] = ()  # (
+_POOLS = ("nn.max_pool2d", "nn.avg_pool2d", "nn.global_avg_pool2d", "nn.global_max_pool2d")
+
+
+def block_of(channels: int, lanes: int) -> int | None:
+    """The channel block of a tensor of ``channels``: the vector lanes where they divide the
+    channels, else None (the tensor stays NCHW).
+
+    Blocks of 8 on AVX-512 (MobileNetV2's 24 channels) ran its 1×1 convolutions at half
+    width, 2.2-2.5 times slower than the NCHW GEMM; one block of all 24 made LLVM split
+    each 24-lane vector with inserts and shuffles, slower still."""
+    return lanes if channels % lanes == 0 else None
+
+
+def block_data(x: np.ndarray, b: int) -> np.ndarray:
+    """An NCHW-shaped (or (C, 1, 1)-shaped) array in NCHW[b]c: x[.., c0·b + c1, h, w] at
+    [.., c0, h, w, c1]."""
+    *lead, c, h, w = x.shape
+    split = x.reshape(*lead, c // b, b, h, w)
+    k = len(lead)
+    return np.ascontiguousarray(np.moveaxis(split, k + 1, k + 3))
+
+
+def block_weight(w: np.ndarray, bi: int, bo: int) -> np.ndarray:
+    """An OIHW weight in OIHW[bi]i[bo]o: w[o0·bo + o1, i0·bi + i1, y, x] at
+    [o0, i0, y, x, i1, o1]."""
+    o, i, kh, kw = w.shape
+    split = w.reshape(o // bo, bo, i // bi, bi, kh, kw)
+    return np.ascontiguousarray(split.transpose(0, 2, 4, 5, 3, 1))
+
+
+def _static4(e: Expr) -> tuple[int, ...] | None:
+    t = e.checked_type_
+    if isinstance(t, TensorType) and t.is_static and t.ndim == 4 and t.dtype == "float32":
+        return t.static_shape
+    return None
+
+
+class _Converter:
+    def __init__(self, lanes: int) -> None:
+        self.lanes = lanes
+        self.new: dict[int, Expr] = {}
+        self.layout: dict[int, str | None] = {}  # a node's blocked layout (None: its own)
+        self.moved: dict[tuple[int, str], Expr] = {}  # (node, layout) -> node in that layout
+
+    def plain(self, node: Expr) -> Expr:
+        """``node`` rebuilt, in its own layout."""
+        return self.as_layout(node, "NCHW") if self.layout.get(id(node)) else self.new[id(node)]
+
+    def as_layout(self, node: Expr, layout: str) -> Expr:
+        """``node`` rebuilt in ``layout`` (NCHW or NCHW[b]c), one transform per layout."""
+        have = self.layout.get(id(node)) or "NCHW"
+        if have == layout:
+            return self.new[id(node)]
+        key = (id(node), layout)
+        if key not in self.moved:
+            self.moved[key] = registry.get("layout_transform")(
+                self.new[id(node)], src_layout=have, dst_layout=layout)
+        return self.moved[key]
+
+    def visit(self, node: Expr) -> None:
+        made = None
+        if isinstance(node, Call) and isinstance(node.op, Op):
+            name = node.op.name
+            made = (self.conv(node, name) or self.pool(node, name)
+                    or self.elementwise(node, name))
+        if made is not None:
+            self.new[id(node)], self.layout[id(node)] = made
+            return
+        self.new[id(node)] = with_children(node, [self.plain(c) for c in children(node)])
+
+    # --- the rules -------------------------------------------------------------------------
+
+    def conv(self, node: Call, name: str) -> tuple[Expr, str] | None:
+        from kiln.loops import winograd
+        from kiln.op.nn.conv import Conv2DAttrs
+
+        if name != "nn.conv2d":
+            return None
+        x, w = node.args
+        xs, ys = _static4(x), _static4(node)
+        if xs is None or ys is None or not isinstance(w, Constant) or w.dtype != "float32":
+            return None
+        attrs = Conv2DAttrs.view(node.attrs)
+        if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout or "NCHW") != \
+                ("NCHW", "OIHW", "NCHW") or attrs.out_dtype not in ("", "float32"):
+            return None
+        o, cg = w.data.shape[0], w.data.shape[1]
+        c = xs[1]
+        bo = block_of(o, self.lanes)
+        if bo is None or min(xs + ys + w.data.shape) == 0:
+            return None
+        if attrs.groups == 1 and winograd.choose(xs, w.data.shape, attrs.strides, attrs.padding,
+                                                 attrs.dilation, 1, ys) is not None:
+            return None  # Winograd's NCHW kernel does less arithmetic
+        have = self.layout.get(id(x))
+        if attrs.groups == 1:
+            bi = int(have[4:-1]) if have else (block_of(c, self.lanes) or 1)
+            if c % bi:
+                bi = 1
+        elif attrs.groups == c == o and cg == 1:
+            bi = bo
+        else:
+            return None
+        data_layout = f"NCHW{bi}c" if bi > 1 else "NCHW"
+        kernel_layout = f"OIHW{bi if attrs.groups == 1 else 1}i{bo}o"
+        out_layout = f"NCHW{bo}c"
+        weight = block_weight(w.data, bi if attrs.groups == 1 else 1, bo)
+        params = {name: node.attrs[name] for name in node.attrs}
+        params.update(data_layout=data_layout, kernel_layout=kernel_layout,
+                      out_layout=out_layout, channels=o, kernel_size=w.data.shape[2:])
+        call = registry.get("nn.contrib_conv2d_NCHWc")(self.as_layout(x, data_layout),
+                                                       const(weight), **params)
+        return Call(call.op, call.args, call.attrs, span=node.span), out_layout
+
+    def pool(self, node: Call, name: str) -> tuple[Expr, str] | None:
+        if name not in POOLS:
+            return None
+        (x,) = node.args
+        have = self.layout.get(id(x))
+        if have is None or node.attrs.layout != "NCHW" or node.attrs.out_layout not in ("",
+                                                                                      "NCHW"):
+            return None
+        params = {name: node.attrs[name] for name in node.attrs}
+        params.update(layout=have, out_layout=have)
+        call = registry.get(name)(self.new[id(x)], **params)
+        return Call(call.op, call.args, call.attrs, span=node.span), have
+
+    def elementwise(self, node: Call, name: str) -> tuple[Expr, str] | None:
+        opdef = registry.get(name)
+        if opdef.pattern > OpPattern.BROADCAST or any("axis" in a or "layout" in a
+                                                      for a in node.attrs):
+            return None
+        shape = _static4(node)
+        blocked = [a for a in node.args if self.layout.get(id(a))]
+        if shape is None or not blocked:
+            return None
+        layout = self.layout[id(blocked[0])]
+        assert layout is not None
+        b = int(layout[4:-1])
+        args: list[Expr] = []
+        for a in node.args:
+            if self.layout.get(id(a)) or _static4(a) == shape:
+                args.append(self.as_layout(a, layout))
+                continue
+            moved = _blocked_constant(a, shape, b)
+            if moved is None:
+                return None
+            args.append(moved)
+        return Call(node.op, tuple(args), node.attrs, span=node.span), layout
+
+
+def _blocked_constant(a: Expr, shape: tuple[int, ...], b: int) -> Expr | None:
+    """A constant operand of a broadcast with an NCHW result of ``shape``, as the same
+    broadcast needs it against NCHW[b]c: a scalar or all-ones shape as it is, a
+    per-channel (C, 1, 1) or (1, C, 1, 1) one blocked; None for anything else."""
+    if not isinstance(a, Constant):
+        return None
+    data = a.data
+    if data.size == 1:
+        return a
+    c = shape[1]
+    dims = (1,) * (4 - data.ndim) + data.shape
+    if data.ndim > 4 or dims[1:] != (c, 1, 1) or dims[0] != 1:
+        return None
+    return const(block_data(data.reshape(c, 1, 1), b))
+
+
+def convert(func: Function, lanes: int) -> Function:
+    """``func`` with its qualifying convolutions in channel blocks (module docstring)."""
+    conv = _Converter(lanes)
+    for node in post_order(func):
+        if node is func:
+            break
+        conv.visit(node)
+    body = conv.plain(func.body)
+    if not conv.moved and not any(conv.layout.values()):
+        return func
+    return Function(func.params, body, func.ret_type, func.type_params, func.attrs,
+                    span=func.span)
+
+
+@module_pass("convert-layout", opt_level=3)
+def ConvertLayout(mod: IRModule, ctx: PassContext) -> IRModule:
+    """Run float32 CNNs in channel blocks (NCHW[b]c) between their convolutions."""
+    if not ctx.config.get(CONFIG_KEY, True):
+        return mod
+    lanes = lowering_target().lanes("float32")
+    return map_typed_functions(mod, lambda f: convert(f, lanes))

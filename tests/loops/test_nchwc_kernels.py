@@ -1,0 +1,166 @@
+"""The kernels of nn.contrib_conv2d_NCHWc (kiln/loops/nchwc_kernels.py), compiled, against PyTorch.
+
+The direct kernel (3×3 with border rows and columns, strides, dilation, asymmetric padding,
+the 7×7 stem read from plain NCHW data, 1×1 in rows and over the flattened pixels) and the
+depthwise one (stride 1 and 2, dilated, 5×5, several images), each for this machine and for it
+without AVX-512; a fused epilogue; one and two threads bit for bit. The blocked inputs are
+made, and the results read back, with numpy reshapes written out here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.loops.nchwc_kernels import tile_shape
+from kiln.loops.schedule import target_scope
+from kiln.op import nn
+from kiln.runtime.compiler import native_available
+from kiln.target import Target
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.skipif(not native_available(), reason="needs llvmlite")
+
+RNG = np.random.default_rng(11)
+TARGETS = ["llvm", "llvm -mattr=-avx512f"]
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+                  ) -> None:
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path_factory.getbasetemp() / "kiln-cache"))
+
+
+def block_data(x: np.ndarray, b: int) -> np.ndarray:
+    n, c, h, w = x.shape
+    return np.ascontiguousarray(x.reshape(n, c // b, b, h, w).transpose(0, 1, 3, 4, 2))
+
+
+def unblock(y: np.ndarray) -> np.ndarray:
+    n, c0, h, w, c1 = y.shape
+    return y.transpose(0, 1, 4, 2, 3).reshape(n, c0 * c1, h, w)
+
+
+def block_weight(w: np.ndarray, bi: int, bo: int) -> np.ndarray:
+    o, i, kh, kw = w.shape
+    return np.ascontiguousarray(
+        w.reshape(o // bo, bo, i // bi, bi, kh, kw).transpose(0, 2, 4, 5, 3, 1))
+
+
+def reference(x: np.ndarray, w: np.ndarray, strides, padding, dilation, groups) -> np.ndarray:
+    top, left, bottom, right = padding
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (top, bottom), (left, right)))
+    return torch.nn.functional.conv2d(torch.from_numpy(xp), torch.from_numpy(w.astype(np.float64)),
+                                      stride=strides, dilation=dilation, groups=groups).numpy()
+
+
+def build(xshape, w: np.ndarray, bi: int, bo: int, depthwise: bool, epilogue=None, **attrs):
+    """The blocked convolution of a constant weight, built; the kernel it got."""
+    x = kiln.var("x", shape=xshape, dtype="float32")
+    wb = block_weight(w, 1 if depthwise else bi, bo)
+    y = nn.contrib_conv2d_nchwc(
+        x, kiln.const(wb), data_layout=f"NCHW{bi}c" if bi > 1 else "NCHW",
+        kernel_layout=f"OIHW{1 if depthwise else bi}i{bo}o", out_layout=f"NCHW{bo}c",
+        channels=w.shape[0], kernel_size=w.shape[2:],
+        groups=w.shape[0] if depthwise else 1, **attrs)
+    if epilogue is not None:
+        y = epilogue(y)
+    exe = kiln.build(kiln.IRModule.from_expr(kiln.Function([x], y)))
+    kinds = {s[1].get("kernel") for k in exe.program.kernels.values() if k.kernel is not None
+             for s in k.kernel.attrs.get("schedules", [])}
+    return exe, kinds
+
+
+# (N, C, H, W), (O, kh, kw), strides, padding (top, left, bottom, right), dilation, blocked data
+DIRECT = [
+    ((1, 32, 9, 11), (32, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), True),  # border rows, columns
+    ((2, 16, 10, 13), (48, 3, 3), (2, 1), (1, 0, 2, 1), (1, 1), True),  # 3 blocks, asymmetric
+    ((1, 16, 12, 12), (32, 3, 3), (1, 1), (2, 2, 2, 2), (2, 2), True),  # dilated
+    ((1, 3, 23, 23), (16, 7, 7), (2, 2), (3, 3, 3, 3), (1, 1), False),  # a stem, plain NCHW
+    ((1, 32, 7, 7), (160, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1), True),  # flattened pixels
+    ((1, 48, 15, 31), (64, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1), True),  # 1×1 in rows
+    ((1, 32, 14, 14), (64, 1, 1), (2, 2), (0, 0, 0, 0), (1, 1), True),  # strided 1×1
+    ((1, 16, 4, 3), (16, 5, 5), (1, 1), (3, 3, 3, 3), (1, 1), True),  # windows past the image
+]
+
+
+@pytest.mark.parametrize("spec", TARGETS)
+@pytest.mark.parametrize("xs,ws,strides,padding,dilation,blocked", DIRECT)
+def test_direct(xs, ws, strides, padding, dilation, blocked, spec) -> None:
+    target = Target.parse(spec)
+    b = target.lanes("float32")
+    o, kh, kw = ws
+    x = RNG.standard_normal(xs).astype(np.float32)
+    w = RNG.standard_normal((o, xs[1], kh, kw)).astype(np.float32)
+    want = reference(x, w, strides, padding, dilation, 1)
+    bi = b if blocked else 1
+    with target_scope(target):
+        exe, kinds = build((xs[0], xs[1] // bi, xs[2], xs[3], bi) if blocked else xs, w, bi, b,
+                           False, strides=strides, padding=padding, dilation=dilation)
+    assert kinds == {"nchwc direct"}
+    got = exe(block_data(x, bi) if blocked else x)
+    np.testing.assert_allclose(unblock(got), want, rtol=1e-4, atol=2e-5 * xs[1] * kh * kw)
+
+
+DEPTHWISE = [
+    ((1, 32, 13, 17), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+    ((2, 32, 14, 15), (3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),  # stride 2, two images
+    ((1, 16, 12, 12), (3, 3), (1, 1), (2, 2, 2, 2), (2, 2)),  # dilated
+    ((1, 16, 11, 20), (5, 5), (1, 2), (2, 1, 2, 3), (1, 1)),  # 5×5, asymmetric
+    ((1, 48, 3, 3), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),  # every pixel at a border
+]
+
+
+@pytest.mark.parametrize("spec", TARGETS)
+@pytest.mark.parametrize("xs,k,strides,padding,dilation", DEPTHWISE)
+def test_depthwise(xs, k, strides, padding, dilation, spec) -> None:
+    target = Target.parse(spec)
+    b = target.lanes("float32")
+    c = xs[1]
+    x = RNG.standard_normal(xs).astype(np.float32)
+    w = RNG.standard_normal((c, 1, *k)).astype(np.float32)
+    want = reference(x, w, strides, padding, dilation, c)
+    with target_scope(target):
+        exe, kinds = build((xs[0], c // b, xs[2], xs[3], b), w, b, b, True, strides=strides,
+                           padding=padding, dilation=dilation)
+    assert kinds == {"nchwc depthwise"}
+    np.testing.assert_allclose(unblock(exe(block_data(x, b))), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("depthwise", [False, True])
+def test_epilogue_and_threads(depthwise: bool) -> None:
+    # clip(conv + shift, 0, 6) as MobileNetV2 has it, large enough for the thread pool
+    b = Target.host().lanes("float32")
+    c, size = 4 * b, 28
+    x = RNG.standard_normal((1, c, size, size)).astype(np.float32)
+    w = RNG.standard_normal((c, 1 if depthwise else c, 3, 3)).astype(np.float32)
+    shift = RNG.standard_normal((c, 1, 1)).astype(np.float32)
+    shift_b = block_data(shift.reshape(1, c, 1, 1), b)
+
+    def epilogue(y):
+        return kiln.op.clip(kiln.op.add(y, kiln.const(shift_b[0])), a_min=0.0, a_max=6.0)
+
+    exe, _ = build((1, c // b, size, size, b), w, b, b, depthwise, epilogue,
+                   padding=(1, 1, 1, 1))
+    want = np.clip(reference(x, w, (1, 1), (1, 1, 1, 1), (1, 1), c if depthwise else 1)
+                   + shift, 0, 6)
+    xb = block_data(x, b)
+    exe.set_threads(1)
+    one = exe(xb)
+    exe.set_threads(2)
+    two = exe(xb)
+    np.testing.assert_array_equal(one, two)
+    np.testing.assert_allclose(unblock(one), want, rtol=1e-4, atol=1e-3)
+
+
+def test_tile_shape_fills_the_registers() -> None:
+    avx512 = Target.parse("llvm -mcpu=sapphirerapids")
+    avx2 = Target.parse("llvm -mcpu=znver3")
+    assert tile_shape(56, 2, 16, avx512) == (14, 2)  # the GEMM's 14 × 2 vectors
+    assert tile_shape(56, 4, 16, avx512) == (7, 4)  # as many, fewer broadcasts
+    assert tile_shape(7, 60, 16, avx512) == (7, 4)  # a 7-pixel row: 4 blocks
+    assert tile_shape(7, 10, 16, avx512) == (4, 5)  # 10 blocks: 5 of them, 4 + 3 pixels
+    assert tile_shape(112, 1, 16, avx512) == (28, 1)  # one block: 28 pixels
+    assert tile_shape(56, 2, 8, avx2) == (6, 2)  # AVX2: 12 accumulators
+    assert tile_shape(3, 1, 16, avx512) == (3, 1)  # fewer pixels than registers

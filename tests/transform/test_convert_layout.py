@@ -1,0 +1,139 @@
+"""convert-layout: CNNs run in channel blocks between their convolutions.
+
+What the pass makes (which calls are blocked, where the transforms go) is read off the
+optimized program; what it computes is checked against PyTorch on the plain NCHW network.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.ir.expr import Call, Op
+from kiln.ir.traverse import post_order
+from kiln.op import nn
+from kiln.transform import PassContext
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+RNG = np.random.default_rng(5)
+LANES = kiln.Target.host().lanes("float32")
+
+
+def ops(mod: kiln.IRModule) -> collections.Counter:
+    """How many calls of each operator the module's functions make."""
+    return collections.Counter(node.op.name for f in mod.functions.values()
+                               for node in post_order(f)
+                               if isinstance(node, Call) and isinstance(node.op, Op))
+
+
+def optimized(mod: kiln.IRModule, params: dict, on: bool = True) -> kiln.IRModule:
+    with PassContext(config={"convert-layout": on}):
+        return kiln.optimize(mod, params=params)
+
+
+def small_mobilenet(c: int = 2 * LANES, size: int = 12):
+    """stem 3 -> c (stride 2), shift, relu6; depthwise, shift, relu6; 1×1 c -> c, plus the
+    block's input; global average pool, dense. Returns (module, params, torch twin)."""
+    p = {
+        "stem": RNG.standard_normal((c, 3, 3, 3)).astype(np.float32) / 3,
+        "s1": RNG.standard_normal((c, 1, 1)).astype(np.float32),
+        "dw": RNG.standard_normal((c, 1, 3, 3)).astype(np.float32) / 3,
+        "s2": RNG.standard_normal((c, 1, 1)).astype(np.float32),
+        "pw": (RNG.standard_normal((c, c, 1, 1)) / np.sqrt(c)).astype(np.float32),
+        "fc": RNG.standard_normal((10, c)).astype(np.float32),
+    }
+    x = kiln.var("x", shape=(1, 3, size, size))
+    v = {k: kiln.var(k, shape=a.shape) for k, a in p.items()}
+    h = nn.conv2d(x, v["stem"], strides=(2, 2), padding=(1, 1))
+    h = kiln.op.clip(kiln.op.add(h, v["s1"]), a_min=0.0, a_max=6.0)
+    y = nn.conv2d(h, v["dw"], padding=(1, 1), groups=c)
+    y = kiln.op.clip(kiln.op.add(y, v["s2"]), a_min=0.0, a_max=6.0)
+    y = nn.conv2d(y, v["pw"])
+    h = nn.relu(kiln.op.add(h, y))
+    out = nn.dense(nn.batch_flatten(nn.global_avg_pool2d(h)), v["fc"])
+    mod = kiln.IRModule.from_expr(kiln.Function([x, *v.values()], out))
+
+    def twin(a: np.ndarray) -> np.ndarray:
+        t = {k: torch.from_numpy(b.astype(np.float64)) for k, b in p.items()}
+        h = F.conv2d(torch.from_numpy(a.astype(np.float64)), t["stem"], stride=2, padding=1)
+        h = torch.clamp(h + t["s1"], 0, 6)
+        y = torch.clamp(F.conv2d(h, t["dw"], padding=1, groups=c) + t["s2"], 0, 6)
+        h = torch.relu(h + F.conv2d(y, t["pw"]))
+        return (h.mean(dim=(2, 3)) @ t["fc"].T).numpy()
+
+    return mod, p, twin
+
+
+def test_blocks_between_convolutions_and_one_transform_at_the_edge() -> None:
+    mod, params, twin = small_mobilenet()
+    count = ops(optimized(mod, params))
+    assert count["nn.contrib_conv2d_NCHWc"] == 3
+    assert count["nn.conv2d"] == count["nn.conv2d_packed"] == 0
+    # the stem reads the image as it is; the pooling needs NCHW: one transform
+    assert count["layout_transform"] == 1
+    x = RNG.standard_normal((1, 3, 12, 12)).astype(np.float32)
+    exe = kiln.build(mod, params=params)
+    np.testing.assert_allclose(exe(x), twin(x), rtol=1e-4, atol=1e-4)
+
+
+def test_config_turns_it_off() -> None:
+    mod, params, twin = small_mobilenet()
+    count = ops(optimized(mod, params, on=False))
+    assert count["nn.contrib_conv2d_NCHWc"] == count["layout_transform"] == 0
+    x = RNG.standard_normal((1, 3, 12, 12)).astype(np.float32)
+    with PassContext(config={"convert-layout": False}):
+        exe = kiln.build(mod, params=params)
+    np.testing.assert_allclose(exe(x), twin(x), rtol=1e-4, atol=1e-4)
+
+
+def test_weights_not_bound_stay_nchw() -> None:
+    mod, _, _ = small_mobilenet()
+    count = ops(optimized(mod, {}))
+    assert count["nn.contrib_conv2d_NCHWc"] == count["layout_transform"] == 0
+
+
+def test_channels_the_lanes_do_not_divide_stay_nchw() -> None:
+    c = LANES + 8 if LANES > 8 else 12
+    mod, params, twin = small_mobilenet(c=c)
+    count = ops(optimized(mod, params))
+    assert count["nn.contrib_conv2d_NCHWc"] == count["layout_transform"] == 0
+    x = RNG.standard_normal((1, 3, 12, 12)).astype(np.float32)
+    np.testing.assert_allclose(kiln.build(mod, params=params)(x), twin(x), rtol=1e-4, atol=1e-4)
+
+
+def test_plain_uses_share_one_transform_and_others_are_moved_back() -> None:
+    # a blocked result read by two operators that need NCHW (a reshape and a multiply by a
+    # tensor that is not a constant): both read one transform of it
+    c, size = LANES, 6
+    w = RNG.standard_normal((c, c, 3, 3)).astype(np.float32)
+    x = kiln.var("x", shape=(1, c, size, size))
+    scale = kiln.var("scale", shape=(c, 1, 1))
+    y = nn.relu(nn.conv2d(x, kiln.const(w), padding=(1, 1)))
+    out = kiln.op.add(kiln.op.sum(kiln.op.multiply(y, scale)),
+                      kiln.op.sum(kiln.op.reshape(y, newshape=(-1,))))
+    mod = kiln.IRModule.from_expr(kiln.Function([x, scale], out))
+    count = ops(optimized(mod, {}))
+    assert count["nn.contrib_conv2d_NCHWc"] == 1
+    assert count["layout_transform"] == 2  # the input in, the relu's result out once
+    a = RNG.standard_normal((1, c, size, size)).astype(np.float32)
+    s = RNG.standard_normal((c, 1, 1)).astype(np.float32)
+    t = torch.relu(F.conv2d(torch.from_numpy(a.astype(np.float64)),
+                            torch.from_numpy(w.astype(np.float64)), padding=1))
+    want = float((t * torch.from_numpy(s.astype(np.float64))).sum() + t.sum())
+    np.testing.assert_allclose(kiln.build(mod)(a, s), want, rtol=1e-4)
+
+
+def test_kiln_testing_mobilenet_matches_the_plain_build() -> None:
+    from kiln.testing import models
+
+    mod, params = models.mobilenet_v2(image=32, width=0.5, classes=10)
+    count = ops(optimized(mod, params))
+    assert count["nn.contrib_conv2d_NCHWc"] > 0
+    x = RNG.standard_normal((1, 3, 32, 32)).astype(np.float32)
+    with PassContext(config={"convert-layout": False}):
+        plain = kiln.build(mod, params=params)(x)
+    np.testing.assert_allclose(kiln.build(mod, params=params)(x), plain, rtol=1e-4, atol=1e-4)
