@@ -37,8 +37,7 @@ from kiln.op.registry import OpPattern
 from kiln.transform.pass_manager import PassContext, map_typed_functions, module_pass
 
 CONFIG_KEY = "convert-layout"
-POOLS: tuple[str, ...] = ()  # (
-_POOLS = ("nn.max_pool2d", "nn.avg_pool2d", "nn.global_avg_pool2d", "nn.global_max_pool2d")
+POOLS = ("nn.max_pool2d", "nn.avg_pool2d", "nn.global_avg_pool2d", "nn.global_max_pool2d")
 
 
 def block_of(channels: int, lanes: int) -> int | None:
@@ -129,8 +128,8 @@ class _Converter:
         bo = block_of(o, self.lanes)
         if bo is None or min(xs + ys + w.data.shape) == 0:
             return None
-        if attrs.groups == 1 and winograd.choose(xs, w.data.shape, attrs.strides, attrs.padding,
-                                                 attrs.dilation, 1, ys) is not None:
+        if winograd.choose(xs, w.data.shape, attrs.strides, attrs.padding, attrs.dilation,
+                           attrs.groups, ys) is not None:
             return None  # Winograd's NCHW kernel does less arithmetic
         have = self.layout.get(id(x))
         if attrs.groups == 1:
@@ -177,9 +176,15 @@ class _Converter:
         layout = self.layout[id(blocked[0])]
         assert layout is not None
         b = int(layout[4:-1])
+        if any(not self.layout.get(id(a)) and not isinstance(a, Constant)
+               and _static4(a) == shape for a in node.args):
+            # a whole tensor in NCHW beside: the operator runs in NCHW (ResNet's residual
+            # add of a Winograd convolution, which stays NCHW, and a blocked shortcut: the
+            # blocks follow it to the next Winograd layer if it ran blocked)
+            return None
         args: list[Expr] = []
         for a in node.args:
-            if self.layout.get(id(a)) or _static4(a) == shape:
+            if self.layout.get(id(a)):
                 args.append(self.as_layout(a, layout))
                 continue
             moved = _blocked_constant(a, shape, b)

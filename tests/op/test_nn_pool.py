@@ -210,8 +210,44 @@ def test_pool_relation() -> None:
     n = SymDim("n")
     ty = infer("nn.max_pool2d", [TensorType((n, 3, ANY, 9))], pool_size=3, strides=2, padding=1)
     assert ty == TensorType((n, 3, ANY, 5))
-    with pytest.raises(kiln.TypeCheckError, match="layout NCHW only"):
+    with pytest.raises(kiln.TypeCheckError, match=r"layout NCHW or NCHW\[b\]c"):
         infer("nn.avg_pool2d", [TensorType((1, 3, 4, 4))], pool_size=2, layout="NHWC")
+    with pytest.raises(kiln.TypeCheckError, match="in the same layout"):
+        infer("nn.avg_pool2d", [TensorType((1, 3, 4, 4, 8))], pool_size=2, layout="NCHW8c",
+              out_layout="NCHW")
+    with pytest.raises(kiln.TypeCheckError, match="axis of the channel block"):
+        infer("nn.max_pool2d", [TensorType((1, 3, 4, 4, 4))], pool_size=2, layout="NCHW8c")
+    with pytest.raises(kiln.TypeCheckError, match="adjoint supports layout NCHW only"):
+        infer("nn.max_pool2d_grad", [TensorType((1, 3, 2, 2, 8)), TensorType((1, 3, 4, 4, 8))],
+              pool_size=2, strides=2, layout="NCHW8c")
+    ty = infer("nn.global_avg_pool2d", [TensorType((n, 3, 7, 5, 16))], layout="NCHW16c")
+    assert ty == TensorType((n, 3, 1, 1, 16))
+
+
+def blocked(x: np.ndarray, b: int) -> np.ndarray:
+    """NCHW -> NCHW[b]c, written out with numpy."""
+    n, c, h, w = x.shape
+    return np.ascontiguousarray(x.reshape(n, c // b, b, h, w).transpose(0, 1, 3, 4, 2))
+
+
+@covers("nn.max_pool2d", "nn.avg_pool2d", "nn.global_avg_pool2d", "nn.global_max_pool2d")
+@pytest.mark.parametrize("b", [4, 16])
+def test_blocked_pools_against_torch(b: int) -> None:
+    # the convert-layout pass's NCHW16c: windows over rows and columns, each channel alone
+    x = np.random.default_rng(b).standard_normal((2, 2 * b, 9, 11))
+    t = T(x)
+    cases = [
+        ("nn.max_pool2d", F.max_pool2d(t, 3, 2, 1),
+         {"pool_size": 3, "strides": 2, "padding": 1}),
+        ("nn.avg_pool2d", F.avg_pool2d(t, (3, 2), 2, (1, 1), count_include_pad=False),
+         {"pool_size": (3, 2), "strides": 2, "padding": 1}),
+        ("nn.avg_pool2d", F.avg_pool2d(t, 2, 1, 0, ceil_mode=True),
+         {"pool_size": 2, "ceil_mode": True, "count_include_pad": True}),
+        ("nn.global_avg_pool2d", t.mean(dim=(2, 3), keepdim=True), {}),
+        ("nn.global_max_pool2d", t.amax(dim=(2, 3), keepdim=True), {}),
+    ]
+    for name, want, attrs in cases:
+        check(name, [blocked(x, b)], blocked(want.numpy(), b), layout=f"NCHW{b}c", **attrs)
     with pytest.raises(kiln.TypeCheckError, match="window spans 5"):
         infer("nn.max_pool2d", [TensorType((1, 3, 4, 4))], pool_size=5)
     with pytest.raises(kiln.TypeCheckError, match="strides must be positive"):

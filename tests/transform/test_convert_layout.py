@@ -137,3 +137,25 @@ def test_kiln_testing_mobilenet_matches_the_plain_build() -> None:
     with PassContext(config={"convert-layout": False}):
         plain = kiln.build(mod, params=params)(x)
     np.testing.assert_allclose(kiln.build(mod, params=params)(x), plain, rtol=1e-4, atol=1e-4)
+
+
+def test_pools_stay_blocked() -> None:
+    # stem, max pool, conv, global average pool: blocked from the stem to the pool's
+    # (N, C, 1, 1) result, moved back once there
+    c = 2 * LANES
+    w1 = RNG.standard_normal((c, 3, 7, 7)).astype(np.float32) / 10
+    w2 = (RNG.standard_normal((c, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)
+    x = kiln.var("x", shape=(1, 3, 20, 20))
+    h = nn.relu(nn.conv2d(x, kiln.const(w1), strides=(2, 2), padding=(3, 3)))
+    h = nn.max_pool2d(h, pool_size=(3, 3), strides=(2, 2), padding=(1, 1))
+    h = nn.relu(nn.conv2d(h, kiln.const(w2), strides=(2, 2), padding=(1, 1)))
+    mod = kiln.IRModule.from_expr(kiln.Function([x], nn.batch_flatten(nn.global_avg_pool2d(h))))
+    count = ops(optimized(mod, {}))
+    assert count["nn.contrib_conv2d_NCHWc"] == 2 and count["layout_transform"] == 1
+    a = RNG.standard_normal((1, 3, 20, 20)).astype(np.float32)
+    t = torch.relu(F.conv2d(torch.from_numpy(a.astype(np.float64)),
+                            torch.from_numpy(w1.astype(np.float64)), stride=2, padding=3))
+    t = F.max_pool2d(t, 3, 2, 1)
+    t = torch.relu(F.conv2d(t, torch.from_numpy(w2.astype(np.float64)), stride=2, padding=1))
+    np.testing.assert_allclose(kiln.build(mod)(a), t.mean(dim=(2, 3)).numpy(), rtol=1e-4,
+                               atol=1e-5)

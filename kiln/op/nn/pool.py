@@ -1,4 +1,8 @@
-"""2-D pooling in NCHW layout: nn.max_pool2d, nn.avg_pool2d and their global forms.
+"""2-D pooling: nn.max_pool2d, nn.avg_pool2d and their global forms.
+
+Data is NCHW, or channel-blocked ``NCHW[b]c`` (``layout="NCHW16c"``: N, C/16, H, W, 16, as
+the convert-layout pass keeps a CNN between its convolutions); the result is in the data's
+layout. The adjoints take NCHW only.
 
 Output sizes follow TVM: ``(H + pad - ((k - 1) * d + 1) + (s - 1 if ceil_mode)) // s + 1``.
 Unlike PyTorch, ceil mode keeps a last window even when it starts in the bottom or right
@@ -9,7 +13,9 @@ the extra room ceil mode adds), otherwise by those inside the input alone (at le
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -70,30 +76,49 @@ class AvgPoolAttrs(PoolAttrs):
     count_include_pad: bool
 
 
-def _check_layout(attrs: PoolLayoutAttrs) -> None:
-    if attrs.layout != "NCHW" or attrs.out_layout not in ("", "NCHW"):
-        raise TypeCheckError(
-            "kiln's 2-D pooling supports layout NCHW only; got "
-            f"layout={attrs.layout!r}, out_layout={attrs.out_layout!r}"
-        )
+def _check_layout(attrs: PoolLayoutAttrs, blocked: bool = True) -> int | None:
+    """The channel block of the layout (``NCHW16c``: 16; NCHW: None), which the result
+    keeps; a TypeCheckError for any other layout (and for a blocked one unless
+    ``blocked``: the adjoints take NCHW only)."""
+    match = re.fullmatch(r"NCHW([1-9][0-9]*)c", attrs.layout)
+    if (attrs.layout == "NCHW" or match and blocked) and attrs.out_layout in ("",
+                                                                             attrs.layout):
+        return int(match.group(1)) if match else None
+    raise TypeCheckError(
+        f"kiln's 2-D pooling{'' if blocked else ' adjoint'} supports layout NCHW"
+        f"{' or NCHW[b]c (such as NCHW16c), the result in the same layout' if blocked else ''}"
+        f" only; got layout={attrs.layout!r}, out_layout={attrs.out_layout!r}"
+    )
+
+
+def _check_data(data: TensorType, attrs: PoolLayoutAttrs) -> int | None:
+    """The channel block (see `_check_layout`) after checking ``data`` against it."""
+    block = _check_layout(attrs)
+    if block is None:
+        require_rank(data, "data (NCHW)", 4)
+    else:
+        require_rank(data, f"data ({attrs.layout})", 5)
+        check_dims_equal(data.shape[4], block,
+                         f"data of shape {shape_str(data.shape)} has {data.shape[4]} in the "
+                         f"axis of the channel block of layout {attrs.layout}")
+    require_dtype(data, "data", "numeric")
+    return block
 
 
 def _pool_relation(arg_types: Sequence[Type], attrs: PoolAttrs) -> Type | None:
     data = tensor_arg(arg_types[0], "data")
     if data is None:
         return None
-    _check_layout(attrs)
-    require_rank(data, "data (NCHW)", 4)
-    require_dtype(data, "data", "numeric")
+    _check_data(data, attrs)
     kernel = pair(attrs.pool_size, "pool_size")
     strides = pair(attrs.strides, "strides")
     dilation = pair(attrs.dilation, "dilation")
     check_window_attrs(kernel, strides, dilation)
     top, left, bottom, right = padding4(attrs.padding, "padding")
-    n, c, h, w = data.shape
+    n, c, h, w = data.shape[:4]
     oh = window_out_size(h, top + bottom, kernel[0], dilation[0], strides[0], attrs.ceil_mode)
     ow = window_out_size(w, left + right, kernel[1], dilation[1], strides[1], attrs.ceil_mode)
-    return TensorType((n, c, oh, ow), data.dtype)
+    return TensorType((n, c, oh, ow, *data.shape[4:]), data.dtype)
 
 
 Pair = tuple[int, int]
@@ -121,6 +146,19 @@ def _windows(x: np.ndarray, attrs: PoolAttrs, fill: float) -> np.ndarray:
     return windows_2d(padded, kernel, strides, dilation)
 
 
+def _spatial_last(f: Callable[[list[np.ndarray], Any], np.ndarray]
+                  ) -> Callable[[list[np.ndarray], Any], np.ndarray]:
+    """A reference over NCHW data (windows over the last two axes) made to take
+    ``NCHW[b]c`` too: the block moved before the rows and back."""
+    def run(arrays: list[np.ndarray], attrs: Any) -> np.ndarray:
+        x = np.asarray(arrays[0])
+        if _check_layout(attrs) is None:
+            return f([x], attrs)
+        return np.ascontiguousarray(np.moveaxis(f([np.moveaxis(x, 4, 2)], attrs), 2, 4))
+    return run
+
+
+@_spatial_last
 def _max_pool2d(arrays: list[np.ndarray], attrs: PoolAttrs) -> np.ndarray:
     x = np.asarray(arrays[0])
     lowest = np.iinfo(x.dtype).min if dtype_of(x.dtype.name).is_integer else -np.inf
@@ -144,11 +182,12 @@ def _divisors(hw: tuple[int, ...], attrs: AvgPoolAttrs, dtype: DTypeLike) -> np.
     return np.maximum(counts, 1)
 
 
+@_spatial_last
 def _avg_pool2d(arrays: list[np.ndarray], attrs: AvgPoolAttrs) -> np.ndarray:
     x = np.asarray(arrays[0])
     acc = _avg_acc(x.dtype.name)  # the accumulator the lowering uses
     sums = _windows(x.astype(acc), attrs, 0).sum(axis=(-2, -1))
-    counts = _divisors(x.shape[2:], attrs, acc)
+    counts = _divisors(x.shape[-2:], attrs, acc)
     if dtype_of(x.dtype.name).is_integer:
         return as_array(trunc_divide(sums, counts), x.dtype.name)
     return as_array(sums / counts, x.dtype.name)
@@ -167,13 +206,15 @@ class _Window:
         self.oh, self.ow = out_hw
         self.spans = [None, None,
                       oplib.window_span(self.oh, self.sh, self.kh, self.dh, self.top),
-                      oplib.window_span(self.ow, self.sw, self.kw, self.dw, self.left)]
+                      oplib.window_span(self.ow, self.sw, self.kw, self.dw, self.left),
+                      None][:len(shape)]
         self.count_include_pad = bool(attrs.get("count_include_pad", False))
 
     def at(self, o: tuple, ry: LExpr, rx: LExpr) -> list[LExpr]:
         """Where tap (ry, rx) of output element ``o``'s window reads the input."""
-        b, c, y, x = o
-        return [b, c, y * self.sh + ry * self.dh - self.top, x * self.sw + rx * self.dw - self.left]
+        b, c, y, x = o[:4]
+        return [b, c, y * self.sh + ry * self.dh - self.top,
+                x * self.sw + rx * self.dw - self.left, *o[4:]]
 
     def read(self, t: Tensor, o: tuple, ry: LExpr, rx: LExpr, fill: LExpr) -> LExpr:
         return oplib.guarded_read(t, self.at(o, ry, rx), self.spans, fill)
@@ -213,9 +254,11 @@ def _average(total: LExpr, count: LExpr, out_dtype: str) -> LExpr:
 def _max_pool2d_lower(inputs: list[Tensor], attrs: PoolAttrs, out_type: Type) -> Tensor:
     out = oplib.out_tensor_type(out_type)
     (x,) = inputs
-    win = _Window(attrs, x.shape, out.static_shape[2:])
+    win = _Window(attrs, x.shape, out.static_shape[2:4])
     low = oplib.lowest(x.dtype)
-    if dtype_of(x.dtype).is_float:  # rows, then columns (kiln/loops/pool_kernels.py)
+    if dtype_of(x.dtype).is_float and len(x.shape) == 4:  # rows, then columns
+        # (kiln/loops/pool_kernels.py); blocked data: the reduction below, vectorized
+        # across the block
         t = extern(out.static_shape, out.dtype, lambda write: pool_kernels.max_pool2d(
             x, (win.kh, win.kw), (win.sh, win.sw), (win.dh, win.dw), (win.top, win.left),
             out.static_shape, write))
@@ -229,7 +272,7 @@ def _max_pool2d_lower(inputs: list[Tensor], attrs: PoolAttrs, out_type: Type) ->
 def _avg_pool2d_lower(inputs: list[Tensor], attrs: AvgPoolAttrs, out_type: Type) -> Tensor:
     out = oplib.out_tensor_type(out_type)
     (x,) = inputs
-    win = _Window(attrs, x.shape, out.static_shape[2:])
+    win = _Window(attrs, x.shape, out.static_shape[2:4])
     acc = _avg_acc(x.dtype)
     zero = oplib.dtype_const(0, x.dtype)
     return reduce(out.static_shape, out.dtype, (win.kh, win.kw), "add",
@@ -251,8 +294,8 @@ def _pool_attrs(count_include_pad: bool) -> tuple[Attr, ...]:
             convert=padding4,
             doc="padding: 1, 2 or 4 numbers, kept as (top, left, bottom, right)",
         ),
-        Attr("layout", "NCHW", kind="str", doc="layout of data (only NCHW)"),
-        Attr("out_layout", "", kind="str", doc="layout of the result ('' or NCHW)"),
+        Attr("layout", "NCHW", kind="str", doc="layout of data: NCHW or NCHW[b]c (NCHW16c)"),
+        Attr("out_layout", "", kind="str", doc="layout of the result ('': the data's)"),
         Attr("ceil_mode", False, kind="bool", doc="round the output size up, not down"),
     )
     if count_include_pad:
@@ -275,7 +318,7 @@ max_pool2d = register(
     relation=_pool_relation,
     compute=_max_pool2d,
     pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
-    doc="Largest element of each 2-D window of NCHW data.",
+    doc="Largest element of each 2-D window of NCHW (or NCHW[b]c) data.",
     gradient=lambda c, g: [call("nn.max_pool2d_grad", g, c.args[0], **dict(c.attrs))],
     lower=_max_pool2d_lower,
 )
@@ -287,7 +330,7 @@ avg_pool2d = register(
     relation=_pool_relation,
     compute=_avg_pool2d,
     pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
-    doc="Mean of each 2-D window of NCHW data.",
+    doc="Mean of each 2-D window of NCHW (or NCHW[b]c) data.",
     gradient=lambda c, g: [call("nn.avg_pool2d_grad", g, c.args[0], **dict(c.attrs))],
     lower=_avg_pool2d_lower,
 )
@@ -301,6 +344,7 @@ def _pool_grad_relation(arg_types: Sequence[Type], attrs: PoolAttrs) -> Type | N
     if args is None:
         return None
     out_grad, data = args
+    _check_layout(attrs, blocked=False)
     pooled = _pool_relation([data], attrs)
     assert isinstance(pooled, TensorType)
     require_dtype(data, "data", "float")
@@ -429,10 +473,8 @@ def _global_pool_relation(arg_types: Sequence[Type], attrs: PoolLayoutAttrs) -> 
     data = tensor_arg(arg_types[0], "data")
     if data is None:
         return None
-    _check_layout(attrs)
-    require_rank(data, "data (NCHW)", 4)
-    require_dtype(data, "data", "numeric")
-    return TensorType((*data.shape[:2], 1, 1), data.dtype)
+    _check_data(data, attrs)
+    return TensorType((*data.shape[:2], 1, 1, *data.shape[4:]), data.dtype)
 
 
 def _global_avg_pool2d(arrays: list[np.ndarray], attrs: PoolLayoutAttrs) -> np.ndarray:
@@ -454,8 +496,8 @@ def _global_max_pool2d(arrays: list[np.ndarray], attrs: PoolLayoutAttrs) -> np.n
 
 
 GLOBAL_POOL_ATTRS = (
-    Attr("layout", "NCHW", kind="str", doc="layout of data (only NCHW)"),
-    Attr("out_layout", "", kind="str", doc="layout of the result ('' or NCHW)"),
+    Attr("layout", "NCHW", kind="str", doc="layout of data: NCHW or NCHW[b]c (NCHW16c)"),
+    Attr("out_layout", "", kind="str", doc="layout of the result ('': the data's)"),
 )
 
 def _global_avg_lower(inputs: list[Tensor], attrs: PoolLayoutAttrs, out_type: Type) -> Tensor:
@@ -466,8 +508,9 @@ def _global_avg_lower(inputs: list[Tensor], attrs: PoolLayoutAttrs, out_type: Ty
         return oplib.fail(out.static_shape, out.dtype,
                           f"global average pooling over no elements (shape {x.shape})")
     acc = _avg_acc(x.dtype)
-    return reduce(out.static_shape, out.dtype, x.shape[2:], "add",
-                  lambda o, r: oplib.convert(x(o[0], o[1], *r), acc), oplib.dtype_const(0, acc),
+    return reduce(out.static_shape, out.dtype, x.shape[2:4], "add",
+                  lambda o, r: oplib.convert(x(o[0], o[1], *r, *o[4:]), acc),
+                  oplib.dtype_const(0, acc),
                   lambda total, o: _average(total, Const(count), x.dtype), acc)
 
 
@@ -477,8 +520,8 @@ def _global_max_lower(inputs: list[Tensor], attrs: PoolLayoutAttrs, out_type: Ty
     if x.shape[2] * x.shape[3] == 0:
         return oplib.fail(out.static_shape, out.dtype,
                           f"global max pooling over no elements (shape {x.shape})")
-    return reduce(out.static_shape, out.dtype, x.shape[2:], "max",
-                  lambda o, r: x(o[0], o[1], *r), oplib.lowest(x.dtype))
+    return reduce(out.static_shape, out.dtype, x.shape[2:4], "max",
+                  lambda o, r: x(o[0], o[1], *r, *o[4:]), oplib.lowest(x.dtype))
 
 
 global_avg_pool2d = register(
@@ -489,7 +532,7 @@ global_avg_pool2d = register(
     relation=_global_pool_relation,
     compute=_global_avg_pool2d,
     pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
-    doc="Mean over the whole height and width of NCHW data, as (N, C, 1, 1).",
+    doc="Mean over the whole height and width of NCHW data, as (N, C, 1, 1) (or NCHW[b]c).",
     gradient=lambda c, g: [
         call("broadcast_to_like", g, c.args[0]) / gh.element_count(c.args[0], (2, 3))
     ],
@@ -503,7 +546,7 @@ global_max_pool2d = register(
     relation=_global_pool_relation,
     compute=_global_max_pool2d,
     pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
-    doc="Largest element over the whole height and width of NCHW data, as (N, C, 1, 1).",
+    doc="Largest element over the height and width of NCHW data, as (N, C, 1, 1) (or NCHW[b]c).",
     gradient=lambda c, g: _global_max_grad(c, g),
     lower=_global_max_lower,
 )
