@@ -37,17 +37,26 @@ from kiln.op.registry import OpPattern
 from kiln.transform.pass_manager import PassContext, map_typed_functions, module_pass
 
 CONFIG_KEY = "convert-layout"
+# Elementwise operators that keep the padding channels finite (zero weights then ignore
+# them): a padded tensor passes through no other (a division of zeros would make NaN there).
+PADDING_SAFE = frozenset(["add", "subtract", "multiply", "maximum", "minimum", "clip",
+                          "nn.relu", "nn.leaky_relu", "negative", "abs", "sigmoid", "tanh",
+                          "copy", "cast"])
 POOLS = ("nn.max_pool2d", "nn.avg_pool2d", "nn.global_avg_pool2d", "nn.global_max_pool2d")
 
 
-def block_of(channels: int, lanes: int) -> int | None:
-    """The channel block of a tensor of ``channels``: the vector lanes where they divide the
-    channels, else None (the tensor stays NCHW).
+def padded_channels(channels: int, lanes: int) -> int | None:
+    """The channels a convolution's blocked result holds: ``channels`` where the lanes
+    divide them, else rounded up to a multiple of the lanes with zero weights where the
+    padding costs at most half the channels (MobileNetV2's 24 as 32, on AVX-512, as ONNX
+    Runtime does); else None (the convolution stays NCHW).
 
-    Blocks of 8 on AVX-512 (MobileNetV2's 24 channels) ran its 1×1 convolutions at half
-    width, 2.2-2.5 times slower than the NCHW GEMM; one block of all 24 made LLVM split
-    each 24-lane vector with inserts and shuffles, slower still."""
-    return lanes if channels % lanes == 0 else None
+    Blocks of 8 for 24 channels ran MobileNetV2's 1×1 convolutions at half width, 2.2-2.5
+    times slower than the NCHW GEMM; one block of all 24 made LLVM split each 24-lane vector
+    with inserts and shuffles; left NCHW, the 96 and 144 channels feeding them were moved
+    out of blocks and back, 387 µs an inference (Emerald Rapids, 2 threads)."""
+    padded = -(-channels // lanes) * lanes
+    return padded if 2 * (padded - channels) <= channels else None
 
 
 def block_data(x: np.ndarray, b: int) -> np.ndarray:
@@ -79,21 +88,29 @@ class _Converter:
         self.lanes = lanes
         self.new: dict[int, Expr] = {}
         self.layout: dict[int, str | None] = {}  # a node's blocked layout (None: its own)
+        self.padded: dict[int, int] = {}  # a blocked node's channels with the padding
         self.moved: dict[tuple[int, str], Expr] = {}  # (node, layout) -> node in that layout
 
     def plain(self, node: Expr) -> Expr:
-        """``node`` rebuilt, in its own layout."""
+        """``node`` rebuilt, in its own layout (its padding channels dropped)."""
         return self.as_layout(node, "NCHW") if self.layout.get(id(node)) else self.new[id(node)]
 
     def as_layout(self, node: Expr, layout: str) -> Expr:
-        """``node`` rebuilt in ``layout`` (NCHW or NCHW[b]c), one transform per layout."""
+        """``node`` rebuilt in ``layout`` (NCHW or NCHW[b]c), one transform per layout. A
+        plain node is moved into blocks only where the block divides its channels."""
         have = self.layout.get(id(node)) or "NCHW"
         if have == layout:
             return self.new[id(node)]
         key = (id(node), layout)
         if key not in self.moved:
-            self.moved[key] = registry.get("layout_transform")(
-                self.new[id(node)], src_layout=have, dst_layout=layout)
+            moved = registry.get("layout_transform")(self.new[id(node)], src_layout=have,
+                                                     dst_layout=layout)
+            shape = _static4(node)
+            if layout == "NCHW" and shape is not None and self.padded.get(id(node), shape[1]) \
+                    != shape[1]:
+                moved = registry.get("strided_slice")(moved, begin=[0], end=[shape[1]],
+                                                      axes=[1])
+            self.moved[key] = moved
         return self.moved[key]
 
     def visit(self, node: Expr) -> None:
@@ -103,13 +120,19 @@ class _Converter:
             made = (self.conv(node, name) or self.pool(node, name)
                     or self.elementwise(node, name))
         if made is not None:
-            self.new[id(node)], self.layout[id(node)] = made
+            self.new[id(node)], self.layout[id(node)], self.padded[id(node)] = made
             return
         self.new[id(node)] = with_children(node, [self.plain(c) for c in children(node)])
 
+    def channels(self, node: Expr) -> int:
+        """The channels of ``node`` as rebuilt (with its padding)."""
+        shape = _static4(node)
+        assert shape is not None
+        return self.padded.get(id(node), shape[1])
+
     # --- the rules -------------------------------------------------------------------------
 
-    def conv(self, node: Call, name: str) -> tuple[Expr, str] | None:
+    def conv(self, node: Call, name: str) -> tuple[Expr, str, int] | None:
         from kiln.loops import winograd
         from kiln.op.nn.conv import Conv2DAttrs
 
@@ -125,33 +148,39 @@ class _Converter:
             return None
         o, cg = w.data.shape[0], w.data.shape[1]
         c = xs[1]
-        bo = block_of(o, self.lanes)
-        if bo is None or min(xs + ys + w.data.shape) == 0:
+        op = padded_channels(o, self.lanes)
+        if op is None or min(xs + ys + w.data.shape) == 0:
             return None
         if winograd.choose(xs, w.data.shape, attrs.strides, attrs.padding, attrs.dilation,
                            attrs.groups, ys) is not None:
             return None  # Winograd's NCHW kernel does less arithmetic
         have = self.layout.get(id(x))
+        cp = self.channels(x)  # the input's channels with its padding
+        bo = self.lanes
+        weight = w.data
         if attrs.groups == 1:
-            bi = int(have[4:-1]) if have else (block_of(c, self.lanes) or 1)
-            if c % bi:
-                bi = 1
-        elif attrs.groups == c == o and cg == 1:
-            bi = bo
+            bi = int(have[4:-1]) if have else (bo if c % bo == 0 else 1)
+            # zero weights for the padding channels, in and out
+            weight = np.pad(weight, ((0, op - o), (0, (cp if have else c) - c), (0, 0), (0, 0)))
+            groups = 1
+        elif attrs.groups == c == o and cg == 1 and (have or c % bo == 0):
+            bi, groups = bo, op
+            weight = np.pad(weight, ((0, op - o), (0, 0), (0, 0), (0, 0)))
         else:
             return None
         data_layout = f"NCHW{bi}c" if bi > 1 else "NCHW"
-        kernel_layout = f"OIHW{bi if attrs.groups == 1 else 1}i{bo}o"
+        kernel_layout = f"OIHW{bi if groups == 1 else 1}i{bo}o"
         out_layout = f"NCHW{bo}c"
-        weight = block_weight(w.data, bi if attrs.groups == 1 else 1, bo)
         params = {name: node.attrs[name] for name in node.attrs}
         params.update(data_layout=data_layout, kernel_layout=kernel_layout,
-                      out_layout=out_layout, channels=o, kernel_size=w.data.shape[2:])
-        call = registry.get("nn.contrib_conv2d_NCHWc")(self.as_layout(x, data_layout),
-                                                       const(weight), **params)
-        return Call(call.op, call.args, call.attrs, span=node.span), out_layout
+                      out_layout=out_layout, channels=op, kernel_size=w.data.shape[2:],
+                      groups=groups)
+        call = registry.get("nn.contrib_conv2d_NCHWc")(
+            self.as_layout(x, data_layout), const(block_weight(weight, bi if groups == 1 else 1,
+                                                               bo)), **params)
+        return Call(call.op, call.args, call.attrs, span=node.span), out_layout, op
 
-    def pool(self, node: Call, name: str) -> tuple[Expr, str] | None:
+    def pool(self, node: Call, name: str) -> tuple[Expr, str, int] | None:
         if name not in POOLS:
             return None
         (x,) = node.args
@@ -162,9 +191,9 @@ class _Converter:
         params = {name: node.attrs[name] for name in node.attrs}
         params.update(layout=have, out_layout=have)
         call = registry.get(name)(self.new[id(x)], **params)
-        return Call(call.op, call.args, call.attrs, span=node.span), have
+        return Call(call.op, call.args, call.attrs, span=node.span), have, self.channels(x)
 
-    def elementwise(self, node: Call, name: str) -> tuple[Expr, str] | None:
+    def elementwise(self, node: Call, name: str) -> tuple[Expr, str, int] | None:
         opdef = registry.get(name)
         if opdef.pattern > OpPattern.BROADCAST or any("axis" in a or "layout" in a
                                                       for a in node.attrs):
@@ -176,6 +205,9 @@ class _Converter:
         layout = self.layout[id(blocked[0])]
         assert layout is not None
         b = int(layout[4:-1])
+        cp = self.channels(blocked[0])
+        if cp != shape[1] and name not in PADDING_SAFE:
+            return None  # it might make the padding channels infinite or NaN
         if any(not self.layout.get(id(a)) and not isinstance(a, Constant)
                and _static4(a) == shape for a in node.args):
             # a whole tensor in NCHW beside: the operator runs in NCHW (ResNet's residual
@@ -185,19 +217,22 @@ class _Converter:
         args: list[Expr] = []
         for a in node.args:
             if self.layout.get(id(a)):
+                if self.channels(a) != cp:
+                    return None
                 args.append(self.as_layout(a, layout))
                 continue
-            moved = _blocked_constant(a, shape, b)
+            moved = _blocked_constant(a, shape, b, cp)
             if moved is None:
                 return None
             args.append(moved)
-        return Call(node.op, tuple(args), node.attrs, span=node.span), layout
+        return Call(node.op, tuple(args), node.attrs, span=node.span), layout, cp
 
 
-def _blocked_constant(a: Expr, shape: tuple[int, ...], b: int) -> Expr | None:
+def _blocked_constant(a: Expr, shape: tuple[int, ...], b: int, padded: int) -> Expr | None:
     """A constant operand of a broadcast with an NCHW result of ``shape``, as the same
-    broadcast needs it against NCHW[b]c: a scalar or all-ones shape as it is, a
-    per-channel (C, 1, 1) or (1, C, 1, 1) one blocked; None for anything else."""
+    broadcast needs it against NCHW[b]c with ``padded`` channels: a scalar or all-ones
+    shape as it is, a per-channel (C, 1, 1) or (1, C, 1, 1) one blocked (zeros for the
+    padding channels); None for anything else."""
     if not isinstance(a, Constant):
         return None
     data = a.data
@@ -207,7 +242,8 @@ def _blocked_constant(a: Expr, shape: tuple[int, ...], b: int) -> Expr | None:
     dims = (1,) * (4 - data.ndim) + data.shape
     if data.ndim > 4 or dims[1:] != (c, 1, 1) or dims[0] != 1:
         return None
-    return const(block_data(data.reshape(c, 1, 1), b))
+    per_channel = np.pad(data.reshape(c, 1, 1), ((0, padded - c), (0, 0), (0, 0)))
+    return const(block_data(per_channel, b))
 
 
 def convert(func: Function, lanes: int) -> Function:
