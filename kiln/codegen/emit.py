@@ -10,7 +10,8 @@ parameters are marked ``noalias`` and ``dereferenceable`` (inputs never overlap 
 every buffer is exactly its shape): inlined, that becomes alias metadata the vectorizer uses.
 
 Statements. Loops are rotated basic-block loops; ``vectorized`` ones carry
-``llvm.loop.vectorize.enable`` (``scalar`` ones the hint that forbids it), ``unrolled`` ones
+``llvm.loop.vectorize.enable`` (``scalar`` ones the hint that forbids it, ``rolled`` ones that and
+``llvm.loop.unroll.disable``), ``unrolled`` ones
 are emitted unrolled (their extents are small constants), ``parallel`` ones are outlined and
 run on kiln's thread pool (outline.py).
 A local `Allocate` of up to `STACK_LIMIT` bytes (and `STACK_BUDGET` for the kernel) is an
@@ -385,10 +386,13 @@ class _KernelEmitter:
     def _loop_metadata(self, kind: str, extent: int | None = None) -> ir.MDValue:
         md = self.module
         hints = [md.add_metadata([ir.MetaDataString(md, "llvm.loop.mustprogress")])]
-        if kind in ("vectorized", "scalar"):
+        if kind in ("vectorized", "scalar", "rolled"):
             hints.append(self.module.add_metadata(
                 [ir.MetaDataString(self.module, "llvm.loop.vectorize.enable"),
                  ir.Constant(I1, int(kind == "vectorized"))]))
+        if kind == "rolled":
+            hints.append(self.module.add_metadata(
+                [ir.MetaDataString(self.module, "llvm.loop.unroll.disable")]))
         if kind == "vectorized" and self._fold_tail(extent):
             hints.append(self.module.add_metadata(
                 [ir.MetaDataString(self.module, "llvm.loop.vectorize.predicate.enable"),

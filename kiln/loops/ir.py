@@ -523,7 +523,7 @@ class Stmt:
         return stmt_text(self)
 
 
-LOOP_KINDS = ("serial", "parallel", "vectorized", "unrolled", "scalar")
+LOOP_KINDS = ("serial", "parallel", "vectorized", "unrolled", "scalar", "rolled")
 
 
 @dataclass(frozen=True, eq=False)
@@ -534,7 +534,9 @@ class For(Stmt):
     each other); vectorized (a hint: the code generator asks LLVM to vectorize this innermost
     loop); unrolled (fully unrolled; the extent must be a small constant); scalar (serial,
     and LLVM must not vectorize it: a copy that transposes, which it would vectorize with
-    scatters, each slower than the scalar stores it replaces).
+    scatters, each slower than the scalar stores it replaces); rolled (serial, and LLVM
+    must neither vectorize nor unroll it: a reduction over kernel taps around a body that
+    is large already, which full unrolling multiplied into minutes of compiling).
     """
 
     var: Var

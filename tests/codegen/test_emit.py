@@ -59,13 +59,16 @@ def test_the_calling_convention_is_a_pointer_array() -> None:
     np.testing.assert_array_equal(y, x)
 
 
-@pytest.mark.parametrize("kind", ["serial", "vectorized", "unrolled", "parallel"])
+@pytest.mark.parametrize("kind", ["serial", "vectorized", "unrolled", "parallel", "scalar",
+                                  "rolled"])
 def test_loop_kinds(kind: str) -> None:
     n = 37
     k = elementwise(f"loop_{kind}", ["float32", "float32"], "float32", n,
                     lambda a, b: Binary("add", Binary("mul", a, b), a), kind)
     assert_same(k, RNG.standard_normal(n).astype("float32"),
                 RNG.standard_normal(n).astype("float32"))
+    # a rolled loop asks LLVM neither to vectorize nor to unroll it
+    assert ("llvm.loop.unroll.disable" in llvm_ir(k)) == (kind == "rolled")
 
 
 @pytest.mark.parametrize("n", [14, 37, 100, 112, 130])
