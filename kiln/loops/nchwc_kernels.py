@@ -1,20 +1,20 @@
 """Fast kernels of nn.contrib_conv2d_NCHWc: float32 convolution on channel-blocked tensors.
 
 The convert-layout pass (kiln/transform/convert_layout.py) runs a CNN's convolutions in
-``NCHW[b]c`` (b = the Target's vector lanes, or 8 where that does not divide the channels):
-the element of channel ``c0·b + c1`` at ``[n, c0, y, x, c1]``, so that a vector of b output
-channels of one pixel is contiguous. Two kernels take such calls:
+``NCHW[b]c`` (b = the Target's vector lanes): the element of channel ``c0·b + c1`` at
+``[n, c0, y, x, c1]``, so that a vector of b output channels of one pixel is contiguous.
+Two kernels take such calls:
 
 - **Direct** (`conv_nchwc`, groups = 1): a register tile of T output pixels × J blocks of
   output channels (the GEMM's 14 × 2 vectors on AVX-512, `tile_shape`). Each step of the
   reduction (an input channel at a kernel tap) broadcasts T input pixels, loads J weight
   vectors of the ``OIHW[bi]i[bo]o`` weight and does T·J FMAs; the input is read where it
-  is, nothing copied or packed. A row's pixels whose windows leave the image (the padding)
-  are computed one at a time, their taps tested; a 1×1 stride-1 convolution without padding
-  tiles the image's pixels as one flat row.
+  is, nothing copied or packed. The pixels at a row's ends whose windows leave the image
+  (the padding) test their taps; the rows at the top and bottom have code of their own; a
+  1×1 stride-1 convolution without padding may tile the image's pixels as one flat row.
 - **Depthwise** (`depthwise_nchwc`, one channel per group): each output pixel is a vector of
   b channels summed over the taps, read straight from the input (the NCHW kernels copy each
-  channel's plane first, kiln/loops/conv_kernels.py).
+  channel's plane first, kiln/loops/conv_kernels.py), a tile of pixels at a time.
 
 The data may also be plain NCHW (a stem whose 3 channels do not block): its channels are
 then blocks of one.
@@ -52,8 +52,8 @@ from kiln.target import Target
 def tile_shape(pixels: int, out_blocks: int, block: int, target: Target) -> tuple[int, int]:
     """(T, J): the pixels and the blocks of output channels of `conv_nchwc`'s register
     tile, with as many accumulator registers as the GEMM's micro-kernel keeps
-    (`gemm.register_tile`; 28 on AVX-512, 12 on AVX2; a block of 24 channels takes two on
-    AVX-512). J divides the blocks; the most registers in use win, then the fewest loads a
+    (`gemm.register_tile`; 28 on AVX-512, 12 on AVX2; a block wider than a vector takes
+    several). J divides the blocks; the most registers in use win, then the fewest loads a
     step (T broadcasts and J weight vectors: 7 pixels of 4 blocks load 11 times for 28
     FMAs, 14 of 2 load 16 times)."""
     mr, nr = g.register_tile(target)
@@ -153,9 +153,9 @@ def conv_nchwc(x: Tensor, w: BufferTensor, strides: Sequence[int], padding: Sequ
 
     A parallel iteration is one output row of one tile of channel blocks (or, 1×1 at stride
     1 without padding, one tile of the flattened pixels). A row's tiles start at fixed
-    columns, so each pixel knows which kernel columns fall inside the image, and the rows
-    at the top and bottom (a few) have code of their own with the kernel rows that fall
-    inside: no tap is tested at run time."""
+    columns, so only the pixels whose windows leave the image's columns test their taps
+    (a run of tiles between them is one loop), and the rows at the top and bottom (a few)
+    have code of their own with the kernel rows that fall inside."""
     tgt = lowering_target(target)
     nimg, oblocks, oh, ow, bo = (int(d) for d in out_shape)
     iblocks, kh, kw, bi = (int(d) for d in w.shape[1:5])

@@ -5,18 +5,21 @@ data blocked from one convolution to the next, inserting ``layout_transform`` on
 operator needs the plain layout. This pass does the same for float32 ``nn.conv2d`` calls in
 NCHW / OIHW with a constant weight that a kernel of kiln/loops/nchwc_kernels.py takes:
 
-- the block b of a tensor of C channels is the Target's vector lanes where they divide C, else
-  8 where that divides C (MobileNetV2's 24 channels); a convolution whose output channels
-  have neither stays as it is;
-- a convolution's input keeps the block it arrives in (or takes its channels' block; a stem's
-  3 channels stay plain NCHW, read as blocks of one), its weight is blocked at compile time
-  (``OIHW[bi]i[bo]o``; depthwise ``OIHW1i[b]o``), and its result is ``NCHW[bo]c``;
+- the block b is the Target's vector lanes; a convolution whose output channels they do not
+  divide computes the next multiple of them, the padding's weights zero, where that adds at
+  most half (`padded_channels`: MobileNetV2's 24 as 32), else it stays as it is;
+- a convolution's input keeps the block it arrives in (a plain input whose channels the lanes
+  do not divide, such as a stem's 3, is read as plain NCHW, blocks of one), its weight is
+  blocked at compile time (``OIHW[bi]i[bo]o``; depthwise ``OIHW1i[b]o``), and its result is
+  ``NCHW[bo]c``; Winograd's convolutions stay NCHW (`winograd.choose`);
 - elementwise operators (relu, clip, ...) and broadcasting ones whose other operands are
-  constants over channels (a folded batch norm's shift: shape (C, 1, 1)), scalars, or tensors
-  of the same shape (a residual add) work on the blocked tensors as they are, constants
-  blocked at compile time;
+  constants over channels (a folded batch norm's shift: shape (C, 1, 1)), scalars, or blocked
+  tensors of the same shape (a residual add) work on the blocked tensors as they are,
+  constants blocked at compile time; beside a whole NCHW tensor they run in NCHW, and a
+  padded tensor goes only through `PADDING_SAFE` operators;
 - 2-D pooling takes the blocked layout (``layout="NCHW16c"``);
-- every other use of a blocked tensor gets it back in NCHW through one ``layout_transform``.
+- every other use of a blocked tensor gets it back in NCHW through one ``layout_transform``
+  (and a ``strided_slice`` dropping the padding).
 
 A convolution is converted where its weight is constant, so the pass runs after the weights
 are bound (``kiln.build(mod, params=...)``); the alter-layout pass that follows packs what is

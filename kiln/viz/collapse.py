@@ -13,7 +13,7 @@ which CSE can cause) is left undone.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kiln.viz.dataflow import DataflowGraph, Group, Node
 from kiln.viz.origin import Origins
@@ -90,7 +90,11 @@ def collapse(graph: DataflowGraph, key: Sequence[Hashable | None],
         mine = members[q]
         k = keys[mine[0]]
         if k is None:
-            nodes.append(graph.nodes[mine[0]])
+            node = graph.nodes[mine[0]]
+            alone = key[mine[0]]
+            if isinstance(alone, tuple) and alone[0] == "group" and count.get(alone) == 1:
+                node = replace(node, group=None)  # a fused group of one operator: itself
+            nodes.append(node)
             continue
         block = blocks[k]
         outs = [graph.nodes[i].detail for i in mine if leaves[i]] or [graph.nodes[mine[-1]].detail]

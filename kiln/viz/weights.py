@@ -3,7 +3,8 @@
 A weight — a constant, or a parameter of ``@main`` named as a weight — read only by operators is
 not a box of its own: each operator that reads it gets a line ``weight float32[64, 3, 7, 7]``,
 the argument's name and the weight's type. After ``alter-layout`` a conv2d or dense weight is a
-constant in the GEMM's panel layout (`kiln.op.nn.packed`), whose shape says nothing to a reader
+constant in the GEMM's panel layout (`kiln.op.nn.packed`), and after ``convert-layout`` a
+conv2d weight is in channel blocks (``OIHW16i16o``), whose shape says nothing to a reader
 (``float32[1, 11, 576, 6]``): the line shows the shape it stands for, recovered from the packed
 call's attributes and its data's type, as the packed operators' type relations do.
 """
@@ -38,6 +39,18 @@ def _conv2d_weight(call: Call, packed: TensorType) -> TensorType | None:
     return TensorType((channels, per_group, kernel[0], kernel[1]), packed.dtype)
 
 
+def _blocked_conv_weight(call: Call, packed: TensorType) -> TensorType | None:
+    """The OIHW weight of ``nn.contrib_conv2d_NCHWc``, unblocked from its kernel layout
+    (``OIHW16i16o``; channels the convert-layout pass padded included)."""
+    from kiln.op.layout import logical_shape, parse_layout
+
+    layout = parse_layout(Conv2DAttrs.view(call.attrs).kernel_layout)
+    if len(packed.shape) != len(layout.axes):
+        return None
+    sizes = logical_shape(packed.shape, layout)
+    return TensorType(tuple(sizes[a] for a in "OIHW"), packed.dtype)
+
+
 def _dense_weight(call: Call, packed: TensorType) -> TensorType | None:
     """The (units, K) weight of ``nn.dense_packed``."""
     data, units = _data_shape(call), DensePackedAttrs.view(call.attrs).units
@@ -50,6 +63,7 @@ def _dense_weight(call: Call, packed: TensorType) -> TensorType | None:
 _PACKED: dict[tuple[str, int], Callable[[Call, TensorType], TensorType | None]] = {
     ("nn.conv2d_packed", 1): _conv2d_weight,
     ("nn.conv2d_winograd", 1): _conv2d_weight,
+    ("nn.contrib_conv2d_NCHWc", 1): _blocked_conv_weight,
     ("nn.dense_packed", 1): _dense_weight,
 }
 

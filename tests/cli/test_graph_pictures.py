@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
+from kiln.transform import PassContext
 from kiln.cli import main
 from kiln.testing import models
 from kiln.viz import DrawOptions, picture
@@ -101,14 +102,19 @@ def conv_model() -> kiln.IRModule:
     return kiln.IRModule.from_expr(kiln.Function([x], y))
 
 
-def test_a_fused_cnn_draws_weights_inside_with_their_logical_shapes():
-    fused = kiln.optimize(conv_model())
-    assert "nn.conv2d_packed" in kiln.astext(fused)  # the weights are packed
+@pytest.mark.parametrize("blocked", [False, True])
+def test_a_fused_cnn_draws_weights_inside_with_their_logical_shapes(blocked: bool):
+    # packed for the NCHW GEMM, or in channel blocks by convert-layout: drawn as OIHW
+    label = "nn.contrib_conv2d_NCHWc" if blocked else "nn.conv2d_packed"
+    with PassContext(config={"convert-layout": blocked}):
+        fused = kiln.optimize(conv_model())
+    assert label in kiln.astext(fused)  # the weights are packed
     scene = picture(fused, options=DrawOptions(attrs=True))
     check_geometry(scene)
     graph = scene.graph
     assert not [n for n in graph.nodes if n.kind == "constant"]
-    convs = [scene.text[i] for i, n in enumerate(graph.nodes) if n.label == "nn.conv2d_packed"]
+    convs = [scene.text[i] for i, n in enumerate(graph.nodes)
+             if n.label in (label, "nn.conv2d_winograd")]
     assert [t[2] for t in convs] == ["weight float32[16, 3, 3, 3]",
                                      "weight float32[16, 16, 3, 3]"]
     assert "strides=[2, 2]" in convs[0] and "padding=[1, 1, 1, 1]" in convs[0]
