@@ -11,7 +11,8 @@ NCHW / OIHW with a constant weight that a kernel of kiln/loops/nchwc_kernels.py 
 - a convolution's input keeps the block it arrives in (a plain input whose channels the lanes
   do not divide, such as a stem's 3, is read as plain NCHW, blocks of one), its weight is
   blocked at compile time (``OIHW[bi]i[bo]o``; depthwise ``OIHW1i[b]o``), and its result is
-  ``NCHW[bo]c``; Winograd's convolutions stay NCHW (`winograd.choose`);
+  ``NCHW[bo]c``; one that Winograd's algorithm takes (`winograd.choose`) becomes
+  ``nn.conv2d_winograd`` on blocked data (kiln/loops/winograd_nchwc.py);
 - elementwise operators (relu, clip, ...) and broadcasting ones whose other operands are
   constants over channels (a folded batch norm's shift: shape (C, 1, 1)), scalars, or blocked
   tensors of the same shape (a residual add) work on the blocked tensors as they are,
@@ -154,12 +155,14 @@ class _Converter:
         op = padded_channels(o, self.lanes)
         if op is None or min(xs + ys + w.data.shape) == 0:
             return None
-        if winograd.choose(xs, w.data.shape, attrs.strides, attrs.padding, attrs.dilation,
-                           attrs.groups, ys) is not None:
-            return None  # Winograd's NCHW kernel does less arithmetic
         have = self.layout.get(id(x))
         cp = self.channels(x)  # the input's channels with its padding
         bo = self.lanes
+        m = winograd.choose(xs, w.data.shape, attrs.strides, attrs.padding, attrs.dilation,
+                            attrs.groups, ys)
+        if m is not None:
+            return self.winograd(node, m, cp if have else c, op) if have or c % bo == 0 \
+                else None
         weight = w.data
         if attrs.groups == 1:
             bi = int(have[4:-1]) if have else (bo if c % bo == 0 else 1)
@@ -182,6 +185,31 @@ class _Converter:
             self.as_layout(x, data_layout), const(block_weight(weight, bi if groups == 1 else 1,
                                                                bo)), **params)
         return Call(call.op, call.args, call.attrs, span=node.span), out_layout, op
+
+    def winograd(self, node: Call, m: int, cp: int, op: int) -> tuple[Expr, str, int]:
+        """A convolution Winograd's algorithm takes (a quarter of the multiplies), as
+        ``nn.conv2d_winograd`` on blocked data: U = G W Gᵀ of the weight padded to ``cp``
+        input and ``op`` output channels, in the B panels of kiln/loops/winograd_nchwc.py."""
+        from kiln.loops import winograd, winograd_nchwc
+
+        x, w = node.args
+        assert isinstance(w, Constant)
+        xs, ys = _static4(x), _static4(node)
+        assert xs is not None and ys is not None
+        b = self.lanes
+        layout = f"NCHW{b}c"
+        o, c = w.data.shape[:2]
+        weight = np.pad(w.data, ((0, op - o), (0, cp - c), (0, 0), (0, 0)))
+        blocked_x = (xs[0], cp // b, xs[2], xs[3], b)
+        blocked_y = (ys[0], op // b, ys[2], ys[3], b)
+        _, _, kp, nr = winograd_nchwc.packed_shape(blocked_x, blocked_y, m)
+        params = {name: node.attrs[name] for name in node.attrs}
+        params.update(data_layout=layout, out_layout=layout, channels=op,
+                      kernel_size=w.data.shape[2:])
+        call = registry.get("nn.conv2d_winograd")(
+            self.as_layout(x, layout), const(winograd.pack_weight(weight, m, nr, kp)),
+            **params)
+        return Call(call.op, call.args, call.attrs, span=node.span), layout, op
 
     def pool(self, node: Call, name: str) -> tuple[Expr, str, int] | None:
         if name not in POOLS:
@@ -213,9 +241,8 @@ class _Converter:
             return None  # it might make the padding channels infinite or NaN
         if any(not self.layout.get(id(a)) and not isinstance(a, Constant)
                and _static4(a) == shape for a in node.args):
-            # a whole tensor in NCHW beside: the operator runs in NCHW (ResNet's residual
-            # add of a Winograd convolution, which stays NCHW, and a blocked shortcut: the
-            # blocks follow it to the next Winograd layer if it ran blocked)
+            # a whole tensor in NCHW beside: the operator runs in NCHW (moving the NCHW one
+            # into blocks would cost as much, and its other users are likely NCHW too)
             return None
         args: list[Expr] = []
         for a in node.args:

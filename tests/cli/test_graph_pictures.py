@@ -13,9 +13,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
-from kiln.transform import PassContext
 from kiln.cli import main
 from kiln.testing import models
+from kiln.transform import PassContext
 from kiln.viz import DrawOptions, picture
 from kiln.viz.scene import Box, Scene
 

@@ -164,3 +164,31 @@ def test_tile_shape_fills_the_registers() -> None:
     assert tile_shape(112, 1, 16, avx512) == (28, 1)  # one block: 28 pixels
     assert tile_shape(56, 2, 8, avx2) == (6, 2)  # AVX2: 12 accumulators
     assert tile_shape(3, 1, 16, avx512) == (3, 1)  # fewer pixels than registers
+
+
+# (N, C, H, W), O, padding: 3×3 stride-1 convolutions Winograd's algorithm takes
+WINOGRAD = [
+    ((1, 32, 28, 28), 32, 1),  # F(4×4), whole tiles
+    ((2, 16, 27, 26), 48, 1),  # the last tiles stick out; two images
+    ((1, 32, 30, 30), 64, 0),  # no padding
+]
+
+
+@pytest.mark.parametrize("spec", TARGETS)
+@pytest.mark.parametrize("xs,o,pad", WINOGRAD)
+def test_winograd_on_blocked_data(xs, o, pad, spec) -> None:
+    # convert-layout gives the blocked Winograd kernel (kiln/loops/winograd_nchwc.py) the
+    # convolutions winograd.choose takes; relu after it, fused
+    target = Target.parse(spec)
+    x = RNG.standard_normal(xs).astype(np.float32)
+    w = (RNG.standard_normal((o, xs[1], 3, 3)) / 3).astype(np.float32)
+    v = kiln.var("x", shape=xs, dtype="float32")
+    y = nn.relu(nn.conv2d(v, kiln.const(w), padding=(pad, pad)))
+    with target_scope(target):
+        exe = kiln.build(kiln.IRModule.from_expr(kiln.Function([v], y)), target=target)
+    algos = {s[1].get("algorithm") for k in exe.program.kernels.values()
+             if k.kernel is not None for s in k.kernel.attrs.get("schedules", [])}
+    b = target.lanes("float32")
+    assert any(a and a.endswith(f"NCHW{b}c") for a in algos), algos
+    want = np.maximum(reference(x, w, (1, 1), (pad,) * 4, (1, 1), 1), 0)
+    np.testing.assert_allclose(exe(x), want, rtol=1e-3, atol=1e-3)

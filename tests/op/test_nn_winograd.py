@@ -47,3 +47,35 @@ def test_conv2d_winograd_type_rules() -> None:
     out = infer("nn.conv2d_winograd", [data, TensorType((16, 2, 4, 8))], channels=12,
                 kernel_size=(3, 3), padding=(1, 1))
     assert out == TensorType((1, 12, 8, 8))
+
+
+def blocked(x: np.ndarray, b: int) -> np.ndarray:
+    """NCHW -> NCHW[b]c, written out with numpy."""
+    n, c, h, w = x.shape
+    return np.ascontiguousarray(x.reshape(n, c // b, b, h, w).transpose(0, 1, 3, 4, 2))
+
+
+@covers("nn.conv2d_winograd")
+@pytest.mark.parametrize("m", [4, 2])
+def test_conv2d_winograd_on_blocked_data(m: int) -> None:
+    # data and result in NCHW4c (what convert-layout makes with the Target's lanes)
+    rng = np.random.default_rng(m)
+    x, w = rand(rng, (1, 8, 7, 6)), rand(rng, (12, 8, 3, 3))
+    up = pack_weight(w, m, 8, 8)
+    want = F.conv2d(torch.from_numpy(x), torch.from_numpy(w), padding=1).numpy()
+    check("nn.conv2d_winograd", [blocked(x, 4), up], blocked(want, 4), rtol=1e-4, atol=1e-4,
+          padding=(1, 1), channels=12, kernel_size=(3, 3), data_layout="NCHW4c",
+          out_layout="NCHW4c")
+
+
+def test_conv2d_winograd_blocked_type_rules() -> None:
+    up = TensorType((36, 2, 8, 8))
+    out = infer("nn.conv2d_winograd", [TensorType((1, 2, 7, 6, 4)), up], channels=12,
+                kernel_size=(3, 3), padding=(1, 1), data_layout="NCHW4c", out_layout="NCHW4c")
+    assert out == TensorType((1, 3, 7, 6, 4))
+    with pytest.raises(kiln.TypeCheckError, match="the same NCHW"):
+        infer("nn.conv2d_winograd", [TensorType((1, 2, 7, 6, 4)), up], channels=12,
+              kernel_size=(3, 3), data_layout="NCHW4c", out_layout="NCHW")
+    with pytest.raises(kiln.TypeCheckError, match="must come in blocks of 4"):
+        infer("nn.conv2d_winograd", [TensorType((1, 2, 7, 6, 4)), up], channels=10,
+              kernel_size=(3, 3), data_layout="NCHW4c")

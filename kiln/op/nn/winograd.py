@@ -8,10 +8,15 @@ tile t, input channel p, lane i hold ``U[ξ, t·MR + i, p]`` of U = G W Gᵀ, ze
 panels of the α² products. Its attributes are conv2d's, with ``channels`` and
 ``kernel_size`` required. The result is the convolution of x with W (to the transforms'
 rounding): the evaluator recovers W from U (G has a left inverse) and convolves directly.
+
+Data and result may both be channel-blocked instead (``data_layout="NCHW16c"``, the same
+``out_layout``), as the convert-layout pass makes them; the same array then holds Uᵀ in the
+B panels of kiln/loops/winograd_nchwc.py (its row tile the GEMM's ``nr``).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -44,6 +49,26 @@ def _tile(weight: TensorType) -> int:
     return m
 
 
+def block_of(attrs: Conv2DAttrs) -> int | None:
+    """The channel block of the data and the result (``NCHW16c``: 16; NCHW: None); a
+    TypeCheckError for other layouts."""
+    data, out = attrs.data_layout, attrs.out_layout or attrs.data_layout
+    match = re.fullmatch(r"NCHW([1-9][0-9]*)c", data)
+    if data == out and attrs.kernel_layout == "OIHW" and (match or data == "NCHW"):
+        return int(match.group(1)) if match else None
+    raise TypeCheckError(
+        "nn.conv2d_winograd takes data and gives its result in NCHW, or both in the same "
+        f"NCHW[b]c, with kernel_layout OIHW; got data_layout={attrs.data_layout!r}, "
+        f"kernel_layout={attrs.kernel_layout!r}, out_layout={attrs.out_layout!r}")
+
+
+def _plain(attrs: Conv2DAttrs) -> Conv2DAttrs:
+    """The attributes with NCHW data and result."""
+    values = {k: attrs[k] for k in attrs}
+    values.update(data_layout="NCHW", out_layout="")
+    return Conv2DAttrs.view(conv2d.normalize_attrs(values))
+
+
 def _relation(arg_types: Sequence[Type], attrs: Conv2DAttrs) -> Type | None:
     from kiln.op.nn.conv import _conv2d_relation
 
@@ -54,6 +79,21 @@ def _relation(arg_types: Sequence[Type], attrs: Conv2DAttrs) -> Type | None:
     data, weight = args
     if attrs.channels is None or attrs.kernel_size is None:
         raise TypeCheckError("nn.conv2d_winograd needs its channels and kernel_size attributes")
+    block = block_of(attrs)
+    if block is not None:  # NCHW[b]c: NCHW's relation, the result blocked
+        require_rank(data, f"data ({attrs.data_layout})", 5)
+        if data.shape[4] != block or attrs.channels % block:
+            raise TypeCheckError(
+                f"nn.conv2d_winograd in {attrs.data_layout}: data of shape "
+                f"{shape_str(data.shape)} and {attrs.channels} output channels must come in "
+                f"blocks of {block}")
+        n, c0, h, w = data.shape[:4]
+        c = c0 * block if isinstance(c0, int) else c0
+        plain = _relation([TensorType((n, c, h, w), data.dtype), weight], _plain(attrs))
+        if not isinstance(plain, TensorType):
+            return plain
+        n, _, oh, ow = plain.shape
+        return TensorType((n, attrs.channels // block, oh, ow, block), plain.dtype)
     require_rank(data, "data (NCHW)", 4)
     require_rank(weight, "Winograd weight (positions, tiles, k, lanes)", 4)
     dims = [d for d in (*weight.shape, data.shape[1]) if isinstance(d, int)]
@@ -92,6 +132,14 @@ def _compute(arrays: list[np.ndarray], attrs: Conv2DAttrs) -> np.ndarray:
 
     x, up = np.asarray(arrays[0]), np.asarray(arrays[1])
     assert attrs.channels is not None  # the relation requires it
+    block = block_of(attrs)
+    if block is not None:  # NCHW[b]c: unblocked, convolved, blocked again
+        n, c0, h, w, _ = x.shape
+        plain = _compute([x.transpose(0, 1, 4, 2, 3).reshape(n, c0 * block, h, w), up],
+                         _plain(attrs))
+        n, o, oh, ow = plain.shape
+        return np.ascontiguousarray(
+            plain.reshape(n, o // block, block, oh, ow).transpose(0, 1, 3, 4, 2))
     return _conv2d([x, unpack_weight(up, attrs.channels, x.shape[1])], attrs)
 
 
@@ -104,6 +152,9 @@ def _lower(inputs: list, attrs: Conv2DAttrs, out_type: Type) -> Tensor:
     x, up = inputs
     channels = attrs.channels
     assert channels is not None  # the relation requires it
+    block = block_of(attrs)
+    if block is not None:
+        return _lower_blocked(x, up, attrs, out, block)
     m = winograd.tile_of(up.shape)
     assert m is not None
     _, oh, ow = out.static_shape[1:]
@@ -138,6 +189,28 @@ def _lower(inputs: list, attrs: Conv2DAttrs, out_type: Type) -> Tensor:
     return _conv2d_lower([x, w], attrs, out_type)
 
 
+def _lower_blocked(x: Tensor, up: Tensor, attrs: Conv2DAttrs, out: TensorType,
+                   block: int) -> Tensor:
+    """NCHW[b]c: kiln/loops/winograd_nchwc.py where U is packed for it, else the NCHW
+    lowering reading the data through its blocks and read back in blocks."""
+    from kiln.loops import winograd, winograd_nchwc
+    from kiln.loops.compute import compute
+
+    m = winograd.tile_of(up.shape)
+    assert m is not None  # the relation checked the shape
+    if isinstance(up, BufferTensor) and x.dtype == out.dtype == "float32" \
+            and min(x.shape) > 0 and min(out.static_shape) > 0 \
+            and tuple(up.shape) == winograd_nchwc.packed_shape(x.shape, out.static_shape, m):
+        return winograd_nchwc.conv2d(x, up.buffer, m, attrs.padding[:2], out.static_shape)
+    n, c0, h, w, _ = (int(d) for d in x.shape)
+    _, o0, oh, ow, _ = out.static_shape
+    view = compute((n, c0 * block, h, w), x.dtype,
+                   lambda i, c, y, xx: x(i, c // block, y, xx, c % block))
+    plain = _lower([view, up], _plain(attrs), TensorType((n, o0 * block, oh, ow), out.dtype))
+    return compute(out.static_shape, out.dtype,
+                   lambda i, o, y, xx, o1: plain(i, o * block + o1, y, xx))
+
+
 conv2d_winograd = register(
     "nn.conv2d_winograd",
     inputs=("data", "weight"),
@@ -148,7 +221,7 @@ conv2d_winograd = register(
     pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
     doc="nn.conv2d (3×3, stride 1) with its weight transformed for Winograd's F(m×m, 3×3) "
         "and packed in GEMM panels (positions, tiles, k, lanes): see alter-layout; channels "
-        "and kernel_size are required.",
+        "and kernel_size are required; data and result NCHW or both NCHW[b]c.",
     differentiable=False,
     lower=oplib.zeros_if_empty(_lower),
 )
