@@ -5,10 +5,14 @@ For each layer: kiln and ORT timed in interleaved rounds (a pause and an untimed
 before each runtime's calls, so that neither starts while the other's threads still spin),
 medians; GFLOP/s from the convolution's multiply-adds (2 FLOPs each, padding taps
 included as the definition counts them), the plan kiln chose (`conv_plan`: pixels as the
-GEMM's columns or rows), and kiln/ORT. Also with one thread each (``--threads 1``), where
-the kernel's own efficiency shows without the pool.
+GEMM's columns or rows; or the channel-blocked kernel convert-layout gave it), and
+kiln/ORT. Also with one thread each (``--threads 1``), where the kernel's own efficiency
+shows without the pool. A layer alone takes and gives NCHW, so in channel blocks two
+layout_transform kernels are timed with it (ORT's NCHWc reorders likewise); ``--nchw``
+turns convert-layout off.
 
     .venv/bin/python benchmarks/conv_layers.py [--threads 2] [--rounds 8] [--only c64,stem]
+        [--nchw]
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from kiln.codegen import set_num_threads
 from kiln.ir import Function, IRModule, var
 from kiln.loops.conv_kernels import conv_plan
 from kiln.op import nn
+from kiln.transform import PassContext
 
 # name: (input channels, output channels, input size, kernel, stride, padding, groups)
 LAYERS = {
@@ -48,8 +53,8 @@ LAYERS = {
 }
 
 
-def build(name: str, threads: int) -> tuple[Callable[[], Any], Callable[[], Any], float, str,
-                                                 float]:
+def build(name: str, threads: int, nchw: bool = False
+          ) -> tuple[Callable[[], Any], Callable[[], Any], float, str, float]:
     """(kiln call, ORT call, GFLOP per call, kiln's plan, max relative error vs ORT)."""
     import onnxruntime as ort
     from onnx import TensorProto, helper
@@ -62,10 +67,15 @@ def build(name: str, threads: int) -> tuple[Callable[[], Any], Callable[[], Any]
     xv, wv = var("data", shape=x.shape), var("weight", shape=w.shape)
     body = nn.relu(nn.conv2d(xv, wv, strides=(s, s), padding=(p, p), channels=cout,
                              kernel_size=(k, k), groups=g))
-    exe = kiln.build(IRModule.from_expr(Function((xv, wv), body)), params={"weight": w})
+    with PassContext(config={"convert-layout": not nchw}):
+        exe = kiln.build(IRModule.from_expr(Function((xv, wv), body)), params={"weight": w})
     out = (size + 2 * p - k) // s + 1
     plan = "depthwise" if g > 1 else conv_plan(
         x.shape, w.shape, (s, s), (p, p), (1, 1), g, (1, cout, out, out)).pixels
+    blocked = [d.get("algorithm") or d.get("kernel") for f in exe.kernels.functions.values()
+               for _, d in f.kernel.attrs.get("schedules", ())
+               if "NCHW" in str(d.get("algorithm", "")) or "nchwc" in str(d.get("kernel", ""))]
+    plan = blocked[0] if blocked else plan
 
     graph = helper.make_graph(
         [helper.make_node("Conv", ["data", "weight"], ["c"], kernel_shape=[k, k],
@@ -91,6 +101,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--only", default="", help="comma-separated: " + ",".join(LAYERS))
+    parser.add_argument("--nchw", action="store_true",
+                        help="convert-layout off: the NCHW kernels, no transforms")
     args = parser.parse_args()
     set_num_threads(args.threads)
     names = [n for n in args.only.split(",") if n] or list(LAYERS)
@@ -101,7 +113,7 @@ def main() -> None:
     print("|---|---|---|---:|---:|---:|---:|---:|")
     ratios = []
     for name in names:
-        kiln_call, ort_call, gflop, plan, error = build(name, args.threads)
+        kiln_call, ort_call, gflop, plan, error = build(name, args.threads, args.nchw)
         if error > 1e-4:
             raise SystemExit(f"{name}: kiln and ORT differ by {error:.1e} (relative)")
         t = time_rounds({"kiln": kiln_call, "ort": ort_call}, args.rounds * INNER).median

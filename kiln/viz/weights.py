@@ -32,9 +32,11 @@ def _conv2d_weight(call: Call, packed: TensorType) -> TensorType | None:
     channels per group, kh, kw)."""
     data, attrs = _data_shape(call), Conv2DAttrs.view(call.attrs)
     channels, kernel, groups = attrs.channels, attrs.kernel_size, attrs.groups
-    if data is None or len(data) != 4 or channels is None or kernel is None:
+    if data is None or len(data) not in (4, 5) or channels is None or kernel is None:
         return None
     c = data[1]
+    if len(data) == 5:  # NCHW[b]c (a Winograd convolution convert-layout made)
+        c = c * data[4] if isinstance(c, int) and isinstance(data[4], int) else c
     per_group = c // groups if isinstance(c, int) and groups else c
     return TensorType((channels, per_group, kernel[0], kernel[1]), packed.dtype)
 

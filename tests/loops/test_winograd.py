@@ -10,6 +10,8 @@ where it pays.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 
@@ -20,6 +22,7 @@ from kiln.loops.schedule import target_scope
 from kiln.op import nn
 from kiln.runtime.compiler import native_available
 from kiln.target import Target
+from kiln.transform import PassContext
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not native_available(), reason="needs llvmlite")
@@ -31,6 +34,14 @@ RNG = np.random.default_rng(17)
 def private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
                   ) -> None:
     monkeypatch.setenv("KILN_CACHE", str(tmp_path_factory.getbasetemp() / "kiln-cache"))
+
+
+@pytest.fixture(autouse=True)
+def nchw_kernel() -> Iterator[None]:
+    # the NCHW kernel's tests: constant weights stay NCHW (convert-layout would give them
+    # to the blocked kernel, tested in test_nchwc_kernels.py)
+    with PassContext(config={"convert-layout": False}):
+        yield
 
 
 @pytest.mark.parametrize("m", winograd.TILES)

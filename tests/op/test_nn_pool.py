@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import kiln
 from kiln.ir.ty import ANY, SymDim, TensorType
 
-from .helpers import check, covers, infer, rand
+from .helpers import blocked, check, covers, infer, rand
 
 T = torch.from_numpy
 
@@ -222,12 +222,6 @@ def test_pool_relation() -> None:
               pool_size=2, strides=2, layout="NCHW8c")
     ty = infer("nn.global_avg_pool2d", [TensorType((n, 3, 7, 5, 16))], layout="NCHW16c")
     assert ty == TensorType((n, 3, 1, 1, 16))
-
-
-def blocked(x: np.ndarray, b: int) -> np.ndarray:
-    """NCHW -> NCHW[b]c, written out with numpy."""
-    n, c, h, w = x.shape
-    return np.ascontiguousarray(x.reshape(n, c // b, b, h, w).transpose(0, 1, 3, 4, 2))
 
 
 @covers("nn.max_pool2d", "nn.avg_pool2d", "nn.global_avg_pool2d", "nn.global_max_pool2d")

@@ -13,7 +13,7 @@ from kiln.ir.ty import TensorType
 from kiln.loops.winograd import pack_weight
 from kiln.op.nn.winograd import unpack_weight
 
-from .helpers import check, covers, infer, rand
+from .helpers import blocked, check, covers, infer, rand
 
 
 @covers("nn.conv2d_winograd")
@@ -47,12 +47,6 @@ def test_conv2d_winograd_type_rules() -> None:
     out = infer("nn.conv2d_winograd", [data, TensorType((16, 2, 4, 8))], channels=12,
                 kernel_size=(3, 3), padding=(1, 1))
     assert out == TensorType((1, 12, 8, 8))
-
-
-def blocked(x: np.ndarray, b: int) -> np.ndarray:
-    """NCHW -> NCHW[b]c, written out with numpy."""
-    n, c, h, w = x.shape
-    return np.ascontiguousarray(x.reshape(n, c // b, b, h, w).transpose(0, 1, 3, 4, 2))
 
 
 @covers("nn.conv2d_winograd")
