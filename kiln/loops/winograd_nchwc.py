@@ -31,6 +31,7 @@ from kiln.loops.ir import (
     Expr,
     For,
     IfThenElse,
+    LetStmt,
     Load,
     Seq,
     Stmt,
@@ -63,6 +64,16 @@ def packed_shape(x_shape: Sequence[int], out_shape: Sequence[int], m: int
     return (m + 2) ** 2, -(-o // s.nr), kc * blocks, s.nr
 
 
+def _units(u: Var, outer: tuple[Var, int], inner: tuple[Var, int], body: Stmt) -> Stmt:
+    """``body`` for every (outer, inner) pair as one parallel loop over the pairs: a block
+    of channels and a row each. Over the blocks alone (4 of them at 64 channels) one core
+    kept busy by another process left the whole stage waiting for the block its worker
+    had claimed: a 64-channel 56² layer 0.6 → 4.4 ms."""
+    (o, no), (i, ni) = outer, inner
+    return For(u, Const(0), Const(no * ni), LetStmt(o, u // ni, LetStmt(i, u % ni, body)),
+               "parallel")
+
+
 def conv2d(x: Tensor, up: Buffer, m: int, padding: Sequence[int], out_shape: Sequence[int],
            target: Target | None = None) -> Tensor:
     """The Winograd convolution of NCHW[b]c ``x`` (3×3, stride 1, ``padding`` top and left)
@@ -89,10 +100,10 @@ def conv2d(x: Tensor, up: Buffer, m: int, padding: Sequence[int], out_shape: Seq
         c0, yy, xx, c1 = Var("c0"), Var("y"), Var("x"), Var("c1")
         read = oplib.guarded_read(x, (img, c0, yy - top, xx - left, c1), spans,
                                   Const(0.0, "float32"))
-        return For(c0, Const(0), Const(c0s), For(yy, Const(0), Const(hp), For(
-            xx, Const(0), Const(wp), For(c1, Const(0), Const(b), Store(xp, (c0, yy, xx, c1),
-                                                                       read), "vectorized"),
-            "rolled")), "parallel")
+        u = Var("u")
+        row = For(xx, Const(0), Const(wp), For(c1, Const(0), Const(b), Store(
+            xp, (c0, yy, xx, c1), read), "vectorized"), "rolled")
+        return _units(u, (c0, c0s), (yy, hp), row)
 
     def input_transform() -> Stmt:
         c0, ty, tx = Var("c0"), Var("ty"), Var("tx")
@@ -109,8 +120,8 @@ def conv2d(x: Tensor, up: Buffer, m: int, padding: Sequence[int], out_shape: Seq
         stores = [Store(v, (Const(a * alpha + q, INDEX), t, c0 * b),
                         _combine(bt_m[q], rows[a], b))
                   for a in range(alpha) for q in range(alpha)]
-        return For(c0, Const(0), Const(c0s), For(ty, Const(0), Const(th), For(
-            tx, Const(0), Const(tw), _lets(binds, Seq(tuple(stores))), "rolled")), "parallel")
+        return _units(Var("u"), (c0, c0s), (ty, th), For(
+            tx, Const(0), Const(tw), _lets(binds, Seq(tuple(stores))), "rolled"))
 
     def product() -> Stmt:
         def put(bt: Expr, i: Expr, j: Expr, value: Expr) -> Stmt:
@@ -149,8 +160,8 @@ def conv2d(x: Tensor, up: Buffer, m: int, padding: Sequence[int], out_shape: Seq
         out = For(k, Const(0), Const(m * m), one if inside is None else IfThenElse(inside, one),
                   "rolled")
         tile = Allocate(ytile, _lets(binds, Seq((Seq(tuple(stores)), out))))
-        return For(o0, Const(0), Const(o0s), For(ty, Const(0), Const(th), For(
-            tx, Const(0), Const(tw), tile, "rolled")), "parallel")
+        return _units(Var("u"), (o0, o0s), (ty, th), For(tx, Const(0), Const(tw), tile,
+                                                          "rolled"))
 
     def emit(write: WriteFn) -> Stmt:
         img = Var("n")

@@ -178,17 +178,20 @@ WINOGRAD = [
 @pytest.mark.parametrize("xs,o,pad", WINOGRAD)
 def test_winograd_on_blocked_data(xs, o, pad, spec) -> None:
     # convert-layout gives the blocked Winograd kernel (kiln/loops/winograd_nchwc.py) the
-    # convolutions winograd.choose takes; relu after it, fused
+    # convolutions winograd.choose takes; relu after it, fused, then a 1×1 convolution (a
+    # convolution alone stays NCHW)
     target = Target.parse(spec)
     x = RNG.standard_normal(xs).astype(np.float32)
     w = (RNG.standard_normal((o, xs[1], 3, 3)) / 3).astype(np.float32)
+    w2 = (RNG.standard_normal((o, o, 1, 1)) / np.sqrt(o)).astype(np.float32)
     v = kiln.var("x", shape=xs, dtype="float32")
-    y = nn.relu(nn.conv2d(v, kiln.const(w), padding=(pad, pad)))
+    y = nn.conv2d(nn.relu(nn.conv2d(v, kiln.const(w), padding=(pad, pad))), kiln.const(w2))
     with target_scope(target):
         exe = kiln.build(kiln.IRModule.from_expr(kiln.Function([v], y)), target=target)
     algos = {s[1].get("algorithm") for k in exe.program.kernels.values()
              if k.kernel is not None for s in k.kernel.attrs.get("schedules", [])}
     b = target.lanes("float32")
     assert any(a and a.endswith(f"NCHW{b}c") for a in algos), algos
-    want = np.maximum(reference(x, w, (1, 1), (pad,) * 4, (1, 1), 1), 0)
+    want = reference(np.maximum(reference(x, w, (1, 1), (pad,) * 4, (1, 1), 1), 0), w2,
+                     (1, 1), (0,) * 4, (1, 1), 1)
     np.testing.assert_allclose(exe(x), want, rtol=1e-3, atol=1e-3)

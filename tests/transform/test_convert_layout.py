@@ -140,21 +140,35 @@ def test_plain_uses_share_one_transform_and_others_are_moved_back() -> None:
     # tensor that is not a constant): both read one transform of it
     c, size = LANES, 6
     w = RNG.standard_normal((c, c, 3, 3)).astype(np.float32)
+    w2 = RNG.standard_normal((c, c, 1, 1)).astype(np.float32)
     x = kiln.var("x", shape=(1, c, size, size))
     scale = kiln.var("scale", shape=(c, 1, 1))
     y = nn.relu(nn.conv2d(x, kiln.const(w), padding=(1, 1)))
-    out = kiln.op.add(kiln.op.sum(kiln.op.multiply(y, scale)),
-                      kiln.op.sum(kiln.op.reshape(y, newshape=(-1,))))
+    z = nn.conv2d(y, kiln.const(w2))
+    out = kiln.op.add(kiln.op.add(kiln.op.sum(kiln.op.multiply(y, scale)),
+                                  kiln.op.sum(kiln.op.reshape(y, newshape=(-1,)))),
+                      kiln.op.sum(z))
     mod = kiln.IRModule.from_expr(kiln.Function([x, scale], out))
     count = ops(optimized(mod, {}))
-    assert count["nn.contrib_conv2d_NCHWc"] == 1
-    assert count["layout_transform"] == 2  # the input in, the relu's result out once
+    assert count["nn.contrib_conv2d_NCHWc"] == 2
+    assert count["layout_transform"] == 3  # the input in; the relu's result and z out once
     a = RNG.standard_normal((1, c, size, size)).astype(np.float32)
     s = RNG.standard_normal((c, 1, 1)).astype(np.float32)
     t = torch.relu(F.conv2d(torch.from_numpy(a.astype(np.float64)),
                             torch.from_numpy(w.astype(np.float64)), padding=1))
-    want = float((t * torch.from_numpy(s.astype(np.float64))).sum() + t.sum())
+    tz = F.conv2d(t, torch.from_numpy(w2.astype(np.float64)))
+    want = float((t * torch.from_numpy(s.astype(np.float64))).sum() + t.sum() + tz.sum())
     np.testing.assert_allclose(kiln.build(mod)(a, s), want, rtol=1e-4)
+
+
+def test_a_lone_convolution_stays_nchw() -> None:
+    # moving its input into blocks and its result out would cost more than it gains
+    c = LANES
+    x = kiln.var("x", shape=(1, c, 8, 8))
+    y = nn.relu(nn.conv2d(x, kiln.const(RNG.standard_normal((c, c, 3, 3)).astype(np.float32)),
+                          padding=(1, 1)))
+    count = ops(optimized(kiln.IRModule.from_expr(kiln.Function([x], y)), {}))
+    assert count["nn.contrib_conv2d_NCHWc"] == count["layout_transform"] == 0
 
 
 def test_kiln_testing_mobilenet_matches_the_plain_build() -> None:
