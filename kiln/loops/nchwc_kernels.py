@@ -22,7 +22,8 @@ then blocks of one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from kiln.loops import gemm as g
 from kiln.loops import oplib
@@ -46,6 +47,7 @@ from kiln.loops.ir import (
     Var,
 )
 from kiln.loops.schedule import PARALLEL_MIN_ELEMENTS, lowering_target, worth_parallel
+from kiln.loops.tunable import Space, current_overrides, ordered, override, site_key
 from kiln.target import Target
 
 
@@ -68,6 +70,72 @@ def tile_shape(pixels: int, out_blocks: int, block: int, target: Target) -> tupl
         t = -(-pixels // -(-pixels // most))  # the row's tiles as even as they can be
         best = max(best, (t * j * per_block, -(t + j * per_block), t, j))
     return best[2], best[3]
+
+
+def nchwc_key(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
+              padding: Sequence[int], dilation: Sequence[int], out_shape: Sequence[int]) -> str:
+    """The key naming a blocked direct convolution's register tile in a tuning log (the
+    shapes as the kernel sees them: x NCHW[bi]c or NCHW, w OIHW[bi]i[bo]o, out
+    NCHW[bo]c; padding top and left)."""
+    return site_key("conv2d_nchwc", x=tuple(x_shape), w=tuple(w_shape),
+                    strides=tuple(strides), padding=tuple(padding[:2]),
+                    dilation=tuple(dilation), out=tuple(out_shape))
+
+
+def _form(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
+          padding: Sequence[int], out_shape: Sequence[int], target: Target
+          ) -> tuple[bool, int, tuple[int, int]]:
+    """(flat, the pixels a tile may cover, the rule's (T, J)) of a direct convolution: a
+    1×1 stride-1 convolution without padding tiles the flattened pixels where that fills
+    more registers than a row's tiles (a 7-pixel row of 10 blocks: 14 pixels of 2 blocks,
+    not 4 of 5); elsewhere rows, whose pixels' addresses are a constant apart."""
+    _, oblocks, oh, ow, bo = (int(d) for d in out_shape)
+    kh, kw = int(w_shape[2]), int(w_shape[3])
+    h, wd = int(x_shape[2]), int(x_shape[3])
+    geometry = (kh, kw, int(strides[0]), int(strides[1]), int(padding[0]), int(padding[1]))
+    flat = geometry == (1, 1, 1, 1, 0, 0) and (oh, ow) == (h, wd) and _used(
+        tile_shape(oh * ow, oblocks, bo, target)) > _used(tile_shape(ow, oblocks, bo, target))
+    pixels = oh * ow if flat else ow
+    return flat, pixels, tile_shape(pixels, oblocks, bo, target)
+
+
+def space(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
+          padding: Sequence[int], dilation: Sequence[int], out_shape: Sequence[int],
+          target: Target | None = None) -> Space:
+    """The register tiles `conv_nchwc` may take (the rule's first): ``pixels`` T and
+    ``blocks`` J, J dividing the output's blocks and the T·J accumulators fitting the
+    registers the GEMM's micro-kernel keeps."""
+    tgt = lowering_target(target)
+    _, oblocks, _, _, bo = (int(d) for d in out_shape)
+    _, most, (t, j) = _form(x_shape, w_shape, strides, padding, out_shape, tgt)
+    mr, nr = g.register_tile(tgt)
+    budget = mr * (nr // tgt.lanes("float32"))
+    per_block = -(-bo // tgt.lanes("float32"))
+    blocks = ordered(j, [v for v in range(1, budget // per_block + 1) if oblocks % v == 0])
+    pixels = ordered(t, list(range(1, min(most, budget) + 1)))
+
+    def check(knobs: Mapping[str, Any]) -> bool:
+        return int(knobs["pixels"]) * int(knobs["blocks"]) * per_block <= budget
+
+    return Space(nchwc_key(x_shape, w_shape, strides, padding, dilation, out_shape),
+                 (("pixels", pixels), ("blocks", blocks)), check)
+
+
+def chosen_tile(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
+                padding: Sequence[int], dilation: Sequence[int], out_shape: Sequence[int],
+                target: Target | None = None) -> tuple[int, int, bool]:
+    """(T, J, tuned) of `conv_nchwc`'s register tile: the knobs the enclosing
+    `overrides_scope` gives this site (a tuning log's; ``tuned`` when they differ from the
+    rule's), else `tile_shape`'s."""
+    tgt = lowering_target(target)
+    _, _, rule = _form(x_shape, w_shape, strides, padding, out_shape, tgt)
+    if current_overrides() is None:
+        return (*rule, False)
+    knobs = override(space(x_shape, w_shape, strides, padding, dilation, out_shape, tgt))
+    if knobs is None:
+        return (*rule, False)
+    tile = (int(knobs["pixels"]), int(knobs["blocks"]))
+    return (*tile, tile != rule)
 
 
 def _used(tile: tuple[int, int]) -> int:
@@ -155,7 +223,8 @@ def conv_nchwc(x: Tensor, w: BufferTensor, strides: Sequence[int], padding: Sequ
     1 without padding, one tile of the flattened pixels). A row's tiles start at fixed
     columns, so only the pixels whose windows leave the image's columns test their taps
     (a run of tiles between them is one loop), and the rows at the top and bottom (a few)
-    have code of their own with the kernel rows that fall inside."""
+    have code of their own with the kernel rows that fall inside. The tile is
+    `chosen_tile`'s."""
     tgt = lowering_target(target)
     nimg, oblocks, oh, ow, bo = (int(d) for d in out_shape)
     iblocks, kh, kw, bi = (int(d) for d in w.shape[1:5])
@@ -163,13 +232,9 @@ def conv_nchwc(x: Tensor, w: BufferTensor, strides: Sequence[int], padding: Sequ
     dh, dw = (int(d) for d in dilation)
     top, left = int(padding[0]), int(padding[1])
     h, wd = int(x.shape[2]), int(x.shape[3])
-    # a 1×1 stride-1 convolution without padding tiles the flattened pixels where that
-    # fills more registers than a row's tiles (a 7-pixel row of 10 blocks: 14 pixels of 2
-    # blocks, not 4 of 5); elsewhere rows, whose pixels' addresses are a constant apart
-    flat = (kh, kw, sh, sw, top, left, oh, ow) == (1, 1, 1, 1, 0, 0, h, wd) and _used(
-        tile_shape(oh * ow, oblocks, bo, tgt)) > _used(tile_shape(ow, oblocks, bo, tgt))
+    flat = _form(x.shape, w.shape, strides, padding, out_shape, tgt)[0]
+    t_max, jb, _ = chosen_tile(x.shape, w.shape, strides, padding, dilation, out_shape, tgt)
     spans = [None, None, None, oplib.window_span(ow, sw, kw, dw, left), None][:len(x.shape)]
-    t_max, jb = tile_shape(oh * ow if flat else ow, oblocks, bo, tgt)
     otiles = oblocks // jb
     img, ot = Var("n"), Var("ot")
 

@@ -2,16 +2,19 @@
 
 A *site* is where a schedule with searchable knobs is chosen (kiln/loops/tunable.py): a
 packed GEMM (`kiln.loops.gemm.GemmSchedule.default`), a convolution's implicit GEMM
-(`kiln.loops.conv_kernels.conv_plan`) or a Winograd convolution's products
-(`kiln.loops.winograd.schedule`). Its key names the shapes and operand layouts; the
-Target is the tuning run's. Lowering records each site's key in ``kernel.attrs
-["schedules"]``, so the sites of a model are read off its build, deduplicated by key, with
-each one's share of the model's time from `Executable.profile`.
+(`kiln.loops.conv_kernels.conv_plan`), a Winograd convolution's products
+(`kiln.loops.winograd.schedule`) or a channel-blocked direct convolution's register tile
+(`kiln.loops.nchwc_kernels.chosen_tile`, what convert-layout gives a CNN). Its key names
+the shapes and operand layouts; the Target is the tuning run's. Lowering records each
+site's key in ``kernel.attrs["schedules"]``, so the sites of a model are read off its
+build, deduplicated by key, with each one's share of the model's time from
+`Executable.profile`.
 
 To measure a candidate, the site is rebuilt alone: a program of one operator (dense on a
 constant weight for a GEMM whose B is prepacked, batch_matmul otherwise, conv2d on a
-constant or variable weight) whose lowering meets the same key, so alter-layout packs its
-weight for the candidate's tiles just as the model's build will.
+constant or variable weight, nn.contrib_conv2d_NCHWc on a constant blocked weight) whose
+lowering meets the same key, so alter-layout packs its weight for the candidate's tiles
+just as the model's build will.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import numpy as np
 
 from kiln.errors import Error
 from kiln.ir.module import IRModule
-from kiln.loops import conv_kernels, gemm, winograd
+from kiln.loops import conv_kernels, gemm, nchwc_kernels, winograd
 from kiln.loops.tunable import Space, parse_key
 from kiln.target import Target
 
@@ -34,7 +37,7 @@ class Site:
     """A kernel site to tune: its key, kind, search space, and its program alone."""
 
     key: str
-    kind: str  # "gemm", "conv2d" or "winograd"
+    kind: str  # "gemm", "conv2d", "winograd" or "conv2d_nchwc"
     space: Space
     text: str  # Relay text of the one-operator program
     constants: tuple[str, ...]  # parameters bound as weights (constant, so prepacked)
@@ -78,6 +81,8 @@ def site_of(key: str, target: Target) -> Site | None:
             return _conv_site(key, f, target)
         if kind == "winograd":
             return _winograd_site(key, f, target)
+        if kind == "conv2d_nchwc":
+            return _nchwc_site(key, f, target)
     except (KeyError, ValueError):
         return None
     return None
@@ -142,6 +147,32 @@ def _winograd_site(key: str, f: Mapping[str, str], target: Target) -> Site | Non
             f"{{ nn.conv2d(%x, %w, padding=[{pad[0]}, {pad[1]}, {ends[0]}, {ends[1]}]) }}")
     flops = 2 * out[0] * out[1] * out[2] * out[3] * x[1] * 9
     return Site(key, "winograd", space, f"#[version = \"0.0.5\"]\n{text}\n", ("w",), flops)
+
+
+def _nchwc_site(key: str, f: Mapping[str, str], target: Target) -> Site | None:
+    # the blocked convolution alone (what convert-layout makes), on a constant blocked weight
+    x, w, out = _ints(f["x"]), _ints(f["w"]), _ints(f["out"])
+    strides, pad, dil = _ints(f["strides"]), _ints(f["padding"]), _ints(f["dilation"])
+    if len(w) != 6 or len(out) != 5 or len(x) not in (4, 5):
+        return None
+    space = nchwc_kernels.space(x, w, strides, pad, dil, out, target)
+    if space.key != key:
+        return None
+    ends = []
+    for axis in range(2):
+        reach = (out[2 + axis] - 1) * strides[axis] + dil[axis] * (w[2 + axis] - 1) + 1
+        ends.append(max(0, reach - x[2 + axis] - pad[axis]))
+    bi, bo = w[4], w[5]
+    layouts = (f'data_layout="{"NCHW" if len(x) == 4 else f"NCHW{bi}c"}", '
+               f'kernel_layout="OIHW{bi}i{bo}o", out_layout="NCHW{bo}c"')
+    attrs = (f"strides=[{strides[0]}, {strides[1]}], padding=[{pad[0]}, {pad[1]}, "
+             f"{ends[0]}, {ends[1]}], dilation=[{dil[0]}, {dil[1]}], channels={out[1] * bo}, "
+             f"kernel_size=[{w[2]}, {w[3]}], {layouts}")
+    text = (f"def @main(%x: {_tensor(x)}, %w: {_tensor(w)}) "
+            f"{{ nn.contrib_conv2d_NCHWc(%x, %w, {attrs}) }}")
+    flops = 2 * out[0] * out[1] * bo * out[2] * out[3] * w[1] * bi * w[2] * w[3]
+    return Site(key, "conv2d_nchwc", space, f"#[version = \"0.0.5\"]\n{text}\n", ("w",),
+                flops)
 
 
 def kernel_keys(kernel_attrs: Mapping[str, Any]) -> list[str]:

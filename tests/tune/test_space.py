@@ -11,7 +11,7 @@ import pytest
 import kiln
 from kiln.codegen.cache import fingerprint
 from kiln.ir.traverse import post_order
-from kiln.loops import gemm, winograd
+from kiln.loops import gemm, nchwc_kernels, winograd
 from kiln.loops.conv_kernels import conv_space
 from kiln.loops.lower import lower_primitive
 from kiln.loops.tunable import ScheduleOverrides, Space, overrides_scope
@@ -96,6 +96,13 @@ SPACES = {
                                      (1, 9, 5, 7), prepacked=False),
     # a Winograd convolution's products (49 tiles, odd channels; U packed for each point)
     "winograd": lambda: winograd.space((1, 9, 28, 28), (1, 10, 28, 28), (1, 1), 4),
+    # a blocked direct convolution's register tile: 3 blocks of 16 outputs, 11-pixel rows,
+    # border rows and columns; and a plain-NCHW stem of stride 2
+    "conv2d_nchwc": lambda: nchwc_kernels.space((1, 2, 9, 11, 16), (3, 2, 3, 3, 16, 16),
+                                                (1, 1), (1, 1), (1, 1), (1, 3, 9, 11, 16)),
+    "conv2d_nchwc stem": lambda: nchwc_kernels.space((1, 3, 13, 13), (2, 3, 3, 3, 1, 16),
+                                                     (2, 2), (1, 1), (1, 1),
+                                                     (1, 2, 7, 7, 16)),
 }
 
 

@@ -215,6 +215,13 @@ def _fast(x: Tensor, w: Tensor, attrs: Conv2DAttrs, out: TensorType,
     if form == "direct":
         t = extern(shape, out.dtype, lambda write: nchwc_kernels.conv_nchwc(
             x, weight, strides, (top, left), dilation, shape, write))
+        pixels, blocks, tuned = nchwc_kernels.chosen_tile(x.shape, w.shape, strides,
+                                                          (top, left), dilation, shape)
+        t.schedule = {"kernel": "nchwc direct", "pixels": pixels, "blocks": blocks,
+                      "tuned": tuned,
+                      "key": nchwc_kernels.nchwc_key(x.shape, w.shape, strides, (top, left),
+                                                     dilation, shape)}
+        return t
     elif isinstance(x, BufferTensor):
         data = x
         t = extern(shape, out.dtype, lambda write: nchwc_kernels.depthwise_nchwc(
