@@ -4,7 +4,8 @@ The direct kernel (3×3 with border rows and columns, strides, dilation, asymmet
 the 7×7 stem read from plain NCHW data, 1×1 in rows and over the flattened pixels) and the
 depthwise one (stride 1 and 2, dilated, 5×5, several images), each for this machine and for it
 without AVX-512; a fused epilogue; one and two threads bit for bit. The blocked inputs are
-made, and the results read back, with numpy reshapes written out here.
+made, and the results read back, with numpy reshapes (tests/op/helpers.py), not kiln's layout
+code.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from kiln.op import nn
 from kiln.runtime.compiler import native_available
 from kiln.target import Target
 
+from ..op.helpers import blocked, blocked_kernel, unblocked
+
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not native_available(), reason="needs llvmlite")
 
@@ -32,22 +35,6 @@ def private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     monkeypatch.setenv("KILN_CACHE", str(tmp_path_factory.getbasetemp() / "kiln-cache"))
 
 
-def block_data(x: np.ndarray, b: int) -> np.ndarray:
-    n, c, h, w = x.shape
-    return np.ascontiguousarray(x.reshape(n, c // b, b, h, w).transpose(0, 1, 3, 4, 2))
-
-
-def unblock(y: np.ndarray) -> np.ndarray:
-    n, c0, h, w, c1 = y.shape
-    return y.transpose(0, 1, 4, 2, 3).reshape(n, c0 * c1, h, w)
-
-
-def block_weight(w: np.ndarray, bi: int, bo: int) -> np.ndarray:
-    o, i, kh, kw = w.shape
-    return np.ascontiguousarray(
-        w.reshape(o // bo, bo, i // bi, bi, kh, kw).transpose(0, 2, 4, 5, 3, 1))
-
-
 def reference(x: np.ndarray, w: np.ndarray, strides, padding, dilation, groups) -> np.ndarray:
     top, left, bottom, right = padding
     xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (top, bottom), (left, right)))
@@ -58,7 +45,7 @@ def reference(x: np.ndarray, w: np.ndarray, strides, padding, dilation, groups) 
 def build(xshape, w: np.ndarray, bi: int, bo: int, depthwise: bool, epilogue=None, **attrs):
     """The blocked convolution of a constant weight, built; the kernel it got."""
     x = kiln.var("x", shape=xshape, dtype="float32")
-    wb = block_weight(w, 1 if depthwise else bi, bo)
+    wb = blocked_kernel(w, 1 if depthwise else bi, bo)
     y = nn.contrib_conv2d_nchwc(
         x, kiln.const(wb), data_layout=f"NCHW{bi}c" if bi > 1 else "NCHW",
         kernel_layout=f"OIHW{1 if depthwise else bi}i{bo}o", out_layout=f"NCHW{bo}c",
@@ -86,21 +73,21 @@ DIRECT = [
 
 
 @pytest.mark.parametrize("spec", TARGETS)
-@pytest.mark.parametrize("xs,ws,strides,padding,dilation,blocked", DIRECT)
-def test_direct(xs, ws, strides, padding, dilation, blocked, spec) -> None:
+@pytest.mark.parametrize("xs,ws,strides,padding,dilation,in_blocks", DIRECT)
+def test_direct(xs, ws, strides, padding, dilation, in_blocks, spec) -> None:
     target = Target.parse(spec)
     b = target.lanes("float32")
     o, kh, kw = ws
     x = RNG.standard_normal(xs).astype(np.float32)
     w = RNG.standard_normal((o, xs[1], kh, kw)).astype(np.float32)
     want = reference(x, w, strides, padding, dilation, 1)
-    bi = b if blocked else 1
+    bi = b if in_blocks else 1
     with target_scope(target):
-        exe, kinds = build((xs[0], xs[1] // bi, xs[2], xs[3], bi) if blocked else xs, w, bi, b,
+        exe, kinds = build((xs[0], xs[1] // bi, xs[2], xs[3], bi) if in_blocks else xs, w, bi, b,
                            False, strides=strides, padding=padding, dilation=dilation)
     assert kinds == {"nchwc direct"}
-    got = exe(block_data(x, bi) if blocked else x)
-    np.testing.assert_allclose(unblock(got), want, rtol=1e-4, atol=2e-5 * xs[1] * kh * kw)
+    got = exe(blocked(x, bi) if in_blocks else x)
+    np.testing.assert_allclose(unblocked(got), want, rtol=1e-4, atol=2e-5 * xs[1] * kh * kw)
 
 
 DEPTHWISE = [
@@ -125,7 +112,7 @@ def test_depthwise(xs, k, strides, padding, dilation, spec) -> None:
         exe, kinds = build((xs[0], c // b, xs[2], xs[3], b), w, b, b, True, strides=strides,
                            padding=padding, dilation=dilation)
     assert kinds == {"nchwc depthwise"}
-    np.testing.assert_allclose(unblock(exe(block_data(x, b))), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(unblocked(exe(blocked(x, b))), want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("depthwise", [False, True])
@@ -136,7 +123,7 @@ def test_epilogue_and_threads(depthwise: bool) -> None:
     x = RNG.standard_normal((1, c, size, size)).astype(np.float32)
     w = RNG.standard_normal((c, 1 if depthwise else c, 3, 3)).astype(np.float32)
     shift = RNG.standard_normal((c, 1, 1)).astype(np.float32)
-    shift_b = block_data(shift.reshape(1, c, 1, 1), b)
+    shift_b = blocked(shift.reshape(1, c, 1, 1), b)
 
     def epilogue(y):
         return kiln.op.clip(kiln.op.add(y, kiln.const(shift_b[0])), a_min=0.0, a_max=6.0)
@@ -145,13 +132,13 @@ def test_epilogue_and_threads(depthwise: bool) -> None:
                    padding=(1, 1, 1, 1))
     want = np.clip(reference(x, w, (1, 1), (1, 1, 1, 1), (1, 1), c if depthwise else 1)
                    + shift, 0, 6)
-    xb = block_data(x, b)
+    xb = blocked(x, b)
     exe.set_threads(1)
     one = exe(xb)
     exe.set_threads(2)
     two = exe(xb)
     np.testing.assert_array_equal(one, two)
-    np.testing.assert_allclose(unblock(one), want, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(unblocked(one), want, rtol=1e-4, atol=1e-3)
 
 
 def test_tile_shape_fills_the_registers() -> None:

@@ -114,3 +114,16 @@ def blocked(x: np.ndarray, b: int) -> np.ndarray:
     """NCHW -> NCHW[b]c (channel c0·b + c1 at [n, c0, h, w, c1]), written out with numpy."""
     n, c, h, w = x.shape
     return np.ascontiguousarray(x.reshape(n, c // b, b, h, w).transpose(0, 1, 3, 4, 2))
+
+
+def unblocked(y: np.ndarray) -> np.ndarray:
+    """NCHW[b]c -> NCHW."""
+    n, c0, h, w, c1 = y.shape
+    return y.transpose(0, 1, 4, 2, 3).reshape(n, c0 * c1, h, w)
+
+
+def blocked_kernel(w: np.ndarray, ib: int, ob: int) -> np.ndarray:
+    """OIHW -> OIHW[ib]i[ob]o: w[o0·ob + o1, i0·ib + i1, y, x] at [o0, i0, y, x, i1, o1]."""
+    o, i, kh, kw = w.shape
+    split = w.reshape(o // ob, ob, i // ib, ib, kh, kw)
+    return np.ascontiguousarray(split.transpose(0, 2, 4, 5, 3, 1))

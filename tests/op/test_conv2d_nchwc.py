@@ -1,7 +1,7 @@
 """nn.contrib_conv2d_NCHWc (TVM's convolution on channel-blocked tensors) against PyTorch.
 
 The oracle is torch.nn.functional.conv2d on NCHW / OIHW arrays; the blocked inputs are made from
-them, and the results read back, with numpy reshapes and transposes written out here (not with
+them, and the results read back, with numpy reshapes and transposes (tests/op/helpers.py; not with
 kiln's layout code).
 """
 
@@ -16,28 +16,9 @@ import torch
 import kiln
 from kiln.ir.ty import TensorType
 
-from .helpers import check, covers, infer
+from .helpers import blocked, blocked_kernel, check, covers, infer, unblocked
 
 NAME = "nn.contrib_conv2d_NCHWc"
-
-
-def pack_data(x: np.ndarray, block: int) -> np.ndarray:
-    """NCHW -> NCHW[block]c: x[n, c0 * block + c1, h, w] at [n, c0, h, w, c1]."""
-    n, c, h, w = x.shape
-    return np.ascontiguousarray(x.reshape(n, c // block, block, h, w).transpose(0, 1, 3, 4, 2))
-
-
-def unpack_data(y: np.ndarray) -> np.ndarray:
-    """NCHW[b]c -> NCHW."""
-    n, c0, h, w, c1 = y.shape
-    return y.transpose(0, 1, 4, 2, 3).reshape(n, c0 * c1, h, w)
-
-
-def pack_kernel(w: np.ndarray, ib: int, ob: int) -> np.ndarray:
-    """OIHW -> OIHW[ib]i[ob]o: w[o0 * ob + o1, i0 * ib + i1, y, x] at [o0, i0, y, x, i1, o1]."""
-    o, i, kh, kw = w.shape
-    blocked = w.reshape(o // ob, ob, i // ib, ib, kh, kw)
-    return np.ascontiguousarray(blocked.transpose(0, 2, 4, 5, 3, 1))
 
 
 def torch_conv(x: np.ndarray, w: np.ndarray, strides=(1, 1), padding=(0, 0, 0, 0),
@@ -71,7 +52,7 @@ def test_blocked_conv_against_torch(dshape, wshape, db, ib, ob, attrs) -> None:
     expected = torch_conv(x, w, strides=attrs.get("strides", (1, 1)),
                           padding=attrs.get("padding", (0, 0, 0, 0)),
                           dilation=attrs.get("dilation", (1, 1)), groups=attrs.get("groups", 1))
-    out = check(NAME, [pack_data(x, db), pack_kernel(w, ib, ob)], pack_data(expected, ob),
+    out = check(NAME, [blocked(x, db), blocked_kernel(w, ib, ob)], blocked(expected, ob),
                 rtol=1e-10, atol=1e-12, channels=wshape[0], kernel_size=wshape[2:],
                 data_layout=f"NCHW{db}c", kernel_layout=f"OIHW{ib}i{ob}o",
                 out_layout=f"NCHW{ob}c", **attrs)
@@ -83,12 +64,12 @@ def test_out_layout_defaults_to_data_layout_and_may_differ() -> None:
     rng = np.random.default_rng(3)
     x, w = rng.standard_normal((1, 4, 4, 4)), rng.standard_normal((8, 4, 3, 3))
     expected = torch_conv(x, w, padding=(1, 1, 1, 1))
-    xb, wb = pack_data(x, 2), pack_kernel(w, 2, 4)
+    xb, wb = blocked(x, 2), blocked_kernel(w, 2, 4)
     common = {"padding": 1, "data_layout": "NCHW2c", "kernel_layout": "OIHW2i4o"}
-    check(NAME, [xb, wb], pack_data(expected, 2), rtol=1e-10, atol=1e-12, **common)
+    check(NAME, [xb, wb], blocked(expected, 2), rtol=1e-10, atol=1e-12, **common)
     # the result unblocked (NCHW) and blocked by 8
     check(NAME, [xb, wb], expected, rtol=1e-10, atol=1e-12, out_layout="NCHW", **common)
-    check(NAME, [xb, wb], pack_data(expected, 8), rtol=1e-10, atol=1e-12,
+    check(NAME, [xb, wb], blocked(expected, 8), rtol=1e-10, atol=1e-12,
           out_layout="NCHW8c", **common)
 
 
@@ -105,8 +86,8 @@ def test_mixed_integer_inputs_accumulate_exactly_in_out_dtype() -> None:
     x = rng.integers(0, 256, size=(1, 4, 4, 4)).astype("uint8")
     w = rng.integers(-128, 128, size=(4, 4, 3, 3)).astype("int8")
     expected = torch_conv(x, w, padding=(1, 1, 1, 1))  # exact in float64 at these sizes
-    check(NAME, [pack_data(x, 4), pack_kernel(w, 4, 4)],
-          pack_data(expected, 4).astype("int32"), padding=1, out_dtype="int32",
+    check(NAME, [blocked(x, 4), blocked_kernel(w, 4, 4)],
+          blocked(expected, 4).astype("int32"), padding=1, out_dtype="int32",
           data_layout="NCHW4c", kernel_layout="OIHW4i4o", out_layout="NCHW4c")
 
 
@@ -190,7 +171,7 @@ def test_gradient_is_conv2ds_in_the_blocked_layouts() -> None:
     fn = kiln.infer_types(kiln.Function([xv, wv, sv], loss))
     for mode in ("higher_order", "first_order"):
         gfn = kiln.grad(fn, mode=mode, wrt=(0, 1), keeping=())
-        dx, dw = kiln.interpret(gfn, pack_data(x, 2), pack_kernel(w, 2, 2), pack_data(seed, 2))
-        np.testing.assert_allclose(unpack_data(dx), xt.grad.numpy(), rtol=1e-10, atol=1e-12)
-        np.testing.assert_allclose(dw, pack_kernel(wt.grad.numpy(), 2, 2), rtol=1e-10,
+        dx, dw = kiln.interpret(gfn, blocked(x, 2), blocked_kernel(w, 2, 2), blocked(seed, 2))
+        np.testing.assert_allclose(unblocked(dx), xt.grad.numpy(), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(dw, blocked_kernel(wt.grad.numpy(), 2, 2), rtol=1e-10,
                                    atol=1e-12)
