@@ -215,7 +215,7 @@ def _rows(oy: Expr, oh: int, inside: tuple[int, int], kh: int,
 
 def conv_nchwc(x: Tensor, w: BufferTensor, strides: Sequence[int], padding: Sequence[int],
                dilation: Sequence[int], out_shape: Sequence[int], write: WriteFn,
-               target: Target | None = None) -> Stmt:
+               tile_size: tuple[int, int], target: Target | None = None) -> Stmt:
     """The direct convolution (module docstring): x ``NCHW[bi]c`` (or NCHW), w
     ``OIHW[bi]i[bo]o``, the result ``NCHW[bo]c`` of ``out_shape`` through ``write``.
 
@@ -223,7 +223,7 @@ def conv_nchwc(x: Tensor, w: BufferTensor, strides: Sequence[int], padding: Sequ
     1 without padding, one tile of the flattened pixels). A row's tiles start at fixed
     columns, so only the pixels whose windows leave the image's columns test their taps
     (a run of tiles between them is one loop), and the rows at the top and bottom (a few)
-    have code of their own with the kernel rows that fall inside. The tile is
+    have code of their own with the kernel rows that fall inside. ``tile_size`` is (T, J),
     `chosen_tile`'s."""
     tgt = lowering_target(target)
     nimg, oblocks, oh, ow, bo = (int(d) for d in out_shape)
@@ -233,7 +233,7 @@ def conv_nchwc(x: Tensor, w: BufferTensor, strides: Sequence[int], padding: Sequ
     top, left = int(padding[0]), int(padding[1])
     h, wd = int(x.shape[2]), int(x.shape[3])
     flat = _form(x.shape, w.shape, strides, padding, out_shape, tgt)[0]
-    t_max, jb, _ = chosen_tile(x.shape, w.shape, strides, padding, dilation, out_shape, tgt)
+    t_max, jb = tile_size
     spans = [None, None, None, oplib.window_span(ow, sw, kw, dw, left), None][:len(x.shape)]
     otiles = oblocks // jb
     img, ot = Var("n"), Var("ot")

@@ -37,6 +37,7 @@ from kiln.ir.traverse import children, post_order, with_children
 from kiln.ir.ty import TensorType
 from kiln.loops.schedule import lowering_target
 from kiln.op import registry
+from kiln.op.layout import from_logical, parse_layout
 from kiln.op.registry import OpPattern
 from kiln.transform.pass_manager import PassContext, map_typed_functions, module_pass
 
@@ -64,23 +65,6 @@ def padded_channels(channels: int, lanes: int) -> int | None:
     out of blocks and back, 387 µs an inference (Emerald Rapids, 2 threads)."""
     padded = -(-channels // lanes) * lanes
     return padded if 2 * (padded - channels) <= channels else None
-
-
-def block_data(x: np.ndarray, b: int) -> np.ndarray:
-    """An NCHW-shaped (or (C, 1, 1)-shaped) array in NCHW[b]c: x[.., c0·b + c1, h, w] at
-    [.., c0, h, w, c1]."""
-    *lead, c, h, w = x.shape
-    split = x.reshape(*lead, c // b, b, h, w)
-    k = len(lead)
-    return np.ascontiguousarray(np.moveaxis(split, k + 1, k + 3))
-
-
-def block_weight(w: np.ndarray, bi: int, bo: int) -> np.ndarray:
-    """An OIHW weight in OIHW[bi]i[bo]o: w[o0·bo + o1, i0·bi + i1, y, x] at
-    [o0, i0, y, x, i1, o1]."""
-    o, i, kh, kw = w.shape
-    split = w.reshape(o // bo, bo, i // bi, bi, kh, kw)
-    return np.ascontiguousarray(split.transpose(0, 2, 4, 5, 3, 1))
 
 
 def _static4(e: Expr) -> tuple[int, ...] | None:
@@ -185,8 +169,8 @@ class _Converter:
                       out_layout=out_layout, channels=op, kernel_size=w.data.shape[2:],
                       groups=groups)
         call = registry.get("nn.contrib_conv2d_NCHWc")(
-            self.as_layout(x, data_layout), const(block_weight(weight, bi if groups == 1 else 1,
-                                                               bo)), **params)
+            self.as_layout(x, data_layout),
+            const(from_logical(weight, "OIHW", parse_layout(kernel_layout))), **params)
         return Call(call.op, call.args, call.attrs, span=node.span), out_layout, op
 
     def winograd(self, node: Call, m: int, cp: int, op: int) -> tuple[Expr, str, int]:
@@ -276,7 +260,7 @@ def _blocked_constant(a: Expr, shape: tuple[int, ...], b: int, padded: int) -> E
     if data.ndim > 4 or dims[1:] != (c, 1, 1) or dims[0] != 1:
         return None
     per_channel = np.pad(data.reshape(c, 1, 1), ((0, padded - c), (0, 0), (0, 0)))
-    return const(block_data(per_channel, b))
+    return const(from_logical(per_channel, "CHW", parse_layout(f"CHW{b}c")))
 
 
 def convert(func: Function, lanes: int) -> Function:

@@ -134,12 +134,11 @@ def _compute(arrays: list[np.ndarray], attrs: Conv2DAttrs) -> np.ndarray:
     assert attrs.channels is not None  # the relation requires it
     block = block_of(attrs)
     if block is not None:  # NCHW[b]c: unblocked, convolved, blocked again
-        n, c0, h, w, _ = x.shape
-        plain = _compute([x.transpose(0, 1, 4, 2, 3).reshape(n, c0 * block, h, w), up],
-                         _plain(attrs))
-        n, o, oh, ow = plain.shape
-        return np.ascontiguousarray(
-            plain.reshape(n, o // block, block, oh, ow).transpose(0, 1, 3, 4, 2))
+        from kiln.op.layout import from_logical, parse_layout, to_logical
+
+        layout = parse_layout(attrs.data_layout)
+        plain = _compute([to_logical(x, layout), up], _plain(attrs))
+        return from_logical(plain, "NCHW", layout)
     return _conv2d([x, unpack_weight(up, attrs.channels, x.shape[1])], attrs)
 
 
