@@ -158,6 +158,8 @@ WINOGRAD = [
     ((1, 32, 28, 28), 32, 1),  # F(4×4), whole tiles
     ((2, 16, 27, 26), 48, 1),  # the last tiles stick out; two images
     ((1, 32, 30, 30), 64, 0),  # no padding
+    ((1, 16, 20, 21), 16, 2),  # windows past the image by two at every edge
+    ((1, 192, 14, 14), 192, 1),  # F(2×2): F(4×4)'s transformed weight would be too large
 ]
 
 

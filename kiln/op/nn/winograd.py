@@ -157,7 +157,8 @@ def _lower(inputs: list, attrs: Conv2DAttrs, out_type: Type) -> Tensor:
     m = winograd.tile_of(up.shape)
     assert m is not None
     _, oh, ow = out.static_shape[1:]
-    if isinstance(up, BufferTensor) and x.dtype == out.dtype == "float32" \
+    if isinstance(up, BufferTensor) and isinstance(x, BufferTensor) \
+            and x.dtype == out.dtype == "float32" \
             and min(x.shape) > 0 and min(out.static_shape) > 0 \
             and tuple(up.shape) == winograd.packed_shape(x.shape, out.static_shape,
                                                          attrs.padding, m):
@@ -190,14 +191,16 @@ def _lower(inputs: list, attrs: Conv2DAttrs, out_type: Type) -> Tensor:
 
 def _lower_blocked(x: Tensor, up: Tensor, attrs: Conv2DAttrs, out: TensorType,
                    block: int) -> Tensor:
-    """NCHW[b]c: kiln/loops/winograd_nchwc.py where U is packed for it, else the NCHW
-    lowering reading the data through its blocks and read back in blocks."""
+    """NCHW[b]c: kiln/loops/winograd_nchwc.py where U is packed for it and the data is in
+    a buffer (fusion gives a convolution no producers), else the NCHW lowering reading the
+    data through its blocks and read back in blocks."""
     from kiln.loops import winograd, winograd_nchwc
     from kiln.loops.compute import compute
 
     m = winograd.tile_of(up.shape)
     assert m is not None  # the relation checked the shape
-    if isinstance(up, BufferTensor) and x.dtype == out.dtype == "float32" \
+    if isinstance(up, BufferTensor) and isinstance(x, BufferTensor) \
+            and x.dtype == out.dtype == "float32" \
             and min(x.shape) > 0 and min(out.static_shape) > 0 \
             and tuple(up.shape) == winograd_nchwc.packed_shape(x.shape, out.static_shape, m):
         return winograd_nchwc.conv2d(x, up.buffer, m, attrs.padding[:2], out.static_shape)
