@@ -87,8 +87,8 @@ def _inside_tiles(m: int, alpha: int, pad: int, size: int, tiles: int) -> tuple[
     return lo, min(max(hi, lo), tiles)
 
 
-def conv2d(x: BufferTensor, up: Buffer, m: int, padding: Sequence[int], out_shape: Sequence[int],
-           target: Target | None = None) -> Tensor:
+def conv2d(x: BufferTensor, up: Buffer, m: int, padding: Sequence[int],
+           out_shape: Sequence[int], target: Target | None = None) -> Tensor:
     """The Winograd convolution of NCHW[b]c ``x`` (3×3, stride 1, ``padding`` top and left)
     with U packed as `packed_shape` says, into NCHW[b]c ``out_shape`` (module docstring)."""
     tgt = lowering_target(target)
@@ -119,8 +119,9 @@ def conv2d(x: BufferTensor, up: Buffer, m: int, padding: Sequence[int], out_shap
         zero = Broadcast(Const(0.0, "float32"), b)
         edge_spans = (None, None, (-top, (th - 1) * m + alpha - 1 - top),
                       (-left, (tw - 1) * m + alpha - 1 - left), None)
-        plain: list[list[Expr]] = [[Load(data, (img, c0, inner_y * m + (i - top), inner_x * m + (j - left),
-                              Const(0, INDEX)), b) for j in range(alpha)] for i in range(alpha)]
+        plain: list[list[Expr]] = [
+            [Load(data, (img, c0, inner_y * m + (i - top), inner_x * m + (j - left),
+                         Const(0, INDEX)), b) for j in range(alpha)] for i in range(alpha)]
         tested = [[oplib.guarded_read(x, (img, c0, ty * m + (i - top), tx * m + (j - left),
                                           Const(0, INDEX)), edge_spans, zero,
                                       read=lambda at: Load(data, tuple(at), b))
