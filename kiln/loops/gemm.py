@@ -457,7 +457,10 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
     stream_b = b_panel is not None and k * n * dtype_of(dtype).itemsize > t.l2
     bp = Buffer("Bp", (tnb, kc, nr), dtype, "local")
     ap = Buffer("Ap", (tmb, kc, mr), dtype, "local")
-    cp = Buffer("Cp", (mt * mr, nt * nr), dtype, "local") if nk > 1 else None
+    # partial sums between K blocks, tile by tile: a micro-kernel's are contiguous, the next
+    # row tile's follow (C's own rows are N apart: 4 KiB for N = 1024, every row of a tile in
+    # one L1 set and each load waiting on the last tile's stores to the same low address bits)
+    cp = Buffer("Cp", (nt, mt * mr, nr), dtype, "local") if nk > 1 else None
 
     def kk_of(pc: Expr, p: Expr) -> tuple[Expr, list[Expr]]:
         kk = pc * kc + p
@@ -492,17 +495,26 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
         return tile_blocks(jc, tnb, nt, "tb", tile_body)
 
     def pack_a(bt: Expr, ic: Expr, pc: Expr) -> Stmt:
-        def tile_body(t: Expr, tile: Expr) -> Stmt:
+        def packing(t: Expr, tile: Expr, edge: bool) -> Stmt:
+            # ``edge``: the last tile, whose rows past M are zeros
             p, i = Var("p"), Var("i")
             kk, conds = kk_of(pc, p)
             row = tile * mr + i
-            if mt * mr != m:
+            if edge:
                 conds = conds + [Binary("lt", row, Const(m, INDEX))]
                 row = index_min(row, m - 1)
             value = guarded(a(bt, row, kk), conds, dtype)
             # like B's: the row's mr stores unrolled, p not vectorized
             return For(p, Const(0), Const(kc), For(i, Const(0), Const(mr), Store(
                 ap, (t, p, i), value), "unrolled"), "scalar")
+
+        def tile_body(t: Expr, tile: Expr) -> Stmt:
+            if mt * mr == m or mt == 1:
+                return packing(t, tile, mt * mr != m)
+            # the full tiles without the guard (a select per read, which LLVM made gathers:
+            # 2-5 % of a 1024-row product, one core)
+            return IfThenElse(Binary("lt", tile, Const(m // mr, INDEX)),
+                              packing(t, tile, False), packing(t, tile, True))
 
         return tile_blocks(ic, tmb, mt, "ta", tile_body)
 
@@ -521,7 +533,7 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
         init: Stmt = zero_init
         if cp is not None:
             load = Seq(tuple(Store(acc, (Const(i), Const(c)),
-                                   Load(cp, (tile_m * mr + i, tile_n * nr + c), lanes))
+                                   Load(cp, (tile_n, tile_m * mr + i, Const(c)), lanes))
                              for i, c in vecs))
             init = IfThenElse(Binary("eq", pc, Const(0)), zero_init, load)
 
@@ -545,7 +557,7 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
                         ahead if prefetch else None)
         finish = epilogue(bt, acc, tile_m, tile_n, width)
         if cp is not None:
-            keep = Seq(tuple(Store(cp, (tile_m * mr + i, tile_n * nr + c), acc_at(i, c))
+            keep = Seq(tuple(Store(cp, (tile_n, tile_m * mr + i, Const(c)), acc_at(i, c))
                              for i, c in vecs))
             finish = IfThenElse(Binary("eq", pc, Const(nk - 1)), finish, keep)
         return Allocate(acc, Seq((init, kloop, finish)))
@@ -569,9 +581,10 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
                                 Load(acc, (Const(i), Const(v * lanes)), lanes))
                           for i in range(mr) for v in range(width // lanes)))
         nfull = n // nr
-        rows = tile_rows(tile_m)
+        last_rows = tile_rows(tile_m)
 
-        def rows_loop(width: int, col0: Callable[[], Expr], kind: str) -> Stmt:
+        def rows_loop(width: int, col0: Callable[[], Expr], kind: str,
+                      rows: Expr = last_rows) -> Stmt:
             i, j = Var("i"), Var("j")
             body = write(bt, row_of(tile_m, i), col0() + j, Load(ctile, (i, j)))
             if down_columns == "unrolled" and isinstance(rows, Const):
@@ -594,7 +607,12 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
         parts: list[Stmt] = []
         if nfull:
             tile_f = tile_n if nfull == nt else index_min(tile_n, nfull - 1)
-            parts.append(rows_loop(nr, lambda: tile_f * nr, "vectorized"))
+            full = rows_loop(nr, lambda: tile_f * nr, "vectorized")
+            if m % mr and not down_columns and mt > 1:
+                # the full row tiles apart from the last: a constant count of rows
+                full = IfThenElse(Binary("lt", tile_m, Const(m // mr, INDEX)), rows_loop(
+                    nr, lambda: tile_f * nr, "vectorized", Const(mr, INDEX)), full)
+            parts.append(full)
         if n % nr:
             parts.append(rows_loop(n % nr, lambda: Const(nfull * nr, INDEX), "serial"))
         body = parts[0] if len(parts) == 1 else IfThenElse(

@@ -237,6 +237,35 @@ def test_micro_kernel_in_registers(spec: str, register: str) -> None:
     assert not stores, f"accumulators spilled: {stores}"
 
 
+@pytest.mark.parametrize("spec", ["llvm", NO_AVX512])
+@pytest.mark.parametrize("rows", [0, 1, 5])
+def test_full_and_last_row_tiles_over_k_blocks(spec: str, rows: int) -> None:
+    # The full row tiles take their own paths (A packed without a guard, the sums stored
+    # from registers); the last one, ``rows`` rows long (0: full too), packs and stores
+    # under guards. Partial sums between K blocks are kept tile by tile. Both thread counts
+    # give the same bits, and numpy's result.
+    host = Target.host()
+    t = Target.parse(spec)
+    if t.has("avx512f") and not host.has("avx512f"):
+        pytest.skip("the host has no AVX-512")
+    mr, nr = register_tile(t)
+    m, n, k = 4 * mr + rows, 2 * nr + 3, 300
+    s = GemmSchedule.default(1, m, n, k, target=t)
+    kernels = [gemm_kernel(1, m, n, k, dataclasses.replace(s, kc=kc), f"rows{rows}_{kc}", t)
+               for kc in (s.kc, 64)]
+    lib = compile_kernels(kernels, target=t)
+    x, w = rand(1, m, k), rand(1, n, k)
+    for kernel in kernels:
+        results = []
+        for count in (1, 2):
+            o = np.full((1, m, n), np.nan, np.float32)
+            with threads(count):
+                lib[kernel.name](x, w, o)
+            results.append(o)
+        np.testing.assert_array_equal(results[0], results[1])
+        close(results[0][0], x[0].astype(np.float64) @ w[0].T.astype(np.float64) + 1, k)
+
+
 SHAPES = [(1, 1, 1), (3, 10, 33), (5, 17, 1), (13, 48, 300), (29, 33, 190), (97, 129, 257),
           (15, 31, 17)]
 
