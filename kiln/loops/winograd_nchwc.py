@@ -21,6 +21,7 @@ channels, which NCHW[b]c keeps contiguous:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from kiln.loops import gemm as g
 from kiln.loops import oplib
@@ -43,25 +44,66 @@ from kiln.loops.ir import (
     Var,
 )
 from kiln.loops.schedule import lowering_target
+from kiln.loops.tunable import Space, current_overrides, override, site_key
 from kiln.loops.winograd import _combine, _lets, matrices
 from kiln.target import Target
 
 
-def schedule(x_shape: Sequence[int], out_shape: Sequence[int], m: int,
-             target: Target | None = None) -> g.GemmSchedule:
-    """The GEMM of the α² products on blocked data (U's panels a constant, as B)."""
+def key(x_shape: Sequence[int], out_shape: Sequence[int], padding: Sequence[int],
+        m: int) -> str:
+    """The key naming a blocked Winograd convolution's products in a tuning log (blocked
+    shapes; padding: top, left)."""
+    return site_key("winograd_nchwc", x=tuple(int(d) for d in x_shape),
+                    out=tuple(int(d) for d in out_shape),
+                    padding=tuple(int(d) for d in padding[:2]), m=m)
+
+
+def _products(x_shape: Sequence[int], out_shape: Sequence[int], m: int
+              ) -> tuple[int, int, int, int]:
+    """(batch, M, N, K) of the products: positions, tiles, out channels, in channels."""
     c = int(x_shape[1]) * int(x_shape[4])
     _, o0, oh, ow, b = (int(d) for d in out_shape)
-    tiles = -(-oh // m) * -(-ow // m)
-    return g.GemmSchedule.default((m + 2) ** 2, tiles, o0 * b, c, "float32", b_prepacked=True,
-                                  target=lowering_target(target))
+    return (m + 2) ** 2, -(-oh // m) * -(-ow // m), o0 * b, c
 
 
-def packed_shape(x_shape: Sequence[int], out_shape: Sequence[int], m: int
-                 ) -> tuple[int, int, int, int]:
+def _heuristic(x_shape: Sequence[int], out_shape: Sequence[int], padding: Sequence[int],
+               m: int, target: Target) -> g.GemmSchedule:
+    batch, tiles, o, c = _products(x_shape, out_shape, m)
+    base = g.GemmSchedule.heuristic(batch, tiles, o, c, "float32", b_prepacked=True,
+                                    target=target)
+    return replace(base, key=key(x_shape, out_shape, padding, m))
+
+
+def space(x_shape: Sequence[int], out_shape: Sequence[int], padding: Sequence[int], m: int,
+          target: Target | None = None) -> Space:
+    """The search space of the products (`kiln.loops.gemm.tile_space`): the K blocking
+    fixed (U is padded to `k_blocking`'s blocks), every other knob free — convert-layout
+    packs U with the ``nr`` the same overrides give, and A is V read in place whatever
+    its ``mr``."""
+    t = lowering_target(target)
+    batch, tiles, o, c = _products(x_shape, out_shape, m)
+    base = _heuristic(x_shape, out_shape, padding, m, t)
+    return Space(base.key or "", g.tile_space(base, batch, tiles, o, c, "float32", t, ("kc",)),
+                 g.tile_check(base, "float32", t), g.tile_canonical(tiles, o))
+
+
+def schedule(x_shape: Sequence[int], out_shape: Sequence[int], padding: Sequence[int], m: int,
+             target: Target | None = None) -> g.GemmSchedule:
+    """The GEMM of the α² products on blocked data (U's panels a constant, as B): the knobs
+    the enclosing `overrides_scope` gives its key (a tuning log's), else the rule's."""
+    t = lowering_target(target)
+    base = _heuristic(x_shape, out_shape, padding, m, t)
+    if current_overrides() is None:
+        return base
+    knobs = override(space(x_shape, out_shape, padding, m, t))
+    return base if knobs is None else g.gemm_schedule(base, knobs)
+
+
+def packed_shape(x_shape: Sequence[int], out_shape: Sequence[int], padding: Sequence[int],
+                 m: int) -> tuple[int, int, int, int]:
     """The shape of the panels `conv2d` reads: `winograd.pack_weight`'s with the GEMM's
     ``nr`` as its tile and K padded to the GEMM's K blocks."""
-    s = schedule(x_shape, out_shape, m)
+    s = schedule(x_shape, out_shape, padding, m)
     c = int(x_shape[1]) * int(x_shape[4])
     kc, blocks = g.k_blocking(c)
     o = int(out_shape[1]) * int(out_shape[4])
@@ -101,7 +143,7 @@ def conv2d(x: BufferTensor, up: Buffer, m: int, padding: Sequence[int],
     th, tw = -(-oh // m), -(-ow // m)
     tiles = th * tw
     bt_m, _, at_m = matrices(m)
-    s = schedule(x.shape, out_shape, m, tgt)
+    s = schedule(x.shape, out_shape, padding, m, tgt)
     lanes = s.lanes or tgt.lanes("float32")
     v = Buffer("wv", (pos, tiles, c), "float32", "local")
     mm = Buffer("wm", (pos, tiles, o), "float32", "local")

@@ -178,6 +178,7 @@ class _Converter:
         ``nn.conv2d_winograd`` on blocked data: U = G W Gᵀ of the weight padded to ``cp``
         input and ``op`` output channels, in the B panels of kiln/loops/winograd_nchwc.py."""
         from kiln.loops import winograd, winograd_nchwc
+        from kiln.op.nn.conv import Conv2DAttrs
 
         x, w = node.args
         assert isinstance(w, Constant)
@@ -189,7 +190,8 @@ class _Converter:
         weight = np.pad(w.data, ((0, op - o), (0, cp - c), (0, 0), (0, 0)))
         blocked_x = (xs[0], cp // b, xs[2], xs[3], b)
         blocked_y = (ys[0], op // b, ys[2], ys[3], b)
-        _, _, kp, nr = winograd_nchwc.packed_shape(blocked_x, blocked_y, m)
+        padding = Conv2DAttrs.view(node.attrs).padding
+        _, _, kp, nr = winograd_nchwc.packed_shape(blocked_x, blocked_y, padding, m)
         params = {name: node.attrs[name] for name in node.attrs}
         params.update(data_layout=layout, out_layout=layout, channels=op,
                       kernel_size=w.data.shape[2:])

@@ -3,8 +3,9 @@
 A *site* is where a schedule with searchable knobs is chosen (kiln/loops/tunable.py): a
 packed GEMM (`kiln.loops.gemm.GemmSchedule.default`), a convolution's implicit GEMM
 (`kiln.loops.conv_kernels.conv_plan`), a Winograd convolution's products
-(`kiln.loops.winograd.schedule`) or a channel-blocked direct convolution's register tile
-(`kiln.loops.nchwc_kernels.chosen_tile`, what convert-layout gives a CNN). Its key names
+(`kiln.loops.winograd.schedule`), a channel-blocked direct convolution's register tile
+(`kiln.loops.nchwc_kernels.chosen_tile`, what convert-layout gives a CNN) or the products
+of a Winograd convolution on blocked data (`kiln.loops.winograd_nchwc.schedule`). Its key names
 the shapes and operand layouts; the Target is the tuning run's. Lowering records each
 site's key in ``kernel.attrs["schedules"]``, so the sites of a model are read off its
 build, deduplicated by key, with each one's share of the model's time from
@@ -12,7 +13,8 @@ build, deduplicated by key, with each one's share of the model's time from
 
 To measure a candidate, the site is rebuilt alone: a program of one operator (dense on a
 constant weight for a GEMM whose B is prepacked, batch_matmul otherwise, conv2d on a
-constant or variable weight, nn.contrib_conv2d_NCHWc on a constant blocked weight) whose
+constant or variable weight, nn.contrib_conv2d_NCHWc on a constant blocked weight, a 3×3
+conv2d that convert-layout takes to Winograd on blocks) whose
 lowering meets the same key, so alter-layout packs its weight for the candidate's tiles
 just as the model's build will.
 """
@@ -27,7 +29,7 @@ import numpy as np
 
 from kiln.errors import Error
 from kiln.ir.module import IRModule
-from kiln.loops import conv_kernels, gemm, nchwc_kernels, winograd
+from kiln.loops import conv_kernels, gemm, nchwc_kernels, winograd, winograd_nchwc
 from kiln.loops.tunable import Space, parse_key
 from kiln.target import Target
 
@@ -37,7 +39,7 @@ class Site:
     """A kernel site to tune: its key, kind, search space, and its program alone."""
 
     key: str
-    kind: str  # "gemm", "conv2d", "winograd" or "conv2d_nchwc"
+    kind: str  # "gemm", "conv2d", "winograd", "conv2d_nchwc" or "winograd_nchwc"
     space: Space
     text: str  # Relay text of the one-operator program
     constants: tuple[str, ...]  # parameters bound as weights (constant, so prepacked)
@@ -83,6 +85,8 @@ def site_of(key: str, target: Target) -> Site | None:
             return _winograd_site(key, f, target)
         if kind == "conv2d_nchwc":
             return _nchwc_site(key, f, target)
+        if kind == "winograd_nchwc":
+            return _winograd_nchwc_site(key, f, target)
     except (KeyError, ValueError):
         return None
     return None
@@ -173,6 +177,33 @@ def _nchwc_site(key: str, f: Mapping[str, str], target: Target) -> Site | None:
     flops = 2 * out[0] * out[1] * bo * out[2] * out[3] * w[1] * bi * w[2] * w[3]
     return Site(key, "conv2d_nchwc", space, f"#[version = \"0.0.5\"]\n{text}\n", ("w",),
                 flops)
+
+
+def _winograd_nchwc_site(key: str, f: Mapping[str, str], target: Target) -> Site | None:
+    # A plain 3×3 conv2d on a constant weight, which convert-layout takes to Winograd on
+    # blocks when `winograd.choose` picks this tile size; then a 1×1 convolution to one
+    # block of channels, since convert-layout leaves a lone convolution as it is (a few %
+    # of the program's work, the same for every candidate)
+    x, out, pad, m = _ints(f["x"]), _ints(f["out"]), _ints(f["padding"]), int(f["m"])
+    if len(x) != 5 or len(out) != 5 or x[4] != out[4] or x[4] != target.lanes("float32"):
+        return None
+    b = x[4]
+    plain_x = (x[0], x[1] * b, x[2], x[3])
+    plain_out = (out[0], out[1] * b, out[2], out[3])
+    w = (plain_out[1], plain_x[1], 3, 3)
+    ends = [max(0, out[2 + axis] + 2 - x[2 + axis] - pad[axis]) for axis in range(2)]
+    if winograd.choose(plain_x, w, (1, 1), (*pad, *ends), (1, 1), 1, plain_out) != m:
+        return None
+    space = winograd_nchwc.space(x, out, pad, m, target)
+    if space.key != key:
+        return None
+    text = (f"def @main(%x: {_tensor(plain_x)}, %w: {_tensor(w)}, "
+            f"%w1: {_tensor((b, plain_out[1], 1, 1))}) {{\n"
+            f"  %0 = nn.conv2d(%x, %w, padding=[{pad[0]}, {pad[1]}, {ends[0]}, {ends[1]}]);\n"
+            "  nn.conv2d(%0, %w1)\n}")
+    flops = 2 * plain_out[0] * plain_out[1] * plain_out[2] * plain_out[3] * plain_x[1] * 9
+    return Site(key, "winograd_nchwc", space, f"#[version = \"0.0.5\"]\n{text}\n",
+                ("w", "w1"), flops)
 
 
 def kernel_keys(kernel_attrs: Mapping[str, Any]) -> list[str]:

@@ -11,7 +11,7 @@ import pytest
 import kiln
 from kiln.codegen.cache import fingerprint
 from kiln.ir.traverse import post_order
-from kiln.loops import gemm, nchwc_kernels, winograd
+from kiln.loops import gemm, nchwc_kernels, winograd, winograd_nchwc
 from kiln.loops.conv_kernels import conv_space
 from kiln.loops.lower import lower_primitive
 from kiln.loops.tunable import ScheduleOverrides, Space, overrides_scope
@@ -79,6 +79,7 @@ def _check_all(space: Space, extra: int, points: list[dict] | None = None) -> No
 
 
 HOST = Target.host()
+LANES = HOST.lanes("float32")
 
 SPACES = {
     # dense on a constant weight (its panels prepacked): 7 rows, 13 units, K 19
@@ -103,6 +104,10 @@ SPACES = {
     "conv2d_nchwc stem": lambda: nchwc_kernels.space((1, 3, 13, 13), (2, 3, 3, 3, 1, 16),
                                                      (2, 2), (1, 1), (1, 1),
                                                      (1, 2, 7, 7, 16)),
+    # a Winograd convolution's products on blocks: 2 blocks in, 3 out, a 26×27 image whose
+    # last tiles stick out (U packed for each point's nr; A read in place for any mr)
+    "winograd_nchwc": lambda: winograd_nchwc.space(
+        (1, 2, 26, 27, LANES), (1, 3, 26, 27, LANES), (1, 1), 4),
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -58,6 +59,43 @@ def test_tiny_budget_run_writes_a_log_that_a_rebuild_uses(tmp_path: Path) -> Non
     np.testing.assert_allclose(exe(x), reference(mod, params, x), rtol=1e-4, atol=1e-4)
     lines = str(result).splitlines()  # a header, a line per kernel, a summary
     assert len(lines) == 2 + len(keys) + bool(result.out_of_time)
+
+
+def test_a_log_reaches_the_blocked_winograd_products(tmp_path: Path) -> None:
+    # Two 3×3 convolutions that convert-layout runs as Winograd on channel blocks: their
+    # products are a site (winograd_nchwc ...); a log entry moving its register tile is
+    # taken by a rebuild (U repacked for its nr), and the result stays the reference's.
+    from kiln.tune.log import Entry, LogWriter
+
+    rng = np.random.default_rng(0)
+    c = HOST.lanes("float32") * 2
+    x = kiln.var("x", shape=(1, c, 28, 28))
+    w1, w2 = kiln.var("w1", shape=(c, c, 3, 3)), kiln.var("w2", shape=(c, c, 3, 3))
+    nn = kiln.op.nn
+    body = nn.conv2d(nn.relu(nn.conv2d(x, w1, padding=(1, 1))), w2, padding=(1, 1))
+    mod = kiln.IRModule.from_expr(kiln.Function([x, w1, w2], body))
+    params = {n: rng.uniform(-0.2, 0.2, (c, c, 3, 3)).astype(np.float32) for n in ("w1", "w2")}
+    plain = _recorded(kiln.build(mod, params=params))
+    (key,) = [k for k in plain if k.startswith("winograd_nchwc ")]
+    space = _site_space(key)
+    move = next(p for p in space.neighbours(space.default) if p["nr"] != space.default["nr"])
+    log = tmp_path / "w.tunelog"
+    writer = LogWriter(str(log))
+    writer.add(Entry(HOST.fingerprint, key, move, 1.0, 2.0, final=True))
+    writer.close()
+    exe = kiln.build(mod, params=params, tuning_log=log)
+    got = _recorded(exe)[key]
+    assert got["tuned"] and (got["mr"], got["nr"]) == (move["mr"], move["nr"])
+    data = rng.uniform(-1, 1, (1, c, 28, 28)).astype(np.float32)
+    np.testing.assert_allclose(exe(data), reference(mod, params, data), rtol=1e-4, atol=1e-4)
+
+
+def _site_space(key: str) -> Any:
+    from kiln.tune.sites import site_of
+
+    site = site_of(key, HOST)
+    assert site is not None, key
+    return site.space
 
 
 def _default(key: str) -> dict:

@@ -202,7 +202,8 @@ def _lower_blocked(x: Tensor, up: Tensor, attrs: Conv2DAttrs, out: TensorType,
     if isinstance(up, BufferTensor) and isinstance(x, BufferTensor) \
             and x.dtype == out.dtype == "float32" \
             and min(x.shape) > 0 and min(out.static_shape) > 0 \
-            and tuple(up.shape) == winograd_nchwc.packed_shape(x.shape, out.static_shape, m):
+            and tuple(up.shape) == winograd_nchwc.packed_shape(x.shape, out.static_shape,
+                                                               attrs.padding, m):
         return winograd_nchwc.conv2d(x, up.buffer, m, attrs.padding[:2], out.static_shape)
     n, c0, h, w, _ = (int(d) for d in x.shape)
     _, o0, oh, ow, _ = out.static_shape
