@@ -46,6 +46,7 @@ from kiln.loops.ir import (
     Store,
     Var,
 )
+from kiln.loops.oplib import windows_inside
 from kiln.loops.schedule import PARALLEL_MIN_ELEMENTS, lowering_target, worth_parallel
 from kiln.loops.tunable import Space, current_overrides, ordered, override, site_key
 from kiln.target import Target
@@ -153,16 +154,6 @@ def _write_out(out: Buffer, jb: int, place: Callable[[Expr], tuple[Expr, Expr]],
     y, xx = place(r // jb)
     return For(r, Const(0), Const(out.shape[0]), For(c1, Const(0), Const(out.shape[1]), write(
         (img, ot * jb + r % jb, y, xx, c1), Load(out, (r, c1))), "vectorized"), "rolled")
-
-
-def _inside(size: int, stride: int, taps: int, dilation: int, pad: int,
-            out: int) -> tuple[int, int]:
-    """Outputs [lo, hi) whose whole window lies inside an axis of ``size``."""
-    span = (taps - 1) * dilation
-    lo = -(-pad // stride)
-    hi = (size - 1 - span + pad) // stride + 1
-    lo = min(max(lo, 0), out)
-    return lo, min(max(hi, lo), out)
 
 
 def _taps(o: int, stride: int, taps: int, dilation: int, pad: int, size: int) -> list[int]:
@@ -329,8 +320,8 @@ def conv_nchwc(x: Tensor, w: BufferTensor, strides: Sequence[int], padding: Sequ
         oy = Var("oy")
         per = -(-ow // -(-ow // t_max))
 
-        body = _rows(oy, oh, _inside(h, sh, kh, dh, top, oh), kh,
-                     lambda y, ys: _row(ow, per, _inside(wd, sw, kw, dw, left, ow),
+        body = _rows(oy, oh, windows_inside(h, sh, kh, dh, top, oh), kh,
+                     lambda y, ys: _row(ow, per, windows_inside(wd, sw, kw, dw, left, ow),
                                         lambda first, edges: tile(
                                             lambda t: (y, first + t), edges, ys,
                                             int(first.value) if isinstance(first, Const)
@@ -402,8 +393,8 @@ def depthwise_nchwc(x: BufferTensor, w: BufferTensor, strides: Sequence[int],
                                                       img, c0))))
 
     per = -(-ow // -(-ow // min(ow, DEPTHWISE_TILE)))
-    body = _rows(oy, oh, _inside(h, sh, kh, dh, top, oh), kh,
-                 lambda y, ys: _row(ow, per, _inside(wd, sw, kw, dw, left, ow),
+    body = _rows(oy, oh, windows_inside(h, sh, kh, dh, top, oh), kh,
+                 lambda y, ys: _row(ow, per, windows_inside(wd, sw, kw, dw, left, ow),
                                     lambda first, edges: tile(y, first, edges, ys)),
                  lambda r: _taps(r, sh, kh, dh, top, h))
     for (ky, kx), v in reversed(list(taps.items())):

@@ -306,6 +306,17 @@ def window_span(
     return -pad, (out_size - 1) * stride + (kernel - 1) * dilation - pad
 
 
+def windows_inside(size: int, stride: int, taps: int, dilation: int, pad: int,
+                   out: int) -> tuple[int, int]:
+    """The output positions [lo, hi) of a sliding window (`window_span`'s) whose every tap
+    lies inside an input axis of ``size``: those that read it without a bounds test."""
+    span = (taps - 1) * dilation
+    lo = -(-pad // stride)
+    hi = (size - 1 - span + pad) // stride + 1
+    lo = min(max(lo, 0), out)
+    return lo, min(max(hi, lo), out)
+
+
 # --- lowerings that write their own loops -----------------------------------------------------
 
 

@@ -120,15 +120,6 @@ def _units(u: Var, outer: tuple[Var, int], inner: tuple[Var, int], body: Stmt) -
                "parallel")
 
 
-def _inside_tiles(m: int, alpha: int, pad: int, size: int, tiles: int) -> tuple[int, int]:
-    """Tiles [lo, hi) along an axis whose α-wide windows (tile k from k·m − pad) lie inside
-    an axis of ``size``."""
-    lo = -(-pad // m)
-    hi = (size - alpha + pad) // m + 1
-    lo = min(max(lo, 0), tiles)
-    return lo, min(max(hi, lo), tiles)
-
-
 def conv2d(x: BufferTensor, up: Buffer, m: int, padding: Sequence[int],
            out_shape: Sequence[int], target: Target | None = None) -> Tensor:
     """The Winograd convolution of NCHW[b]c ``x`` (3×3, stride 1, ``padding`` top and left)
@@ -154,8 +145,8 @@ def conv2d(x: BufferTensor, up: Buffer, m: int, padding: Sequence[int],
         # a tile whose window lies inside the image reads it as it is (its tile row and
         # column clamped to those: no value changes, but the verifier's interval
         # arithmetic then bounds every read), one at an edge tests its reads
-        ty0, ty1 = _inside_tiles(m, alpha, top, h, th)
-        tx0, tx1 = _inside_tiles(m, alpha, left, w, tw)
+        ty0, ty1 = oplib.windows_inside(h, m, alpha, 1, top, th)
+        tx0, tx1 = oplib.windows_inside(w, m, alpha, 1, left, tw)
         inner_y = Binary("max", Binary("min", ty, Const(ty1 - 1, INDEX)), Const(ty0, INDEX))
         inner_x = Binary("max", Binary("min", tx, Const(tx1 - 1, INDEX)), Const(tx0, INDEX))
         zero = Broadcast(Const(0.0, "float32"), b)
