@@ -4,12 +4,14 @@
     kiln cache clear     remove every entry
 
 The cache lives at ``$KILN_CACHE``, else ``$XDG_CACHE_HOME/kiln``, else ``~/.cache/kiln``;
-an empty ``KILN_CACHE`` turns it off. ``KILN_CACHE_MAX_BYTES`` caps it (default 1 GiB).
+``KILN_CACHE`` empty, ``0`` or ``off`` (also ``false``, ``no``, ``none``) turns it off.
+``KILN_CACHE_MAX_BYTES`` caps it (default 1 GiB).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from typing import TYPE_CHECKING
 
 from kiln.cli.common import add_debug
@@ -33,7 +35,8 @@ def _cache_at() -> tuple[DiskCache | None, str]:
 
     root = default_root()
     if root is None:
-        return None, "the cache is off (KILN_CACHE is empty)"
+        value = os.environ.get("KILN_CACHE", "")
+        return None, f"the cache is off (KILN_CACHE={value!r})"
     key = trust.local_key()
     if key is None:
         return None, (f"the cache is off: kiln has no local key (it can neither read nor "

@@ -8,7 +8,8 @@ machine's key (`Machine.key`: the `kiln.Target`'s fingerprint — triple, CPU, f
 LLVM version, the opt level and kiln's codegen version).
 
 Entries live under ``$KILN_CACHE``, else ``$XDG_CACHE_HOME/kiln``, else ``~/.cache/kiln``
-(an empty ``KILN_CACHE`` turns the cache off), as ``objects/<key>.o``::
+(``KILN_CACHE`` empty, ``0``, ``off``, ``false``, ``no`` or ``none`` turns the cache off,
+rather than naming a directory ``0`` in the working directory), as ``objects/<key>.o``::
 
     magic "KILNOBJ2" | key id (16 bytes) | HMAC-SHA256 (32) | payload length (8) | object file
 
@@ -182,11 +183,16 @@ def cache_key(content: str, target_key: str) -> str:
 # --- the disk cache ----------------------------------------------------------------------------
 
 
+# values of KILN_CACHE that turn the cache off
+CACHE_OFF = frozenset(["", "0", "off", "false", "no", "none"])
+
+
 def default_root() -> Path | None:
-    """Where the cache lives (see the module docstring); None when ``KILN_CACHE`` is empty."""
+    """Where the cache lives (see the module docstring); None when ``KILN_CACHE`` turns it
+    off (`CACHE_OFF`)."""
     root = os.environ.get("KILN_CACHE")
     if root is not None:
-        return Path(root) if root.strip() else None
+        return None if root.strip().lower() in CACHE_OFF else Path(root)
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg) if xdg else Path(os.path.expanduser("~")) / ".cache"
     return base / "kiln"

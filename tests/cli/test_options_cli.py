@@ -283,7 +283,10 @@ def test_cache_info_and_clear(model, tmp_path, capsys):
 def test_cache_off(monkeypatch, capsys):
     monkeypatch.setenv("KILN_CACHE", "")
     assert main(["cache", "info"]) == 0
-    assert "the cache is off (KILN_CACHE is empty)" in capsys.readouterr().out
+    assert "the cache is off (KILN_CACHE='')" in capsys.readouterr().out
+    monkeypatch.setenv("KILN_CACHE", "0")
+    assert main(["cache", "info"]) == 0
+    assert "the cache is off (KILN_CACHE='0')" in capsys.readouterr().out
     assert main(["cache", "clear"]) == 1
     assert "nothing to clear" in capsys.readouterr().err
     monkeypatch.setenv("KILN_CACHE", "/tmp/x")

@@ -111,12 +111,16 @@ def test_writes_are_atomic_and_leave_no_temporary_files(cache_dir: Path) -> None
     assert len(names) == 2 and all(n.endswith(".o") and not n.startswith(".") for n in names)
 
 
-def test_an_empty_kiln_cache_turns_the_cache_off(tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KILN_CACHE", "")
+@pytest.mark.parametrize("value", ["", " ", "0", "off", "OFF", "false", "no", "none"])
+def test_an_empty_or_off_kiln_cache_turns_the_cache_off(value: str, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # "0" means off, not a directory named 0 in the working directory
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KILN_CACHE", value)
     assert DiskCache.default() is None
     assert compile_kernels([make()]).stats.compiled == 1
     assert compile_kernels([make()]).stats.compiled == 1
+    assert not any(tmp_path.iterdir())
 
 
 def test_an_unwritable_cache_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
