@@ -20,8 +20,9 @@ convolution (kiln/op/nn/int8_tiled.py,
 kiln/loops/int8_amx.py).
 
 Left alone: a weight that is not a constant, depthwise convolutions, other dtypes, an
-``out_dtype`` other than the data's, and a dense with at most `DOT_MAX_ROWS` rows, whose
-dot-product kernel reads the weight rows in place (kiln/loops/linear_kernels.py). The layout
+``out_dtype`` other than the data's, and a dense that the dot-product kernel takes (few rows,
+or at most one vector of units: `uses_dot`), which reads the weight rows in place
+(kiln/loops/linear_kernels.py). The layout
 is the one the GEMM's default schedule for these shapes takes (tile sizes, K padded to its
 K blocking); the lowering checks it, and reads the panels like any tensor if they disagree.
 """
@@ -40,7 +41,8 @@ from kiln.transform.pass_manager import PassContext, map_typed_functions, module
 def _packed(node: Expr) -> Expr | None:
     """``nn.dense_packed`` for a dense call that qualifies (see the module docstring)."""
     from kiln.loops import gemm
-    from kiln.loops.linear_kernels import DOT_MAX_ROWS
+    from kiln.loops.linear_kernels import DOT_MAX_ROWS, uses_dot
+    from kiln.loops.schedule import lowering_target
     from kiln.op.nn.packed import dense_packed, pack_dense_weight
 
     if not (isinstance(node, Call) and isinstance(node.op, Op) and node.op.name == "nn.dense"):
@@ -56,7 +58,8 @@ def _packed(node: Expr) -> Expr | None:
     rows = 1
     for d in xt.static_shape[:-1]:
         rows *= d
-    if rows <= DOT_MAX_ROWS or min(rows, units, k) == 0:
+    if rows <= DOT_MAX_ROWS or min(rows, units, k) == 0 \
+            or uses_dot(rows, units, k, lowering_target().lanes("float32")):
         return None
     schedule = gemm.GemmSchedule.default(1, rows, units, k, "float32", b_prepacked=True)
     kc, blocks = gemm.k_blocking(k)

@@ -13,6 +13,7 @@ import pytest
 import kiln
 from kiln.ir.traverse import post_order
 from kiln.loops.gemm import k_blocking, register_tile
+from kiln.loops.linear_kernels import uses_dot
 from kiln.op import nn
 from kiln.op.nn.packed import pack_dense_weight
 from kiln.runtime.compiler import native_available
@@ -48,23 +49,31 @@ def numpy_mlp(x: np.ndarray, w1: np.ndarray, b1: np.ndarray, w2: np.ndarray) -> 
 
 
 def test_constant_weights_are_packed() -> None:
+    # the 40-unit layer in GEMM panels; the 9-unit one (at most one vector of units) stays
+    # a dense, whose dot-product kernel reads the weight rows in place (`uses_dot`)
     mod, (w1, b1, w2) = mlp(rows=8)
     out = run(mod)
     packed = [c for c in calls(out) if c.op.name == "nn.dense_packed"]
-    assert len(packed) == 2 and not [c for c in calls(out) if c.op.name == "nn.dense"]
-    by_units = {c.attrs.units: c.args[1].data for c in packed}
-    # Panels as wide as the micro-kernel on this machine (one vector for a narrow matrix).
+    plain = [c for c in calls(out) if c.op.name == "nn.dense"]
+    assert [c.attrs.units for c in packed] == [40]
+    assert len(plain) == 1
+    assert uses_dot(8, 9, 40, Target.host().lanes("float32"))
+    # Panels as wide as the micro-kernel on this machine
     lanes = Target.host().lanes("float32")
-    for units, w in ((40, w1), (9, w2)):
-        nr = by_units[units].shape[2]
-        assert nr in (lanes, register_tile(Target.host())[1])
-        assert by_units[units].shape[1] >= w.shape[1]
-        np.testing.assert_array_equal(by_units[units], pack_dense_weight(w, nr,
-                                                                         by_units[units].shape[1]))
-    np.testing.assert_array_equal(by_units[40].shape[1], k_blocking(30)[0])
+    wp = packed[0].args[1].data
+    nr = wp.shape[2]
+    assert nr in (lanes, register_tile(Target.host())[1])
+    np.testing.assert_array_equal(wp, pack_dense_weight(w1, nr, wp.shape[1]))
+    np.testing.assert_array_equal(wp.shape[1], k_blocking(30)[0])
     x = RNG.standard_normal((8, 30)).astype("float32")
     np.testing.assert_allclose(kiln.interpret(out, x), numpy_mlp(x, w1, b1, w2), rtol=1e-5,
                                atol=1e-5)
+    # and compiled: the GEMM and the dot products give numpy's result
+    exe = kiln.build(mod)
+    kinds = sorted(str(sched.get("kernel")) for d in exe.program.kernels.values()
+                   if d.kernel is not None for _, sched in d.kernel.attrs.get("schedules", ()))
+    assert kinds == ["dot", "gemm"], kinds
+    np.testing.assert_allclose(exe(x), numpy_mlp(x, w1, b1, w2), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("rows,dtype", [(2, "float32"), (8, "float64")])

@@ -14,7 +14,7 @@ def conv_net(seed: int = 0) -> tuple[IRModule, dict[str, np.ndarray]]:
     x = kiln.var("x", shape=(1, 3, 12, 12))
     w1 = kiln.var("w1", shape=(8, 3, 3, 3))
     w2 = kiln.var("w2", shape=(10, 8, 1, 1))
-    fc = kiln.var("fc", shape=(5, 60))
+    fc = kiln.var("fc", shape=(20, 60))  # wider than a vector: a GEMM, not dot products
     nn = kiln.op.nn
     h = nn.relu(nn.conv2d(x, w1, strides=(2, 2), padding=(1, 1)))
     h = nn.conv2d(h, w2)
@@ -23,7 +23,7 @@ def conv_net(seed: int = 0) -> tuple[IRModule, dict[str, np.ndarray]]:
     mod = IRModule.from_expr(kiln.Function([x, w1, w2, fc], body))
     params = {"w1": rng.uniform(-1, 1, (8, 3, 3, 3)).astype(np.float32),
               "w2": rng.uniform(-1, 1, (10, 8, 1, 1)).astype(np.float32),
-              "fc": rng.uniform(-1, 1, (5, 60)).astype(np.float32)}
+              "fc": rng.uniform(-1, 1, (20, 60)).astype(np.float32)}
     return mod, params
 
 

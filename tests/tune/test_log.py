@@ -30,7 +30,7 @@ def _schedules(exe: kiln.Executable) -> dict[str, dict]:
 
 
 def _dense_key_and_move() -> tuple[str, dict, dict]:
-    space = gemm.space_of(1, 6, 5, 60, b_prepacked=True)
+    space = gemm.space_of(1, 6, 20, 60, b_prepacked=True)
     move = next(p for p in space.neighbours(space.default) if p["unroll"] == 4)
     return space.key, space.default, move
 

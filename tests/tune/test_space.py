@@ -82,8 +82,8 @@ HOST = Target.host()
 LANES = HOST.lanes("float32")
 
 SPACES = {
-    # dense on a constant weight (its panels prepacked): 7 rows, 13 units, K 19
-    "dense prepacked": lambda: gemm.space_of(1, 7, 13, 19, b_prepacked=True),
+    # dense on a constant weight (its panels prepacked): 7 rows, 21 units, K 19
+    "dense prepacked": lambda: gemm.space_of(1, 7, 21, 19, b_prepacked=True),
     # batch_matmul with a batch, odd sizes, K in two blocks or more
     "batch_matmul": lambda: gemm.space_of(3, 5, 21, 37),
     # conv2d 3x3 stride 2, odd channels and image (the weight prepacked)
