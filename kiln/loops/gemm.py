@@ -64,7 +64,7 @@ from kiln.loops.ir import (
     Var,
 )
 from kiln.loops.schedule import lowering_target, worth_parallel
-from kiln.loops.tunable import Space, current_overrides, ordered, override, site_key
+from kiln.loops.tunable import Space, ordered, overridden, site_key
 from kiln.target import Target
 
 DTYPES = ("float32",)  # what the packed micro-kernel handles
@@ -168,11 +168,8 @@ class GemmSchedule:
             return base
         key = gemm_key(batch, m, n, k, dtype, b_prepacked, a_prepacked, threads)
         base = replace(base, key=key)
-        if current_overrides() is None:
-            return base
-        space = gemm_space(base, batch, m, n, k, dtype, b_prepacked, a_prepacked, t)
-        knobs = override(space)
-        return base if knobs is None else gemm_schedule(base, knobs)
+        return overridden(base, lambda: gemm_space(base, batch, m, n, k, dtype, b_prepacked,
+                                                   a_prepacked, t), gemm_schedule)
 
     @staticmethod
     def heuristic(batch: int, m: int, n: int, k: int, dtype: str = "float32",

@@ -25,11 +25,12 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 
 Knobs = dict[str, Any]
+T = TypeVar("T")
 
 
 def site_key(kind: str, **fields: Any) -> str:
@@ -168,6 +169,16 @@ def overrides_scope(overrides: ScheduleOverrides | None) -> Iterator[ScheduleOve
 def current_overrides() -> ScheduleOverrides | None:
     """The overrides of the enclosing `overrides_scope`, if any."""
     return _OVERRIDES.get()
+
+
+def overridden(base: T, space: Callable[[], Space], apply: Callable[[T, Knobs], T]) -> T:
+    """``base`` (a rule's schedule) with the knobs the enclosing `overrides_scope` gives its
+    site — ``apply(base, knobs)`` — or ``base`` itself; ``space()`` is built only inside a
+    scope."""
+    if current_overrides() is None:
+        return base
+    knobs = override(space())
+    return base if knobs is None else apply(base, knobs)
 
 
 _WARNED: set[tuple[str, str]] = set()  # (source, key) said once per process

@@ -44,7 +44,7 @@ from kiln.loops.ir import (
     Var,
 )
 from kiln.loops.schedule import lowering_target
-from kiln.loops.tunable import Space, current_overrides, override, site_key
+from kiln.loops.tunable import Space, overridden, site_key
 from kiln.loops.winograd import _combine, _lets, matrices
 from kiln.target import Target
 
@@ -92,11 +92,8 @@ def schedule(x_shape: Sequence[int], out_shape: Sequence[int], padding: Sequence
     """The GEMM of the α² products on blocked data (U's panels a constant, as B): the knobs
     the enclosing `overrides_scope` gives its key (a tuning log's), else the rule's."""
     t = lowering_target(target)
-    base = _heuristic(x_shape, out_shape, padding, m, t)
-    if current_overrides() is None:
-        return base
-    knobs = override(space(x_shape, out_shape, padding, m, t))
-    return base if knobs is None else g.gemm_schedule(base, knobs)
+    return overridden(_heuristic(x_shape, out_shape, padding, m, t),
+                      lambda: space(x_shape, out_shape, padding, m, t), g.gemm_schedule)
 
 
 def packed_shape(x_shape: Sequence[int], out_shape: Sequence[int], padding: Sequence[int],
