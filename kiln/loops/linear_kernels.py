@@ -44,9 +44,10 @@ def uses_dot(m: int, n: int, k: int, lanes: int) -> bool:
     """Whether a dense of ``m`` rows, ``n`` units and ``k`` inputs takes the dot-product
     kernel (each output a dot product of an input row and a weight row, both read in place)
     rather than the GEMM: few rows, or at most one vector of units (a classifier's 10), where
-    the GEMM's packing of every input row is used by one column tile only. 64×10×512 took
-    12.8 µs a call against the GEMM's 19.6, 197×10×384 24.5 against 42.6 (32 units: 23.8
-    against 22.1; 2-core Emerald Rapids VM)."""
+    the GEMM's packing of every input row is used by one column tile only. A call, the
+    GEMM's against the dot products' (2-core Emerald Rapids VM): 64×10×512 19.3 → 9.2 µs,
+    197×10×384 35.0 → 19.8, 4096×10×512 1102 → 322; from 24 units on the GEMM is as fast
+    or faster (64×24×512 18.8 against 20.1, 64×32×512 18.0 against 29.9)."""
     return k >= lanes and (m <= DOT_MAX_ROWS or n <= lanes)
 
 
@@ -228,8 +229,10 @@ def _in_place(x: Tensor, y: Tensor, bx: Callable[[Expr], Expr], by: Callable[[Ex
 def _dot_parallel(m: int, n: int, k: int, dtype: str, target: Target | None = None) -> bool:
     # the rules of kiln/loops/schedule.py: enough multiply-adds for the target's cores, or a
     # weight too large for one core's L2, which every call streams from L3 at one core's
-    # bandwidth unless the cores share it
+    # bandwidth unless the cores share it; a narrow dense (more rows) splits its rows
     t = lowering_target(target)
+    if m > DOT_MAX_ROWS:
+        return worth_parallel(m * n * k, t.cores)
     return n >= 2 and (worth_parallel(m * n * k, t.cores)
                        or worth_parallel_stream(n * k * dtype_of(dtype).itemsize, t))
 
@@ -252,11 +255,25 @@ def dot_rows(x: LBuffer, w: LBuffer, lead: tuple[int, ...], m: int, n: int, k: i
 
     body = oplib.lane_fold(k, lanes, x.dtype, Const(0.0, x.dtype), step, "add", tail,
                            lambda v: write((*xrow, j), v))
-    kind = "parallel" if _dot_parallel(m, n, k, x.dtype, tgt) else "serial"
     blocks = n // DOT_BLOCK_ROWS if k >= DOT_BLOCK_ACCS * lanes else 0
+    jb = Var("jb")
+    if m > DOT_MAX_ROWS:
+        # a narrow dense (`uses_dot`): the rows of x outermost, each read once for every
+        # output, the few weight rows staying in cache; parallel over those rows (over j,
+        # 10 units ran two blocks of four in parallel and the last two alone)
+        kind = "parallel" if _dot_parallel(m, n, k, x.dtype, tgt) else "serial"
+        parts: list[Stmt] = []
+        if blocks:
+            parts.append(For(jb, Const(0), Const(blocks),
+                             _dot_block(x, w, xrow, jb, k, lanes, write)))
+        if blocks * DOT_BLOCK_ROWS < n:
+            parts.append(For(j, Const(blocks * DOT_BLOCK_ROWS),
+                             Const(n - blocks * DOT_BLOCK_ROWS), body))
+        return For(i, Const(0), Const(m), parts[0] if len(parts) == 1 else Seq(tuple(parts)),
+                   kind)
+    kind = "parallel" if _dot_parallel(m, n, k, x.dtype, tgt) else "serial"
     if not blocks:
         return For(j, Const(0), Const(n), For(i, Const(0), Const(m), body), kind)
-    jb = Var("jb")
     blocked = For(jb, Const(0), Const(blocks), For(i, Const(0), Const(m), _dot_block(
         x, w, xrow, jb, k, lanes, write)), kind)
     if blocks * DOT_BLOCK_ROWS == n:

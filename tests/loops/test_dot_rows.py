@@ -2,8 +2,9 @@
 
 Oracle: numpy in float64. Shapes are chosen off the kernel's blocking — N not a multiple of
 the rows of a block (so the remaining rows run one at a time), K with a vector tail and a
-scalar tail, K shorter than one block's accumulators, several rows of x — and results with
-one and two threads must be identical (a large product runs parallel over output columns).
+scalar tail, K shorter than one block's accumulators, several rows of x, narrow products over
+many rows — and results with one and two threads must be identical (a large product runs
+parallel over output columns, a narrow one over the rows of x).
 For an AVX-512 Target the same kernel is compiled (not run) and uses zmm registers.
 """
 
@@ -47,6 +48,11 @@ def dot_kernel(m: int, n: int, k: int, name: str, target: Target | None = None) 
     (4, 5, 8),        # K exactly one vector
     (2, 3, 41),       # fewer rows than a block: all one at a time
     (1, 1030, 1030),  # big enough to run parallel on two cores
+    # a narrow dense (`uses_dot`: at most one vector of units), the rows of x outermost
+    (64, 10, 512),    # a classifier over a batch: 2 blocks + 2 rows, serial
+    (300, 6, 600),    # 1 block + 2 rows, large enough to split the rows over the cores
+    (33, 16, 17),     # K below a block's accumulators: every unit one at a time
+    (9, 5, 40),
 ])
 def test_dot_rows_matches_numpy_and_one_thread(m: int, n: int, k: int) -> None:
     kernel = dot_kernel(m, n, k, f"dot_{m}_{n}_{k}")
@@ -78,6 +84,10 @@ def test_dot_rows_blocks_rows_and_runs_parallel_only_when_large() -> None:
     assert "parallel" not in kinds(dot_kernel(1, 256, 256, "dot_small", two))
     # 1 MiB of weight (an LSTM step's): as large as a core's L2, so split over the cores
     assert "parallel" in kinds(dot_kernel(1, 1024, 256, "dot_lstm", two))
+    # a narrow dense: one loop over the rows of x, split when the product is large
+    assert kinds(dot_kernel(300, 6, 600, "dot_narrow", two)) == ["parallel"]
+    assert kinds(dot_kernel(64, 10, 512, "dot_narrow_small", two)) == ["serial"]
+    assert kinds(dot_kernel(300, 6, 600, "dot_narrow_one", one)) == ["serial"]
     assert "parallel" not in kinds(dot_kernel(1, 1024, 256, "dot_lstm1", one))
     assert "parallel" in kinds(dot_kernel(1, 4096, 1024, "dot_large", two))
 
