@@ -106,6 +106,25 @@ def test_the_pool_shares_chunks_between_threads() -> None:
     assert helped
 
 
+def test_each_thread_starts_with_its_own_range_of_chunks() -> None:
+    # The caller claims chunks 0, 1, ... of its half first and a worker that joins starts at
+    # the other half, so that a thread keeps the same chunks (and their data in its caches)
+    # from call to call. Retried: on a loaded machine the worker may join late or not at all.
+    with threads(2):
+        for _ in range(10):
+            ran = run_pool(8, 1, 0.02)
+            firsts: dict[int, int] = {}
+            for lo, _, t in ran:
+                firsts.setdefault(t, lo)
+            if len(firsts) == 2:
+                break
+    assert sorted(firsts.values()) == [0, 4], ran
+    caller = threading.get_ident()
+    assert firsts[caller] == 0
+    covered = sorted(lo for lo, _, _ in ran)
+    assert covered == list(range(8))
+
+
 def test_back_to_back_regions_each_run_every_chunk_once() -> None:
     # Regions follow each other with no pause, so a worker is often still leaving the last
     # one when the next is published (the next region then runs on the caller alone): every
