@@ -578,10 +578,10 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
                                 Load(acc, (Const(i), Const(v * lanes)), lanes))
                           for i in range(mr) for v in range(width // lanes)))
         nfull = n // nr
-        last_rows = tile_rows(tile_m)
+        tile_m_rows = tile_rows(tile_m)
 
         def rows_loop(width: int, col0: Callable[[], Expr], kind: str,
-                      rows: Expr = last_rows) -> Stmt:
+                      rows: Expr = tile_m_rows) -> Stmt:
             i, j = Var("i"), Var("j")
             body = write(bt, row_of(tile_m, i), col0() + j, Load(ctile, (i, j)))
             if down_columns == "unrolled" and isinstance(rows, Const):
@@ -606,7 +606,9 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
             tile_f = tile_n if nfull == nt else index_min(tile_n, nfull - 1)
             full = rows_loop(nr, lambda: tile_f * nr, "vectorized")
             if m % mr and not down_columns and mt > 1:
-                # the full row tiles apart from the last: a constant count of rows
+                # the full row tiles apart from the last: a constant count of rows, which
+                # LLVM unrolls where the epilogue is small (the sums stored from registers,
+                # not spilled to the stack for a loop of variable length)
                 full = IfThenElse(Binary("lt", tile_m, Const(m // mr, INDEX)), rows_loop(
                     nr, lambda: tile_f * nr, "vectorized", Const(mr, INDEX)), full)
             parts.append(full)
