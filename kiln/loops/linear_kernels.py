@@ -34,7 +34,6 @@ from kiln.loops.ir import (
 )
 from kiln.loops.ir import Buffer as LBuffer
 from kiln.loops.schedule import lowering_target, worth_parallel, worth_parallel_stream
-from kiln.loops.tunable import current_overrides
 from kiln.target import Target
 
 DOT_MAX_ROWS = 4  # dense with at most this many rows uses the dot-product kernel
@@ -113,8 +112,7 @@ def dense_prepacked(x: Tensor, wp: LBuffer, units: int, out_shape: Sequence[int]
     tgt = lowering_target(target)
     lead = tuple(x.shape[:-1])
     m, k = prod(lead), x.shape[-1]
-    schedule = _even_rows(g.GemmSchedule.default(1, m, units, k, dtype, b_prepacked=True,
-                                                 target=tgt), m, tgt)
+    schedule = g.GemmSchedule.default(1, m, units, k, dtype, b_prepacked=True, target=tgt)
     kc, blocks = g.k_blocking(k, tgt, dtype)
     if wp.shape[2] != schedule.nr or wp.shape[1] != kc * blocks \
             or wp.shape[0] != -(-units // schedule.nr):
@@ -133,28 +131,6 @@ def dense_prepacked(x: Tensor, wp: LBuffer, units: int, out_shape: Sequence[int]
     t = extern(tuple(out_shape), dtype, emit)
     t.schedule = {**schedule.attrs(), "b_prepacked": True}
     return t
-
-
-def _even_rows(s: g.GemmSchedule, m: int, target: Target) -> g.GemmSchedule:
-    """``s`` with a shorter row tile where its split over M gives one thread more than an
-    eighth over an even share of the rows (a tuning log's knobs are kept as they are).
-
-    The weight is prepacked, so the row tile ``mr`` changes nothing but A's per-call packing,
-    and splitting M copies nothing; but the tile from the registers (14 rows on AVX-512)
-    cuts few rows badly: an LSTM's input projection over 32 steps ran as blocks of 28 and 4
-    rows on two threads, and batch 64 as 42 and 22. Rows of 8 (2 blocks of 16) made the
-    32-step LSTM 0.385 -> 0.358 ms on the 2-core Zen 5 (loaded), and 0.387 -> 0.352 with
-    one more core busy (docs/runtime.md)."""
-    ov = current_overrides()
-    if s.parallel != "m" or (ov is not None and s.key is not None and ov.get(s.key)):
-        return s
-    cores = max(target.cores, 1)
-    even = -(-m // cores)
-    if -(-m // s.mc) > cores or 8 * min(s.mc, m) <= 9 * even:
-        return s  # several blocks a thread (the pool balances them), or even enough
-    tiles = -(-even // s.mr)
-    mr = -(-even // tiles)
-    return replace(s, mr=mr, mc=tiles * mr) if mr < s.mr else s
 
 
 def batch_matmul(x: Tensor, y: Tensor, out_shape: Sequence[int], dtype: str,

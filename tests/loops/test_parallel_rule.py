@@ -144,25 +144,26 @@ def test_split_conv_agrees_with_numpy_and_one_thread(c: int, o: int, size: int) 
     np.testing.assert_array_equal(one, two)
 
 
-@pytest.mark.parametrize(("m", "tile", "even"), [
-    (32, (12, 24), (8, 16)),    # the LSTM's input projection over 32 steps
-    (64, (13, 39), (11, 33)),   # batch 64
-    (128, (13, 65), (13, 65)),  # 65 + 63: within an eighth of even, left alone
+@pytest.mark.parametrize(("m", "tile"), [
+    (32, (8, 16)),     # the LSTM's input projection over 32 steps: 16 + 16, not 28 + 4
+    (64, (11, 33)),    # batch 64: 33 + 31, not 39 + 25 in the fewest padded rows (13)
+    (128, (13, 65)),   # 65 + 63: tiles of 13 already split it best
+    (197, (11, 99)),   # ViT: 99 + 98, not 108 + 89 in tiles of 12
 ])
-def test_prepacked_dense_split_over_m_gives_threads_even_rows(
-        m: int, tile: tuple[int, int], even: tuple[int, int]) -> None:
-    # with the weight prepacked, splitting M copies nothing; the default tile (12 to 14 rows
-    # on AVX-512, the fewest padded rows) cuts 32 rows as 24 + 8 and 64 as 39 + 25: a
-    # shorter tile evens them out
+def test_dense_split_over_m_gives_threads_even_rows(m: int, tile: tuple[int, int]) -> None:
+    # the register tile (14 rows on AVX-512, shortened by up to two to pad fewest rows)
+    # cuts few rows badly; over M, the height that costs the most loaded thread least
     two = dataclasses.replace(Target.parse("llvm -mcpu=znver4"), cores=2)
     s = g.GemmSchedule.default(1, m, 1024, 256, b_prepacked=True, target=two)
     assert (s.mr, s.mc, s.parallel) == (*tile, "m")
-    out = lk._even_rows(s, m, two)
-    assert (out.mr, out.mc, out.parallel) == (*even, "m")
-    assert lk._even_rows(s, m, dataclasses.replace(two, cores=1)) == s
+    one = g.GemmSchedule.default(1, m, 1024, 256, b_prepacked=True,
+                                 target=dataclasses.replace(two, cores=1))
+    assert one.parallel is None and one.mr >= 12  # nothing to split: the fewest padded rows
+    knobs = {**g.tile_knobs(s), "mr": 14, "mb": 1}
     assert s.key is not None
-    with overrides_scope(ScheduleOverrides({s.key: g.tile_knobs(s)}, "a log")):
-        assert lk._even_rows(s, m, two) == s  # a tuning log's knobs stay as they are
+    with overrides_scope(ScheduleOverrides({s.key: knobs}, "a log")):
+        logged = g.GemmSchedule.default(1, m, 1024, 256, b_prepacked=True, target=two)
+    assert (logged.mr, logged.mc) == (14, 14)  # a tuning log's knobs stay as they are
 
 
 def test_prepacked_dense_with_even_rows_agrees_with_numpy_and_one_thread() -> None:
