@@ -43,8 +43,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from kiln.errors import InternalError
 from kiln.loops.ir import (
     FMA,
@@ -252,15 +250,6 @@ class _F:
     def to_int(self, x: Expr) -> Expr:
         return Cast(self.it, x)
 
-    def small_to_int(self, x: Expr) -> Expr:
-        """An integer-valued ``x`` with |x| < 2^(mantissa bits - 1) as an integer, read from
-        the bits of x + 1.5·2^(mantissa bits), where it lands exactly in the low mantissa
-        bits: the same integer as `to_int`, but plain vector arithmetic, where a conversion
-        with its saturation rules is scalarized lane by lane (an exp went 10× slower)."""
-        magic = 1.5 * 2.0 ** self.k.mantissa_bits
-        magic_bits = int(np.array(magic, dtype=self.dtype).view(self.it))
-        return Binary("sub", self.bits(self.add(x, self.c(magic))), self.ci(magic_bits))
-
     def to_float(self, i: Expr) -> Expr:
         return Cast(self.dtype, i)
 
@@ -277,7 +266,7 @@ def _width(dtype: str) -> int:
 # --- the functions -----------------------------------------------------------------------------
 
 
-def _exp(f: _F, x: Expr, tiny_results: bool = True) -> Expr:
+def _exp(f: _F, x: Expr, tiny_results: bool = True, bounded: bool = False) -> Expr:
     """e^x: x = n·ln2 + r, e^r = p by a polynomial on [-ln2/2, ln2/2], then p·2^n by adding
     n to p's exponent bits, exact where the result is a normal float.
 
@@ -287,16 +276,26 @@ def _exp(f: _F, x: Expr, tiny_results: bool = True) -> Expr:
     product: a multiplication whose result is denormal (or underflows to 0) takes a
     microcode assist on x86 without flush-to-zero, about 150 cycles, and had made a causal
     softmax, half its inputs masked, 4× slower. The results are bit for bit the rounding
-    of p·2^n that two scaling products gave before."""
+    of p·2^n that two scaling products gave before.
+
+    n is x·log₂e rounded to even by adding 1.5·2^(mantissa bits), whose sum holds n in its
+    low bits: one addition for both n and its integer (a conversion to an integer, with its
+    saturation rules, was scalarized lane by lane: an exp went 10× slower). A ``bounded`` x
+    is known to be a number whose e^x is a normal float (erf's tail): no clamp, no inf, no
+    NaN to pass on."""
     k = f.k
-    xc = f.clamp(x, k.exp_lo, k.exp_hi)
-    n = f.round(f.mul(xc, f.c(LOG2E)))
+    xc = x if bounded else f.clamp(x, k.exp_lo, k.exp_hi)
+    magic = f.c(1.5 * 2.0 ** k.mantissa_bits)
+    held = f.add(f.mul(xc, f.c(LOG2E)), magic)
+    n = f.sub(held, magic)
     r = f.fma(n, f.c(-k.ln2_hi), xc)
     r = f.fma(n, f.c(-k.ln2_lo), r)
     p = f.add(f.fma(f.poly(r, k.exp_p), f.mul(r, r), r), f.c(1.0))  # in [0.70, 1.42]
-    ni = f.small_to_int(n)  # |n| ≤ 150 for float32, 1100 for float64
+    ni = Binary("sub", f.bits(held), f.bits(magic))  # |n| ≤ 150 for float32, 1100 for 64
     one_exponent = 1 << k.mantissa_bits  # 1 in the exponent field
     y_bits = Binary("add", f.bits(p), Binary("mul", ni, f.ci(one_exponent)))
+    if bounded:
+        return f.from_bits(y_bits)
     inf_bits = ((1 << (_width(f.it) - 1)) - 1) & ~(one_exponent - 1)
     y = f.select(Binary("lt", y_bits, f.ci(inf_bits)), f.from_bits(y_bits),
                  f.c(float("inf")))
@@ -389,11 +388,10 @@ def _erf(f: _F, x: Expr) -> Expr:
     small = f.fma(x, f.poly(f.mul(x, x), k.erf_small), x)
     t = f.clamp(ax, 1.0, k.erf_end)
     u = f.mul(f.sub(t, f.c(k.erf_center)), f.c(1.0 / k.erf_half))
-    tail = _exp(f, f.fma(Unary("neg", t), t, f.poly(u, k.erf_large)),
-                tiny_results=False)  # ≥ erfc(end) > 1e-17
+    # log erfc(t) in [-39, -1.8]: e^ of it is a normal float
+    tail = _exp(f, f.fma(Unary("neg", t), t, f.poly(u, k.erf_large)), bounded=True)
     large = f.copysign(f.sub(f.c(1.0), tail), x)
-    y = f.select(f.lt(ax, f.c(1.0)), small, large)
-    return f.select(f.isnan(x), x, y)
+    return f.select(Binary("ge", ax, f.c(1.0)), large, small)  # NaN: small's, NaN
 
 
 def _sincos(f: _F, x: Expr, quadrant_shift: int) -> Expr:
