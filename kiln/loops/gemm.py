@@ -63,7 +63,7 @@ from kiln.loops.ir import (
     Store,
     Var,
 )
-from kiln.loops.schedule import lowering_target, worth_parallel
+from kiln.loops.schedule import lowering_target, weights_fit_split, worth_parallel
 from kiln.loops.tunable import Space, ordered, overridden, site_key
 from kiln.target import Target
 
@@ -206,6 +206,9 @@ class GemmSchedule:
             # blocks of A but all of B: the cheaper duplicate wins (A is M×K, B is K×N).
             if batch >= threads:
                 parallel = "batch"
+            elif b_prepacked and nt >= threads and weights_fit_split(t):
+                tnb = min(tnb, _ceil(nt, threads))
+                parallel = "n"
             elif (m > n or b_prepacked) and not a_prepacked and mt >= threads:
                 # one M block per thread where it fits (B is packed once per M block)
                 if n > lanes:

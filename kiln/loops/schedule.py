@@ -59,6 +59,32 @@ def target_scope(target: Target | str) -> Iterator[Target]:
     finally:
         _TARGET.reset(token)
 
+_WEIGHT_BYTES: ContextVar[int | None] = ContextVar("kiln_weight_bytes", default=None)
+
+
+@contextmanager
+def weights_scope(total_bytes: int) -> Iterator[int]:
+    """Kernels built inside the block belong to a program whose constants (its weights, read
+    at every call) take ``total_bytes`` together (`lower_kernels` sets it)."""
+    token = _WEIGHT_BYTES.set(total_bytes)
+    try:
+        yield total_bytes
+    finally:
+        _WEIGHT_BYTES.reset(token)
+
+
+def weights_fit_split(target: Target) -> bool:
+    """Whether the weights of the program being lowered stay in the cores' L2 caches from
+    call to call only if each core reads its own share of them: more than three quarters of
+    one core's L2, at most three quarters of all of them. Where they do, a product with a
+    constant B splits its columns (each core keeps its panels) rather than its rows (each
+    core streams all of B, and all of the model's, through its L2)."""
+    total = _WEIGHT_BYTES.get()
+    if total is None or target.cores < 2:
+        return False
+    return 3 * target.l2 // 4 < total <= 3 * target.cores * target.l2 // 4
+
+
 # Below this many elements (× work per element) a memory-bound nest runs on one thread.
 PARALLEL_MIN_ELEMENTS = 1 << 15
 # Multiply-adds per core below which a product runs on one thread (``worth_parallel``).

@@ -30,6 +30,7 @@ from kiln.ir.traverse import post_order, rewrite
 from kiln.ir.ty import FuncType, TensorType, TupleType, Type
 from kiln.loops.ir import Kernel
 from kiln.loops.lower import lower_primitive
+from kiln.loops.schedule import weights_scope
 from kiln.ssa.ir import Instr, KernelDecl, Program, flatten_tensor_types
 from kiln.target import Target
 
@@ -202,12 +203,14 @@ def lower_kernels(program: Program, target: Target | None = None) -> Program:
     the lowering's target scope, else this machine): a new declaration holding the loop IR
     replaces the one holding the function."""
     kernels = dict(program.kernels)
-    for name, decl in program.kernels.items():
-        if decl.kernel is None and decl.is_static:
-            if decl.func is None:
-                raise InternalError(f"kernel @{decl.name} has neither a function nor loop IR")
-            kernels[name] = replace(decl, func=None,
-                                    kernel=lower_primitive(decl.func, decl.name, target))
+    with weights_scope(sum(int(c.nbytes) for c in program.constants)):
+        for name, decl in program.kernels.items():
+            if decl.kernel is None and decl.is_static:
+                if decl.func is None:
+                    raise InternalError(f"kernel @{decl.name} has neither a function nor "
+                                        "loop IR")
+                kernels[name] = replace(decl, func=None,
+                                        kernel=lower_primitive(decl.func, decl.name, target))
     return replace(program, kernels=kernels)
 
 

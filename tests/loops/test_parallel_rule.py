@@ -24,6 +24,8 @@ from kiln.loops import linear_kernels as lk
 from kiln.loops.schedule import (
     PARALLEL_MIN_WORK_PER_THREAD,
     NestSchedule,
+    weights_fit_split,
+    weights_scope,
     worth_parallel,
     worth_parallel_stream,
 )
@@ -174,6 +176,59 @@ def test_prepacked_dense_with_even_rows_agrees_with_numpy_and_one_thread() -> No
     wv = kiln.var("w", shape=(1024, 256), dtype="float32")
     exe = kiln.build(kiln.IRModule.from_expr(kiln.Function([xv, wv], nn.dense(xv, wv))),
                      params={"w": w})
+    with threads(1):
+        one = exe(x)
+    with threads(2):
+        two = exe(x)
+    np.testing.assert_allclose(two, x.astype(np.float64) @ w.T.astype(np.float64),
+                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(one, two)
+
+
+def test_weights_that_fit_the_l2s_only_split_make_products_split_columns() -> None:
+    # a program whose weights fit the cores' L2s together but not one: each core keeps its
+    # columns of B (the batch-64 MLP's 2.6 MB on two 2 MiB L2s), instead of streaming all
+    two = dataclasses.replace(Target.parse("llvm -mcpu=znver4"), cores=2, l2=2 << 20)
+    mib = 1 << 20
+
+    def parallel(total: int | None, target: Target = two) -> str | None:
+        if total is None:
+            return g.GemmSchedule.default(1, 64, 512, 784, b_prepacked=True,
+                                          target=target).parallel
+        with weights_scope(total):
+            return g.GemmSchedule.default(1, 64, 512, 784, b_prepacked=True,
+                                          target=target).parallel
+
+    assert parallel(None) == "m"  # no program: the rows, as before
+    assert parallel(5 * mib // 2) == "n"
+    assert parallel(3 * mib) == "n"
+    assert parallel(3 * mib + 1) == "m"  # streamed from L3 either way
+    assert parallel(3 * mib // 2) == "m"  # one L2 holds them
+    one = dataclasses.replace(two, cores=1)
+    with weights_scope(5 * mib // 2):
+        assert not weights_fit_split(one)
+        assert g.GemmSchedule.default(1, 64, 512, 784, b_prepacked=True,
+                                      target=one).parallel is None
+        # B not constant: nothing stays in L2 from call to call
+        assert g.GemmSchedule.default(1, 1024, 512, 784, target=two).parallel == "m"
+
+
+def test_a_model_whose_weights_fit_the_l2s_split_splits_columns_and_agrees() -> None:
+    host = Target.host()
+    if host.cores < 2:
+        pytest.skip("one core: nothing to split")
+    k = 256
+    units = -(-5 * host.l2 // 4 // (4 * k) // 32) * 32  # weights: 1.25 L2
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((64, k)).astype(np.float32)
+    w = (rng.standard_normal((units, k)) * 0.1).astype(np.float32)
+    xv = kiln.var("x", shape=(64, k), dtype="float32")
+    wv = kiln.var("w", shape=(units, k), dtype="float32")
+    exe = kiln.build(kiln.IRModule.from_expr(kiln.Function([xv, wv], nn.dense(xv, wv))),
+                     params={"w": w})
+    gemms = [s for d in exe.program.kernels.values() if d.kernel is not None
+             for _, s in d.kernel.attrs.get("schedules", ()) if s.get("kernel") == "gemm"]
+    assert [s["parallel"] for s in gemms] == ["n"]
     with threads(1):
         one = exe(x)
     with threads(2):
