@@ -201,7 +201,9 @@ def lift_constants(program: Program) -> Program:
 def lower_kernels(program: Program, target: Target | None = None) -> Program:
     """``program`` with each static kernel lowered to loop IR, scheduled for ``target`` (None:
     the lowering's target scope, else this machine): a new declaration holding the loop IR
-    replaces the one holding the function."""
+    replaces the one holding the function. The schedules know how many bytes the program's
+    constants (its weights) take (`weights_scope`): whether they stay in the cores' caches
+    from call to call decides how a product with a constant operand is split."""
     kernels = dict(program.kernels)
     with weights_scope(sum(int(c.nbytes) for c in program.constants)):
         for name, decl in program.kernels.items():
