@@ -168,14 +168,21 @@ def test_dense_split_over_m_gives_threads_even_rows(m: int, tile: tuple[int, int
     assert (logged.mr, logged.mc) == (14, 14)  # a tuning log's knobs stay as they are
 
 
-def test_prepacked_dense_with_even_rows_agrees_with_numpy_and_one_thread() -> None:
-    rng = np.random.default_rng(3)
-    x = rng.standard_normal((32, 256)).astype(np.float32)
-    w = (rng.standard_normal((1024, 256)) * 0.1).astype(np.float32)
-    xv = kiln.var("x", shape=(32, 256), dtype="float32")
-    wv = kiln.var("w", shape=(1024, 256), dtype="float32")
+def _dense_with_weight(m: int, units: int, k: int, seed: int) -> tuple[kiln.Executable,
+                                                                       np.ndarray, np.ndarray]:
+    """A built dense of x (m×k) by a constant weight (units×k), with its x and weight."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = (rng.standard_normal((units, k)) * 0.1).astype(np.float32)
+    xv = kiln.var("x", shape=(m, k), dtype="float32")
+    wv = kiln.var("w", shape=(units, k), dtype="float32")
     exe = kiln.build(kiln.IRModule.from_expr(kiln.Function([xv, wv], nn.dense(xv, wv))),
                      params={"w": w})
+    return exe, x, w
+
+
+def _agrees_with_numpy_and_one_thread(exe: kiln.Executable, x: np.ndarray,
+                                      w: np.ndarray) -> None:
     with threads(1):
         one = exe(x)
     with threads(2):
@@ -183,6 +190,10 @@ def test_prepacked_dense_with_even_rows_agrees_with_numpy_and_one_thread() -> No
     np.testing.assert_allclose(two, x.astype(np.float64) @ w.T.astype(np.float64),
                                rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(one, two)
+
+
+def test_prepacked_dense_with_even_rows_agrees_with_numpy_and_one_thread() -> None:
+    _agrees_with_numpy_and_one_thread(*_dense_with_weight(32, 1024, 256, 3))
 
 
 def test_weights_that_fit_the_l2s_only_split_make_products_split_columns() -> None:
@@ -219,20 +230,8 @@ def test_a_model_whose_weights_fit_the_l2s_split_splits_columns_and_agrees() -> 
         pytest.skip("one core: nothing to split")
     k = 256
     units = -(-5 * host.l2 // 4 // (4 * k) // 32) * 32  # weights: 1.25 L2
-    rng = np.random.default_rng(5)
-    x = rng.standard_normal((64, k)).astype(np.float32)
-    w = (rng.standard_normal((units, k)) * 0.1).astype(np.float32)
-    xv = kiln.var("x", shape=(64, k), dtype="float32")
-    wv = kiln.var("w", shape=(units, k), dtype="float32")
-    exe = kiln.build(kiln.IRModule.from_expr(kiln.Function([xv, wv], nn.dense(xv, wv))),
-                     params={"w": w})
+    exe, x, w = _dense_with_weight(64, units, k, 5)
     gemms = [s for d in exe.program.kernels.values() if d.kernel is not None
              for _, s in d.kernel.attrs.get("schedules", ()) if s.get("kernel") == "gemm"]
     assert [s["parallel"] for s in gemms] == ["n"]
-    with threads(1):
-        one = exe(x)
-    with threads(2):
-        two = exe(x)
-    np.testing.assert_allclose(two, x.astype(np.float64) @ w.T.astype(np.float64),
-                               rtol=1e-4, atol=1e-4)
-    np.testing.assert_array_equal(one, two)
+    _agrees_with_numpy_and_one_thread(exe, x, w)
