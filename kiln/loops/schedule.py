@@ -73,6 +73,11 @@ def weights_scope(total_bytes: int) -> Iterator[int]:
         _WEIGHT_BYTES.reset(token)
 
 
+def current_weight_bytes() -> int | None:
+    """The enclosing `weights_scope`'s bytes (None outside one)."""
+    return _WEIGHT_BYTES.get()
+
+
 def weights_fit_split(target: Target) -> bool:
     """Whether the weights of the program being lowered stay in the cores' L2 caches from
     call to call only if each core reads its own share of them: more than three quarters of

@@ -30,7 +30,7 @@ from kiln.ir.traverse import post_order, rewrite
 from kiln.ir.ty import FuncType, TensorType, TupleType, Type
 from kiln.loops.ir import Kernel
 from kiln.loops.lower import lower_primitive
-from kiln.loops.schedule import weights_scope
+from kiln.loops.schedule import current_weight_bytes, weights_scope
 from kiln.ssa.ir import Instr, KernelDecl, Program, flatten_tensor_types
 from kiln.target import Target
 
@@ -202,10 +202,14 @@ def lower_kernels(program: Program, target: Target | None = None) -> Program:
     """``program`` with each static kernel lowered to loop IR, scheduled for ``target`` (None:
     the lowering's target scope, else this machine): a new declaration holding the loop IR
     replaces the one holding the function. The schedules know how many bytes the program's
-    constants (its weights) take (`weights_scope`): whether they stay in the cores' caches
+    constants (its weights) take (`weights_scope`; an enclosing scope's where there is one,
+    as `kiln.tune` sets for one kernel of a model): whether they stay in the cores' caches
     from call to call decides how a product with a constant operand is split."""
     kernels = dict(program.kernels)
-    with weights_scope(sum(int(c.nbytes) for c in program.constants)):
+    weights = current_weight_bytes()  # kiln.tune's, for one site of a model
+    if weights is None:
+        weights = sum(int(c.nbytes) for c in program.constants)
+    with weights_scope(weights):
         for name, decl in program.kernels.items():
             if decl.kernel is None and decl.is_static:
                 if decl.func is None:

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from kiln.errors import Error
+from kiln.loops.schedule import weights_scope
 from kiln.loops.tunable import Knobs, ScheduleOverrides, overrides_scope
 from kiln.target import Target
 from kiln.tune.sites import Site, kernel_keys
@@ -48,6 +51,11 @@ class Candidate:
     tuned: bool  # whether the build took the knobs (False: the default schedule)
 
 
+def _weights(site: Site) -> ContextManager[Any]:
+    """The model's weight bytes for the site's build, where the site knows them."""
+    return nullcontext() if site.weight_bytes is None else weights_scope(site.weight_bytes)
+
+
 def build_candidate(site: Site, knobs: Knobs | None, target: Target,
                     inputs_seed: int = 0) -> Candidate:
     """``site``'s program built with ``knobs`` (None: the default), run once."""
@@ -57,7 +65,7 @@ def build_candidate(site: Site, knobs: Knobs | None, target: Target,
     mod, params, inputs = site.program(inputs_seed)
     overrides = ScheduleOverrides({site.key: knobs} if knobs is not None else {}, "candidate")
     start = time.perf_counter()
-    with overrides_scope(overrides):
+    with overrides_scope(overrides), _weights(site):
         exe = build(mod, target=target, params=params or None)
     compile_s = time.perf_counter() - start
     tuned = False

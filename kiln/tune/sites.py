@@ -16,13 +16,15 @@ constant weight for a GEMM whose B is prepacked, batch_matmul otherwise, conv2d 
 constant or variable weight, nn.contrib_conv2d_NCHWc on a constant blocked weight, a 3×3
 conv2d that convert-layout takes to Winograd on blocks) whose
 lowering meets the same key, so alter-layout packs its weight for the candidate's tiles
-just as the model's build will.
+just as the model's build will. It is built knowing the model's weight bytes, as the model's
+kernels were (`weights_scope`, kiln/loops/schedule.py): a product with a constant operand
+is split by whether the model's weights, not the one operator's, fit the cores' caches.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -30,6 +32,7 @@ import numpy as np
 from kiln.errors import Error
 from kiln.ir.module import IRModule
 from kiln.loops import conv_kernels, gemm, nchwc_kernels, winograd, winograd_nchwc
+from kiln.loops.schedule import weights_scope
 from kiln.loops.tunable import Space, parse_key
 from kiln.target import Target
 
@@ -44,6 +47,9 @@ class Site:
     text: str  # Relay text of the one-operator program
     constants: tuple[str, ...]  # parameters bound as weights (constant, so prepacked)
     flops: int  # multiply-adds × 2 of one call
+    # the bytes of the model's weights, under which its schedules were chosen (None: the
+    # program's own): the site's default and its candidates are built as in the model
+    weight_bytes: int | None = None
 
     def program(self, seed: int = 0) -> tuple[IRModule, dict[str, np.ndarray],
                                               list[np.ndarray]]:
@@ -73,8 +79,13 @@ def _tensor(shape: tuple[int, ...]) -> str:
     return f"Tensor[({', '.join(map(str, shape))}{',' if len(shape) == 1 else ''}), float32]"
 
 
-def site_of(key: str, target: Target) -> Site | None:
-    """The site a key names (None for a kind or layout kiln cannot rebuild alone)."""
+def site_of(key: str, target: Target, weight_bytes: int | None = None) -> Site | None:
+    """The site a key names (None for a kind or layout kiln cannot rebuild alone), in a
+    model whose weights take ``weight_bytes`` (None: its program's own; see `Site`)."""
+    if weight_bytes is not None:
+        with weights_scope(weight_bytes):
+            site = site_of(key, target)
+        return None if site is None else replace(site, weight_bytes=weight_bytes)
     try:
         kind, f = parse_key(key)
         if kind == "gemm":

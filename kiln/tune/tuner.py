@@ -146,9 +146,10 @@ def extract_sites(mod: IRModule, params: Mapping[str, Any] | None, target: Targe
         for key in keys:
             times[key] = times.get(key, 0.0) + row.total / len(keys)
     total = prof.kernel_total or 1.0
+    weight_bytes = sum(int(c.nbytes) for c in exe.program.constants)
     sites, skipped = [], []
     for key, t in sorted(times.items(), key=lambda kv: -kv[1]):
-        site = site_of(key, target)
+        site = site_of(key, target, weight_bytes)
         if site is None:
             skipped.append(key)
         else:

@@ -141,3 +141,37 @@ def test_bad_arguments() -> None:
         kiln.tune(mod, params, target="evaluator")
     with pytest.raises(kiln.Error, match="cannot run code"):
         kiln.tune(mod, params, target="aarch64-linux-gnu")
+
+
+def test_a_site_is_measured_with_its_models_weights_in_mind() -> None:
+    # two dense layers whose weights fit the two L2s together, not one: in the model both
+    # products split N (kiln/loops/schedule.py `weights_fit_split`); the second layer's
+    # weight alone fits one L2, so measured alone it would split M. The site keeps the
+    # model's weight bytes: its default is the model's, and a log entry that keeps the
+    # default does not turn the model's split around.
+    from kiln.tune.measure import build_candidate
+    from kiln.tune.tuner import extract_sites
+
+    if HOST.cores < 2:
+        pytest.skip("one core: nothing is split")
+    k = 256
+    big = -(-HOST.l2 // (4 * k) // 32) * 32  # one L2 of weight
+    small = -(-HOST.l2 // 4 // (4 * big) // 32) * 32  # a quarter of one
+    rng = np.random.default_rng(7)
+    x = kiln.var("x", shape=(64, k), dtype="float32")
+    w1 = kiln.var("w1", shape=(big, k), dtype="float32")
+    w2 = kiln.var("w2", shape=(small, big), dtype="float32")
+    body = kiln.op.nn.dense(kiln.op.nn.relu(kiln.op.nn.dense(x, w1)), w2)
+    mod = kiln.IRModule.from_expr(kiln.Function([x, w1, w2], body))
+    params = {"w1": rng.uniform(-0.1, 0.1, (big, k)).astype(np.float32),
+              "w2": rng.uniform(-0.1, 0.1, (small, big)).astype(np.float32)}
+    model = _recorded(kiln.build(mod, params=params))
+    assert sorted(s["parallel"] for s in model.values()) == ["n", "n"]
+    sites, _ = extract_sites(mod, params, HOST)
+    assert len(sites) == 2
+    total = 4 * k * big + 4 * big * small
+    for site, _share in sites:
+        assert site.weight_bytes == total
+        assert site.space.default["parallel"] == "n" == model[site.key]["parallel"]
+        # the space's default is the schedule the site's build takes by itself
+        assert not build_candidate(site, site.space.default, HOST).tuned
