@@ -236,11 +236,11 @@ def dot_rows(x: LBuffer, w: LBuffer, lead: tuple[int, ...], m: int, n: int, k: i
                            lambda v: write((*xrow, j), v))
     blocks = n // DOT_BLOCK_ROWS if k >= DOT_BLOCK_ACCS * lanes else 0
     jb = Var("jb")
+    kind = "parallel" if _dot_parallel(m, n, k, x.dtype, tgt) else "serial"
     if m > DOT_MAX_ROWS:
         # a narrow dense (`uses_dot`): the rows of x outermost, each read once for every
         # output, the few weight rows staying in cache; parallel over those rows (over j,
         # 10 units ran two blocks of four in parallel and the last two alone)
-        kind = "parallel" if _dot_parallel(m, n, k, x.dtype, tgt) else "serial"
         parts: list[Stmt] = []
         if blocks:
             parts.append(For(jb, Const(0), Const(blocks),
@@ -250,7 +250,6 @@ def dot_rows(x: LBuffer, w: LBuffer, lead: tuple[int, ...], m: int, n: int, k: i
                              Const(n - blocks * DOT_BLOCK_ROWS), body))
         return For(i, Const(0), Const(m), parts[0] if len(parts) == 1 else Seq(tuple(parts)),
                    kind)
-    kind = "parallel" if _dot_parallel(m, n, k, x.dtype, tgt) else "serial"
     if not blocks:
         return For(j, Const(0), Const(n), For(i, Const(0), Const(m), body), kind)
     blocked = For(jb, Const(0), Const(blocks), For(i, Const(0), Const(m), _dot_block(
