@@ -47,8 +47,10 @@ CONFIG_KEY = "convert-layout"
 PADDING_SAFE = frozenset(["add", "subtract", "multiply", "maximum", "minimum", "clip",
                           "nn.relu", "nn.leaky_relu", "negative", "abs", "sigmoid", "tanh",
                           "copy", "cast"])
-# A convolution alone gains less in blocks than moving its input in and its result out
-# costs: peers.py's 64-channel 56² layer took 0.72 ms where NCHW took 0.50 (ORT 0.58)
+# A direct convolution alone gains less in blocks than moving its input in and its result
+# out costs. One that Winograd's algorithm takes gains more since its products run a group
+# of tiles at a time (kiln/loops/winograd_nchwc.py): peers.py's 64-channel 56² layer took
+# 0.72 ms in blocks where NCHW took 0.50 (ORT 0.58), now 0.41 where NCHW takes 0.61.
 MIN_CONVOLUTIONS = 2
 POOLS = ("nn.max_pool2d", "nn.avg_pool2d", "nn.global_avg_pool2d", "nn.global_max_pool2d")
 
@@ -81,6 +83,7 @@ class _Converter:
         self.layout: dict[int, str | None] = {}  # a node's blocked layout (None: its own)
         self.padded: dict[int, int] = {}  # a blocked node's channels with the padding
         self.moved: dict[tuple[int, str], Expr] = {}  # (node, layout) -> node in that layout
+        self.winograds = 0  # convolutions made Winograd's on blocks
 
     def plain(self, node: Expr) -> Expr:
         """``node`` rebuilt, in its own layout (its padding channels dropped)."""
@@ -180,6 +183,7 @@ class _Converter:
         from kiln.loops import winograd, winograd_nchwc
         from kiln.op.nn.conv import Conv2DAttrs
 
+        self.winograds += 1
         x, w = node.args
         assert isinstance(w, Constant)
         xs, ys = _static4(x), _static4(node)
@@ -267,7 +271,7 @@ def _blocked_constant(a: Expr, shape: tuple[int, ...], b: int, padded: int) -> E
 
 def convert(func: Function, lanes: int) -> Function:
     """``func`` with its qualifying convolutions in channel blocks (module docstring); as
-    it is where fewer than `MIN_CONVOLUTIONS` convolutions would be."""
+    it is where fewer than `MIN_CONVOLUTIONS` convolutions would be, none of them Winograd's."""
     conv = _Converter(lanes)
     converted = 0
     for node in post_order(func):
@@ -277,7 +281,7 @@ def convert(func: Function, lanes: int) -> Function:
         if conv.layout.get(id(node)) and isinstance(node, Call) and isinstance(node.op, Op) \
                 and node.op.name == "nn.conv2d":
             converted += 1
-    if converted < MIN_CONVOLUTIONS:
+    if converted < MIN_CONVOLUTIONS and not conv.winograds:
         return func
     body = conv.plain(func.body)
     return Function(func.params, body, func.ret_type, func.type_params, func.attrs,

@@ -161,7 +161,7 @@ def test_plain_uses_share_one_transform_and_others_are_moved_back() -> None:
     np.testing.assert_allclose(kiln.build(mod)(a, s), want, rtol=1e-4)
 
 
-def test_a_lone_convolution_stays_nchw() -> None:
+def test_a_lone_direct_convolution_stays_nchw() -> None:
     # moving its input into blocks and its result out would cost more than it gains
     c = LANES
     x = kiln.var("x", shape=(1, c, 8, 8))
@@ -169,6 +169,22 @@ def test_a_lone_convolution_stays_nchw() -> None:
                           padding=(1, 1)))
     count = ops(optimized(kiln.IRModule.from_expr(kiln.Function([x], y)), {}))
     assert count["nn.contrib_conv2d_NCHWc"] == count["layout_transform"] == 0
+
+
+def test_a_lone_winograd_convolution_runs_in_blocks() -> None:
+    # Winograd's algorithm on blocks, a group of tiles at a time, gains more than the two
+    # transforms cost (kiln/transform/convert_layout.py, MIN_CONVOLUTIONS)
+    c, size = LANES, 28
+    x = kiln.var("x", shape=(1, c, size, size))
+    w = RNG.standard_normal((c, c, 3, 3)).astype(np.float32) / 3
+    mod = kiln.IRModule.from_expr(kiln.Function([x], nn.relu(nn.conv2d(
+        x, kiln.const(w), padding=(1, 1)))))
+    count = ops(optimized(mod, {}))
+    assert count["nn.conv2d_winograd"] == 1 and count["layout_transform"] == 2
+    a = RNG.standard_normal((1, c, size, size)).astype(np.float32)
+    want = F.relu(F.conv2d(torch.from_numpy(a.astype(np.float64)),
+                           torch.from_numpy(w.astype(np.float64)), padding=1)).numpy()
+    np.testing.assert_allclose(kiln.build(mod)(a), want, rtol=1e-4, atol=1e-4)
 
 
 def test_kiln_testing_mobilenet_matches_the_plain_build() -> None:
