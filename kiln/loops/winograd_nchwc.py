@@ -106,7 +106,7 @@ def group_rule(tiles: int, threads: int, mr: int) -> tuple[int, int]:
     ``threads`` threads, the height at most ``mr``; (mr, 0) where there are too few tiles
     for a group for each thread. A height r costs r + 1 per step (as in
     `kiln.loops.gemm._split_height`), times the groups of the busiest thread: 196 tiles on
-    two threads take 14 groups of 14, 49 tiles 4 of 14 (the last one 7)."""
+    two threads take 14 groups of 14, 49 tiles 4 of 13 (the last one 10)."""
     best: tuple[tuple[int, int], int, int] | None = None
     for r in range(max(4, mr - 2), mr + 1):
         j = -(-MIN_GROUP // r)

@@ -184,3 +184,54 @@ def test_winograd_on_blocked_data(xs, o, pad, spec) -> None:
     want = reference(np.maximum(reference(x, w, (1, 1), (pad,) * 4, (1, 1), 1), 0), w2,
                      (1, 1), (0,) * 4, (1, 1), 1)
     np.testing.assert_allclose(exe(x), want, rtol=1e-3, atol=1e-3)
+
+
+def test_winograd_group_rule() -> None:
+    from kiln.loops.winograd_nchwc import group_rule
+
+    assert group_rule(196, 2, 14) == (14, 1)  # ResNet's 56²: 14 groups of 14, 7 a thread
+    assert group_rule(49, 2, 14) == (13, 1)  # 28²: 13, 13, 13 and the last 10
+    assert group_rule(196, 2, 6) == (6, 2)  # AVX2's 6-row tiles: two a group, 12 tiles
+    assert group_rule(20, 2, 14) == (12, 1)  # two groups, 12 and 8
+    assert group_rule(4, 2, 14) == (14, 0)  # too few tiles for a group a thread: no groups
+
+
+@pytest.mark.parametrize("spec", TARGETS)
+def test_winograd_groups_and_threads(spec: str) -> None:
+    # The blocked Winograd kernel runs a group of tiles a task, the last group short
+    # (28² in 4×4 tiles: 49 of them); one and two threads, and the whole image in three
+    # steps (group 0, through a tuning override), give the same bits, and torch's result.
+    from kiln.loops import winograd_nchwc
+    from kiln.loops.tunable import ScheduleOverrides, overrides_scope
+
+    target = Target.parse(spec)
+    b = target.lanes("float32")
+    c, size = 2 * b, 28
+    x = RNG.standard_normal((1, c, size, size)).astype(np.float32)
+    w = (RNG.standard_normal((c, c, 3, 3)) / 3).astype(np.float32)
+    w2 = (RNG.standard_normal((c, c, 1, 1)) / np.sqrt(c)).astype(np.float32)
+    v = kiln.var("x", shape=x.shape, dtype="float32")
+    mod = kiln.IRModule.from_expr(kiln.Function([v], nn.conv2d(nn.relu(nn.conv2d(
+        v, kiln.const(w), padding=(1, 1))), kiln.const(w2))))
+    blocked_shape = (1, c // b, size, size, b)
+    with target_scope(target):
+        space = winograd_nchwc.space(blocked_shape, blocked_shape, (1, 1), 4, target)
+        grouped = kiln.build(mod, target=target)
+        whole = {**space.default, "group": 0, "parallel": "batch"}
+        assert space.default["group"] > 0 and space.legal(whole)
+        with overrides_scope(ScheduleOverrides({space.key: whole})):
+            three_steps = kiln.build(mod, target=target)
+    groups = {s[1]["group"] for e in (grouped, three_steps) for k in e.program.kernels.values()
+              if k.kernel is not None for s in k.kernel.attrs.get("schedules", [])
+              if "group" in s[1]}
+    assert groups == {0, space.default["group"]}
+    results = []
+    for exe in (grouped, three_steps):
+        for count in (1, 2):
+            exe.set_threads(count)
+            results.append(exe(x))
+    for r in results[1:]:
+        np.testing.assert_array_equal(r, results[0])
+    want = reference(np.maximum(reference(x, w, (1, 1), (1,) * 4, (1, 1), 1), 0), w2,
+                     (1, 1), (0,) * 4, (1, 1), 1)
+    np.testing.assert_allclose(results[0], want, rtol=1e-3, atol=1e-3)
