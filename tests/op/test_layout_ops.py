@@ -27,6 +27,43 @@ def test_nchw_to_nchw8c_and_back() -> None:
           src_layout="NCHW8c", dst_layout="NCHW4c")
 
 
+@pytest.mark.parametrize("spec", ["llvm", "llvm -mattr=-avx512f"])
+def test_channel_blocks_compiled(spec: str) -> None:
+    # the compiled NCHW <-> NCHW[b]c moves (a block and a row a task, kiln/op/layout.py),
+    # large enough for the thread pool, two images, a row that fills no vector; into
+    # blocks and out of them with fused consumers (a slice of the channels, an add), one
+    # and two threads, against numpy's reshapes
+    target = kiln.Target.parse(spec)
+    b = target.lanes("float32")
+    x = np.random.default_rng(3).standard_normal((2, 3 * b, 28, 30)).astype("float32")
+    r = np.random.default_rng(4).standard_normal((2, 2 * b + 5, 28, 30)).astype("float32")
+    blocked = x.reshape(2, 3, b, 28, 30).transpose(0, 1, 3, 4, 2)
+    v, vr = kiln.var("x", shape=x.shape), kiln.var("r", shape=r.shape)
+    into = kiln.op.layout_transform(v, src_layout="NCHW", dst_layout=f"NCHW{b}c")
+    back = kiln.op.layout_transform(kiln.op.multiply(into, kiln.const(np.float32(2.0))),
+                                    src_layout=f"NCHW{b}c", dst_layout="NCHW")
+    sliced = kiln.op.add(kiln.op.strided_slice(back, begin=[0], end=[2 * b + 5], axes=[1]), vr)
+    mod = kiln.IRModule.from_expr(kiln.Function([v, vr], kiln.Tuple([into, back, sliced])))
+    exe = kiln.build(mod, target=target)
+    results = []
+    for count in (1, 2):
+        exe.set_threads(count)
+        results.append([np.asarray(o) for o in exe(x, r)])
+    for one, two in zip(*results):
+        np.testing.assert_array_equal(one, two)
+    got_into, got_back, got_sliced = results[0]
+    np.testing.assert_array_equal(got_into, blocked)
+    np.testing.assert_array_equal(got_back, 2 * x)
+    np.testing.assert_array_equal(got_sliced, 2 * x[:, :2 * b + 5] + r)
+    # out of blocks and sliced in one kernel (the padding channels convert-layout drops)
+    w = kiln.var("w", shape=blocked.shape)
+    alone = kiln.op.strided_slice(kiln.op.layout_transform(
+        w, src_layout=f"NCHW{b}c", dst_layout="NCHW"), begin=[0], end=[2 * b + 5], axes=[1])
+    exe = kiln.build(kiln.IRModule.from_expr(kiln.Function([w], alone)), target=target)
+    assert len([k for k in exe.program.kernels.values() if k.kernel is not None]) == 1
+    np.testing.assert_array_equal(exe(blocked), x[:, :2 * b + 5])
+
+
 def test_kernel_blocking_oihw4i4o() -> None:
     w = np.arange(8 * 12 * 3 * 3, dtype="int32").reshape(8, 12, 3, 3)
     # OIHW4i4o[o0, i0, h, w, i1, o1] = OIHW[o0 * 4 + o1, i0 * 4 + i1, h, w]
