@@ -175,3 +175,49 @@ def test_a_site_is_measured_with_its_models_weights_in_mind() -> None:
         assert site.space.default["parallel"] == "n" == model[site.key]["parallel"]
         # the space's default is the schedule the site's build takes by itself
         assert not build_candidate(site, site.space.default, HOST).tuned
+
+
+def test_tuned_knobs_stay_only_where_the_model_is_faster(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    # step 4 of kiln/tune/tuner.py: a site tuned alone keeps its knobs only where its
+    # kernels took less time in the model (the model's times given here)
+    from kiln.tune import tuner
+
+    def result(key: str) -> tuner.KernelResult:
+        return tuner.KernelResult(key, "gemm", 0.5, default_s=2.0, best_s=1.0,
+                                  knobs={"mr": 4}, tuned=True, time_to_best_s=3.0)
+
+    faster, slower, untuned = result("a"), result("b"), result("c")
+    untuned.tuned, untuned.knobs = False, {"mr": 8}
+    seen: dict[str, Any] = {}
+
+    def times(mod: Any, params: Any, target: Any, tuned: Any, seed: int = 0) -> Any:
+        seen.update(tuned)
+        return ({"a": [2.0, 2.1, 2.0], "b": [1.0, 1.0, 1.1]},
+                {"a": [1.5, 1.4, 1.6], "b": [1.0, 1.2, 1.1]})
+
+    monkeypatch.setattr(tuner, "model_times", times)
+    tuner.check_in_model(None, None, HOST, [faster, slower, untuned],  # type: ignore[arg-type]
+                         lambda key: {"mr": 8})
+    assert set(seen) == {"a", "b"}  # only the tuned sites are built tuned
+    assert faster.tuned and faster.knobs == {"mr": 4}
+    assert (faster.model_default_s, faster.model_best_s) == (2.0, 1.5)
+    assert not slower.tuned and slower.knobs == {"mr": 8} and slower.best_s == 2.0
+    assert (slower.model_default_s, slower.model_best_s) == (1.0, 1.1)
+    assert not untuned.tuned and untuned.model_default_s == 0.0
+
+
+def test_the_model_is_timed_with_and_without_the_tuned_knobs() -> None:
+    # the real measurement of step 4: both builds agree, and each site's kernels are timed
+    # in both (a tuned register tile for the first convolution's products)
+    from kiln.tune.tuner import MODEL_ROUNDS, extract_sites, model_times
+
+    mod, params = conv_net()
+    sites, _ = extract_sites(mod, params, HOST)
+    site = sites[0][0]
+    move = next(iter(site.space.neighbours(site.space.default)))
+    plain, fast = model_times(mod, params, HOST, {site.key: move})
+    keys = {s.key for s, _ in sites}
+    assert keys <= set(plain) and keys <= set(fast)
+    for samples in (plain, fast):
+        assert all(len(v) == MODEL_ROUNDS and all(t > 0 for t in v) for v in samples.values())
