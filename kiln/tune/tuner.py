@@ -105,8 +105,12 @@ class TuneResult:
         lines = [f"{'kernel':<64} {'share':>6} {'default':>10} {'tuned':>10} {'speedup':>7} "
                  f"{'tried':>5} {'to best':>8} {'in model':>8}"]
         for r in self.kernels:
-            model = (f"{r.model_default_s / r.model_best_s:7.2f}x"
-                     if r.model_default_s > 0 and r.model_best_s > 0 else f"{'-':>8}")
+            # in the model: the tuned knobs' speedup there, in parentheses where it was too
+            # small and the default stands; "-" where the default stood already
+            ratio = (r.model_default_s / r.model_best_s
+                     if r.model_default_s > 0 and r.model_best_s > 0 else 0.0)
+            model = (f"{'-':>8}" if not ratio else f"{ratio:7.2f}x" if r.tuned
+                     else f"({ratio:.2f}x)".rjust(8))
             lines.append(f"{r.key[:64]:<64} {r.share:6.1%} {r.default_s * 1e3:8.3f}ms "
                          f"{r.best_s * 1e3:8.3f}ms {r.speedup:6.2f}x {r.candidates:5d} "
                          f"{r.time_to_best_s:7.1f}s {model}")
