@@ -87,10 +87,15 @@ class WinogradSchedule:
         return {**self.gemm.attrs(), "group": self.group}
 
 
-# A group's transforms reload all of U from L2: a group of at least this many tiles keeps
-# that under a seventh of its products (AVX-512 at 64 channels: 14 tiles, 4.6 K cycles of
-# FMAs each per 9 K for U). On AVX2 (6-row tiles) that is two register tiles a group.
+# Tiles a group should have: its GEMM reads all of U (from L2 or L3) once, each B panel
+# serving the group's register tiles from L1; twice as many where a register tile is short
+# (AVX2's 6 rows: a B vector feeds 6 FMAs, not 14). ResNet-18, built both ways and
+# alternated in one process, 2 threads: for AVX2 groups of 25 tiles took 0.95 of the time
+# groups of 12 took (with the other core busy 1.01); on AVX-512 groups of 26 took 0.98 of
+# the time groups of 14 took, but 1.02-1.06 with the other core busy (8 groups, not 14, to
+# share out); groups of 40 1.12.
 MIN_GROUP = 12
+SHORT_TILE = 8  # register tiles of fewer rows take groups of 2 × MIN_GROUP
 
 
 def _products(x_shape: Sequence[int], out_shape: Sequence[int], m: int
@@ -104,16 +109,25 @@ def _products(x_shape: Sequence[int], out_shape: Sequence[int], m: int
 def group_rule(tiles: int, threads: int, mr: int) -> tuple[int, int]:
     """(register tile height, tiles a group in register tiles) for ``tiles`` tiles on
     ``threads`` threads, the height at most ``mr``; (mr, 0) where there are too few tiles
-    for a group for each thread. A height r costs r + 1 per step (as in
-    `kiln.loops.gemm._split_height`), times the groups of the busiest thread: 196 tiles on
-    two threads take 14 groups of 14, 49 tiles 4 of 13 (the last one 10)."""
+    for a group for each thread. A group is `MIN_GROUP` tiles or more (twice that for a
+    `SHORT_TILE`), fewer where that would give the busiest thread more than a quarter over
+    its even share. A height r costs r + 1 per step (as in `kiln.loops.gemm._split_height`),
+    times the groups of the busiest thread: 196 tiles on two threads take 14 groups of 14
+    on AVX-512, 8 of 25 on AVX2 (the last 21); 49 tiles 4 of 13 (the last 10) on AVX-512,
+    30 tiles 2 of 15 on AVX2."""
+    def ceil(a: int, b: int) -> int:
+        return -(-a // b)
+
+    even = ceil(tiles, max(threads, 1))
     best: tuple[tuple[int, int], int, int] | None = None
     for r in range(max(4, mr - 2), mr + 1):
-        j = -(-MIN_GROUP // r)
-        groups = -(-tiles // (j * r))
+        j = ceil(MIN_GROUP * (2 if mr < SHORT_TILE else 1), r)
+        while j > 1 and ceil(ceil(tiles, j * r), max(threads, 1)) * j * r > 1.25 * even:
+            j -= 1
+        groups = ceil(tiles, j * r)
         if groups < threads:
             continue
-        cost = (-(-groups // threads) * j * (r + 1), -r)
+        cost = (ceil(groups, max(threads, 1)) * j * (r + 1), -r)
         if best is None or cost < best[0]:
             best = (cost, r, j)
     return (mr, 0) if best is None else (best[1], best[2])

@@ -191,7 +191,8 @@ def test_winograd_group_rule() -> None:
 
     assert group_rule(196, 2, 14) == (14, 1)  # ResNet's 56²: 14 groups of 14, 7 a thread
     assert group_rule(49, 2, 14) == (13, 1)  # 28²: 13, 13, 13 and the last 10
-    assert group_rule(196, 2, 6) == (6, 2)  # AVX2's 6-row tiles: two a group, 12 tiles
+    assert group_rule(196, 2, 6) == (5, 5)  # AVX2's 6-row tiles: 25 tiles in 5 of 5 rows
+    assert group_rule(30, 2, 6) == (5, 3)  # groups of 24 would leave one thread 6: 15, 15
     assert group_rule(20, 2, 14) == (12, 1)  # two groups, 12 and 8
     assert group_rule(4, 2, 14) == (14, 0)  # too few tiles for a group a thread: no groups
 
