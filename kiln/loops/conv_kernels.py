@@ -415,7 +415,7 @@ def _plan_space(plan: ConvPlan, x_shape: Sequence[int], w_shape: Sequence[int], 
     else:
         geo = conv_layout(x_shape, w_shape, strides, padding, dilation, out_shape)
         m, n, fixed = og, geo.columns, ()
-    knobs = g.tile_space(s, groups, m, n, k, "float32", target, fixed)
+    knobs = g.tile_space(s, groups, m, n, k, "float32", target, (*fixed, "lanes"))
     if prepacked:
         # alter-layout pads K to k_blocking's blocks: a K block whose blocks cover that
         # length exactly reads the same panels (576 = 3 × 192 = 4 × 144 = 6 × 96)

@@ -280,15 +280,17 @@ def gemm_key(batch: int, m: int, n: int, k: int, dtype: str = "float32",
 def tile_knobs(s: GemmSchedule) -> dict:
     """A schedule's knobs as a point of its space: the blocks as numbers of tiles."""
     return {"mr": s.mr, "nr": s.nr, "kc": s.kc, "mb": s.mc // s.mr, "nb": s.nc // s.nr,
-            "parallel": s.parallel, "unroll": s.unroll}
+            "parallel": s.parallel, "unroll": s.unroll, "lanes": s.lanes}
 
 
 def gemm_schedule(base: GemmSchedule, knobs: dict) -> GemmSchedule:
     """``base`` with the knobs of a point of its space (see `gemm_space`), marked tuned."""
     mr, nr = int(knobs["mr"]), int(knobs["nr"])
+    lanes = knobs.get("lanes", base.lanes)
     return replace(base, mr=mr, nr=nr, kc=int(knobs["kc"]), mc=int(knobs["mb"]) * mr,
                    nc=int(knobs["nb"]) * nr, parallel=knobs["parallel"],
-                   unroll=int(knobs["unroll"]), tuned=tile_knobs(base) != knobs)
+                   unroll=int(knobs["unroll"]), lanes=None if lanes is None else int(lanes),
+                   tuned=tile_knobs(base) != {**tile_knobs(base), **knobs})
 
 
 def tile_space(base: GemmSchedule, batch: int, m: int, n: int, k: int, dtype: str,
@@ -296,8 +298,11 @@ def tile_space(base: GemmSchedule, batch: int, m: int, n: int, k: int, dtype: st
     """The knobs' legal values around ``base`` (its own first) for an m×n×k product on
     ``target``: register tiles that fit its registers (1-3 vectors of columns), K in a
     quarter to 2× as many even blocks, blocks of 1 to 32 tiles within a cache's size, each
-    parallel loop with work for several threads, and unrolling of the K loop by 1, 2 or 4.
-    Knobs in ``fixed`` keep base's value (a prepacked operand's layout depends on them)."""
+    parallel loop with work for several threads, unrolling of the K loop by 1, 2 or 4, and
+    vectors of the Target's width or half of it (``lanes``: 256-bit vectors on an AVX-512
+    machine, where some CPUs run them at a higher clock). Knobs in ``fixed`` keep base's
+    value (a prepacked operand's layout depends on them; kernels built around the Target's
+    vector width fix ``lanes``)."""
     lanes = base.lanes or target.lanes(dtype)
     regs = target.registers
     d = tile_knobs(base)
@@ -325,8 +330,9 @@ def tile_space(base: GemmSchedule, batch: int, m: int, n: int, k: int, dtype: st
     # unrolling only by what divides some K block (else the loop is not unrolled at all)
     blocks_k = [d["kc"]] if "kc" in fixed else [d["kc"], *kcs]
     unrolls = [u for u in (1, 2, 4) if any(x % u == 0 for x in blocks_k)]
+    lane_counts = [lanes // 2] if lanes >= 8 else []
     values = {"mr": mrs, "nr": nrs, "kc": kcs, "mb": mbs, "nb": nbs, "parallel": pars,
-              "unroll": unrolls}
+              "unroll": unrolls, "lanes": lane_counts}
     return tuple((name, ordered(d[name], [] if name in fixed else values[name]))
                  for name in d)
 
@@ -342,8 +348,9 @@ def tile_check(base: GemmSchedule, dtype: str, target: Target) -> Callable[[Any]
 
     def check(knobs: Any) -> bool:
         mr, nr, kc = knobs["mr"], knobs["nr"], knobs["kc"]
-        v = nr // lanes
-        if nr % lanes or mr * v + v + 1 > target.registers or kc % knobs["unroll"]:
+        width = knobs.get("lanes") or lanes
+        v = nr // width
+        if nr % width or mr * v + v + 1 > target.registers or kc % knobs["unroll"]:
             return False
         return knobs["mb"] * mr * kc * size <= a_cap and knobs["nb"] * nr * kc * size <= b_cap
 

@@ -193,6 +193,9 @@ def override(space: Space) -> Knobs | None:
     knobs = ov.get(space.key)
     if knobs is None:
         return None
+    missing = set(space.names) - set(knobs)
+    if missing:  # an entry written before these knobs existed: they keep their defaults
+        knobs = {**{n: space.default[n] for n in missing}, **knobs}
     if not space.legal(knobs):
         if (ov.source, space.key) not in _WARNED:
             _WARNED.add((ov.source, space.key))

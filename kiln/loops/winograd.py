@@ -175,7 +175,7 @@ def space(x_shape: Sequence[int], out_shape: Sequence[int], padding: Sequence[in
     t = lowering_target(target)
     batch, mm, n, k = _products(x_shape, out_shape, m)
     base = _heuristic(x_shape, out_shape, padding, m, t)
-    return Space(base.key or "", g.tile_space(base, batch, mm, n, k, "float32", t),
+    return Space(base.key or "", g.tile_space(base, batch, mm, n, k, "float32", t, ("lanes",)),
                  g.tile_check(base, "float32", t), g.tile_canonical(mm, n))
 
 

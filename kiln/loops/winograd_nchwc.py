@@ -157,7 +157,7 @@ def space(x_shape: Sequence[int], out_shape: Sequence[int], padding: Sequence[in
     t = lowering_target(target)
     batch, tiles, o, c = _products(x_shape, out_shape, m)
     base = _heuristic(x_shape, out_shape, padding, m, t)
-    knobs = g.tile_space(base.gemm, batch, tiles, o, c, "float32", t, ("kc",))
+    knobs = g.tile_space(base.gemm, batch, tiles, o, c, "float32", t, ("kc", "lanes"))
     groups = ordered(base.group, [j for j in GROUPS if j * 4 <= tiles])
     tiles_ok = g.tile_check(base.gemm, "float32", t)
     same = g.tile_canonical(tiles, o)

@@ -47,6 +47,26 @@ def _run(exe: kiln.Executable) -> tuple[np.ndarray, np.ndarray]:
     return exe(x), x
 
 
+def test_an_entry_from_before_a_knob_existed_keeps_its_default(tmp_path: Path) -> None:
+    # a log written before the GEMM's vector width was a knob: its entry has no "lanes";
+    # the build takes it with the default width, and half the width where an entry says so
+    mod, params = conv_net()
+    key, default, move = _dense_key_and_move()
+    old = {k: v for k, v in move.items() if k != "lanes"}
+    log = tmp_path / "old.tunelog"
+    _write(log, [Entry(HOST.fingerprint, key, old, 1.0, 1.5, final=True)])
+    got = _schedules(kiln.build(mod, params=params, tuning_log=log))[key]
+    assert got["tuned"] and got["unroll"] == 4 and got["lanes"] == default["lanes"]
+    space = gemm.space_of(1, 6, 20, 60, b_prepacked=True)
+    narrow = next(p for p in space.points() if p["lanes"] == default["lanes"] // 2)
+    log2 = tmp_path / "narrow.tunelog"
+    _write(log2, [Entry(HOST.fingerprint, key, narrow, 1.0, 1.5, final=True)])
+    exe = kiln.build(mod, params=params, tuning_log=log2)
+    assert _schedules(exe)[key]["lanes"] == default["lanes"] // 2
+    out, x = _run(exe)
+    np.testing.assert_allclose(out, reference(mod, params, x), rtol=1e-4, atol=1e-4)
+
+
 def test_build_uses_the_best_entry(tmp_path: Path) -> None:
     mod, params = conv_net()
     key, default, move = _dense_key_and_move()
