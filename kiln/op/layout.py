@@ -231,9 +231,9 @@ def _layout_transform_lower(inputs: list[Tensor], attrs: LayoutTransformAttrs,
                             out_type: Type) -> Tensor:
     src, dst = _layouts(attrs)
     x = inputs[0]
-    if src.text == "NCHW" and _channel_blocks(dst) and len(x.shape) == 4:
+    if src.text == "NCHW" and _channel_blocks(dst):
         return _blocks_moved(x, _channel_blocks(dst), into=True)
-    if dst.text == "NCHW" and _channel_blocks(src) == (x.shape[4] if len(x.shape) == 5 else 0):
+    if dst.text == "NCHW" and _channel_blocks(src):
         return _blocks_moved(x, _channel_blocks(src), into=False)
     return read_in_layout(x, src, dst)
 

@@ -62,6 +62,14 @@ def test_channel_blocks_compiled(spec: str) -> None:
     exe = kiln.build(kiln.IRModule.from_expr(kiln.Function([w], alone)), target=target)
     assert len([k for k in exe.program.kernels.values() if k.kernel is not None]) == 1
     np.testing.assert_array_equal(exe(blocked), x[:, :2 * b + 5])
+    # moves to and from other layouts keep the general lowering: NHWC -> NCHW, NCHW -> NHWC
+    nhwc = kiln.var("n", shape=(2, 28, 30, 3 * b))
+    both = kiln.Tuple([kiln.op.layout_transform(nhwc, src_layout="NHWC", dst_layout="NCHW"),
+                       kiln.op.layout_transform(v, src_layout="NCHW", dst_layout="NHWC")])
+    exe = kiln.build(kiln.IRModule.from_expr(kiln.Function([nhwc, v], both)), target=target)
+    to_nchw, to_nhwc = exe(x.transpose(0, 2, 3, 1), x)
+    np.testing.assert_array_equal(to_nchw, x)
+    np.testing.assert_array_equal(to_nhwc, x.transpose(0, 2, 3, 1))
 
 
 def test_kernel_blocking_oihw4i4o() -> None:
