@@ -286,11 +286,10 @@ def tile_knobs(s: GemmSchedule) -> dict:
 def gemm_schedule(base: GemmSchedule, knobs: dict) -> GemmSchedule:
     """``base`` with the knobs of a point of its space (see `gemm_space`), marked tuned."""
     mr, nr = int(knobs["mr"]), int(knobs["nr"])
-    lanes = knobs.get("lanes", base.lanes)
     return replace(base, mr=mr, nr=nr, kc=int(knobs["kc"]), mc=int(knobs["mb"]) * mr,
                    nc=int(knobs["nb"]) * nr, parallel=knobs["parallel"],
-                   unroll=int(knobs["unroll"]), lanes=None if lanes is None else int(lanes),
-                   tuned=tile_knobs(base) != {**tile_knobs(base), **knobs})
+                   unroll=int(knobs["unroll"]), lanes=int(knobs["lanes"]),
+                   tuned=tile_knobs(base) != knobs)
 
 
 def tile_space(base: GemmSchedule, batch: int, m: int, n: int, k: int, dtype: str,
