@@ -524,6 +524,11 @@ class Stmt:
 
 
 LOOP_KINDS = ("serial", "parallel", "vectorized", "unrolled", "scalar", "rolled")
+# A parallel loop's iterations are cut into this many chunks per thread by default: a few,
+# so that the threads that are running take over the share of one that is not (a busy
+# core), and few enough that claiming one (an atomic add) costs nothing beside its work
+CHUNKS_PER_THREAD = 4
+MAX_CHUNKS_PER_THREAD = 64
 
 
 @dataclass(frozen=True, eq=False)
@@ -537,6 +542,8 @@ class For(Stmt):
     scatters, each slower than the scalar stores it replaces); rolled (serial, and LLVM
     must neither vectorize nor unroll it: a reduction over kernel taps around a body that
     is large already, which full unrolling multiplied into minutes of compiling).
+    ``chunks``: for a parallel loop, how many pieces per thread the pool hands out (a
+    schedule knob, kiln/codegen/outline.py; results never depend on it).
     """
 
     var: Var
@@ -544,10 +551,13 @@ class For(Stmt):
     extent: Expr
     body: Stmt
     kind: str = "serial"
+    chunks: int = CHUNKS_PER_THREAD
 
     def __post_init__(self) -> None:
         if self.kind not in LOOP_KINDS:
             raise InternalError(f"loop IR: unknown loop kind {self.kind!r}")
+        if not 1 <= self.chunks <= MAX_CHUNKS_PER_THREAD:
+            raise InternalError(f"loop IR: {self.chunks} chunks per thread")
 
 
 @dataclass(frozen=True, eq=False)

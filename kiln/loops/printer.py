@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kiln.loops.ir import (
+    CHUNKS_PER_THREAD,
     FMA,
     Allocate,
     Binary,
@@ -80,8 +81,10 @@ def stmt_text(s: Stmt, indent: int = 0) -> str:
             lines.append(pad + node)
             continue
         match node:
-            case For(var=v, start=start, extent=ext, body=body, kind=kind):
+            case For(var=v, start=start, extent=ext, body=body, kind=kind, chunks=chunks):
                 mark = "" if kind == "serial" else f" {kind}"
+                if kind == "parallel" and chunks != CHUNKS_PER_THREAD:
+                    mark += f"({chunks} a thread)"
                 lines.append(f"{pad}for{mark} {v.name} in [{expr_text(start)}, +{expr_text(ext)}):")
                 stack.append((body, depth + 1))
             case Store(buffer=b, indices=idx, value=val):

@@ -25,9 +25,11 @@ from kiln.errors import Error, InternalError
 from kiln.ir.ty import DTYPES
 from kiln.loops.ir import (
     BINARY_OPS,
+    CHUNKS_PER_THREAD,
     DOT_DTYPES,
     FMA,
     LOOP_KINDS,
+    MAX_CHUNKS_PER_THREAD,
     TILE_DTYPES,
     UNARY_OPS,
     Allocate,
@@ -207,7 +209,10 @@ def write_kernel(k: Kernel) -> dict[str, Any]:
             case Broadcast():
                 entry = ["Broadcast", ref[0], n.lanes]
             case For():
-                entry = ["For", *ref, n.kind]
+                # the chunks only where a schedule set them: files from before they existed
+                # and loops at the default read alike
+                entry = ["For", *ref, n.kind] + ([n.chunks] if n.chunks != CHUNKS_PER_THREAD
+                                                 else [])
             case Store():
                 entry = ["Store", buffers[n.buffer], ref[:-1], ref[-1]]
             case LetStmt():
@@ -349,9 +354,13 @@ def _read_node(kind: str, f: list[Any], node: Any, buf: Any, var: Any) -> Any:
             _need(type(lanes) is int and 1 <= lanes <= MAX_LANES, "lanes")
             return Broadcast(node(v), lanes)
         case "For":
-            v, start, extent, body, loop_kind = f
+            _need(len(f) in (5, 6), "a loop")
+            v, start, extent, body, loop_kind = f[:5]
             _need(loop_kind in LOOP_KINDS, "a loop kind")
-            return For(var(v), node(start), node(extent), node(body, _STMT), loop_kind)
+            chunks = f[5] if len(f) == 6 else CHUNKS_PER_THREAD
+            _need(type(chunks) is int and 1 <= chunks <= MAX_CHUNKS_PER_THREAD,
+                  "a loop's chunks per thread")
+            return For(var(v), node(start), node(extent), node(body, _STMT), loop_kind, chunks)
         case "Store":
             b, idx, value = f
             return Store(buf(b), tuple(node(i) for i in _list(idx)), node(value))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -185,6 +186,34 @@ def test_parallel_rows_match_the_evaluator_and_one_thread(rows: int, cols: int) 
     with threads(1):
         (one,) = assert_same(k, x, s, rtol=1e-5, atol=1e-7)
     np.testing.assert_array_equal(many, one)
+
+
+def test_a_loops_chunks_set_its_grain() -> None:
+    # A parallel loop of 14 iterations on 2 threads: the default 4 chunks a thread give a
+    # grain of 14 // 8 = 1 (rounded up it was 2: 7 chunks, split 4 and 3 between the
+    # threads); 16 a thread, the same. The grain is what the kernel passes the pool.
+    from kiln.codegen.compile import llvm_ir
+
+    x, y = Buffer("x", (14, 33), "float32"), Buffer("y", (14, 33), "float32")
+    i, j = Var("i"), Var("j")
+    data = RNG.standard_normal((14, 33)).astype(np.float32)
+    for chunks in (4, 16):
+        body = For(i, Const(0), Const(14), For(j, Const(0), Const(33), Store(y, (i, j), Binary(
+            "mul", Load(x, (i, j)), Const(3.0, "float32")))), "parallel", chunks)
+        kernel = Kernel(f"triple{chunks}", (x,), (y,), body)
+        text = llvm_ir(kernel, opt_level=0)
+        share = re.search(r'(%"[^"]+") = mul nsw i64 %"[^"]+", (\d+)\n\s+(%"[^"]+") = sdiv '
+                          r'i64 14, (%"[^"]+")\n.*@"kiln_parallel_for"\(.*i64 14, i64 (%"[^"]+")\)',
+                          text)
+        assert share is not None and int(share.group(2)) == chunks
+        # 14 // (threads · chunks), rounded down, is the grain passed
+        assert share.group(1) == share.group(4) and share.group(3) == share.group(5)
+        lib = compile_kernels([kernel])
+        for count in (1, 2):
+            out = np.full((14, 33), np.nan, np.float32)
+            with threads(count):
+                lib[kernel.name](data, out)
+            np.testing.assert_array_equal(out, data * np.float32(3))
 
 
 def test_heap_buffers_inside_parallel_iterations() -> None:

@@ -65,6 +65,28 @@ def test_kernel_fingerprints_survive_the_round_trip():
         assert cache.fingerprint(again) == cache.fingerprint(k)
 
 
+def test_a_parallel_loops_chunks_read_back_and_bad_ones_are_refused():
+    from kiln.loops.ir import Buffer, Const, For, Kernel, Load, Store, Var
+
+    src, dst = Buffer("src", (64,), "float32"), Buffer("dst", (64,), "float32")
+    i = Var("i")
+    body = For(i, Const(0), Const(64), Store(dst, (i,), Load(src, (i,))), "parallel", 16)
+    kernel = Kernel("copy", (src,), (dst,), body)
+    doc = json.loads(json.dumps(write_kernel(kernel)))
+    again = read_kernel(doc)
+    assert again.body.chunks == 16 and str(again) == str(kernel) and "16 a thread" in str(kernel)
+    # a loop at the default chunks is written as before they existed
+    plain = write_kernel(Kernel("copy", (src,), (dst,), For(i, Const(0), Const(64), Store(
+        dst, (i,), Load(src, (i,))), "parallel")))
+    assert all(len(n) == 6 for n in plain["nodes"] if n[0] == "For")
+    for bad in (0, 65, -1, 2.0, "4", None):
+        broken = copy.deepcopy(doc)
+        loop = next(n for n in broken["nodes"] if n[0] == "For")
+        loop[6] = bad
+        with pytest.raises(kiln.Error, match="chunks"):
+            read_kernel(broken)
+
+
 def _mutations(doc, rng, count):
     """Documents like ``doc`` with one value somewhere replaced by something wrong."""
     paths = []
