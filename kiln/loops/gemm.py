@@ -44,6 +44,7 @@ from typing import Any
 from kiln.errors import InternalError
 from kiln.ir.dtype import dtype_of
 from kiln.loops.ir import (
+    CHUNKS_PER_THREAD,
     FMA,
     INDEX,
     Allocate,
@@ -141,7 +142,11 @@ class GemmSchedule:
     block; ``mc``/``nc``: rows of an A block and columns of a B panel (multiples of
     ``mr``/``nr``); ``parallel``: the loop on the thread pool ("batch", "n", "m" or None);
     ``unroll``: how many steps of the K loop are unrolled; ``lanes``: elements per vector
-    (None: the target's width for the dtype).
+    (None: the target's width for the dtype); ``order``: the tile loops of a block, outer
+    then inner — ``"nm"``, BLIS's, the column tiles outside, so that a kc×nr micro-panel of
+    B stays in L1 while the block's A slivers stream past it; ``"mn"``, the row tiles
+    outside, an A sliver in L1 while B's micro-panels stream; ``chunks``: the pieces per
+    thread the parallel loop is cut into for the pool (`kiln.loops.ir.For`).
     """
 
     mr: int
@@ -152,6 +157,8 @@ class GemmSchedule:
     parallel: str | None
     unroll: int = 1
     lanes: int | None = None
+    order: str = "nm"
+    chunks: int = CHUNKS_PER_THREAD
     key: str | None = None  # the site's key (`gemm_key`), where a tuning log can name it
     tuned: bool = False  # whether the knobs came from outside (kiln/loops/tunable.py)
 
@@ -280,7 +287,8 @@ def gemm_key(batch: int, m: int, n: int, k: int, dtype: str = "float32",
 def tile_knobs(s: GemmSchedule) -> dict:
     """A schedule's knobs as a point of its space: the blocks as numbers of tiles."""
     return {"mr": s.mr, "nr": s.nr, "kc": s.kc, "mb": s.mc // s.mr, "nb": s.nc // s.nr,
-            "parallel": s.parallel, "unroll": s.unroll, "lanes": s.lanes}
+            "parallel": s.parallel, "unroll": s.unroll, "lanes": s.lanes, "order": s.order,
+            "chunks": s.chunks}
 
 
 def gemm_schedule(base: GemmSchedule, knobs: dict) -> GemmSchedule:
@@ -289,6 +297,7 @@ def gemm_schedule(base: GemmSchedule, knobs: dict) -> GemmSchedule:
     return replace(base, mr=mr, nr=nr, kc=int(knobs["kc"]), mc=int(knobs["mb"]) * mr,
                    nc=int(knobs["nb"]) * nr, parallel=knobs["parallel"],
                    unroll=int(knobs["unroll"]), lanes=int(knobs["lanes"]),
+                   order=str(knobs["order"]), chunks=int(knobs["chunks"]),
                    tuned=tile_knobs(base) != knobs)
 
 
@@ -297,9 +306,10 @@ def tile_space(base: GemmSchedule, batch: int, m: int, n: int, k: int, dtype: st
     """The knobs' legal values around ``base`` (its own first) for an m×n×k product on
     ``target``: register tiles that fit its registers (1-3 vectors of columns), K in a
     quarter to 2× as many even blocks, blocks of 1 to 32 tiles within a cache's size, each
-    parallel loop with work for several threads, unrolling of the K loop by 1, 2 or 4, and
-    vectors of the Target's width or half of it (``lanes``: 256-bit vectors on an AVX-512
-    machine, where some CPUs run them at a higher clock). Knobs in ``fixed`` keep base's
+    parallel loop with work for several threads, cut into 2 to 16 chunks a thread, unrolling
+    of the K loop by 1, 2 or 4, either order of a block's tile loops, and vectors of the
+    Target's width or half of it (``lanes``: 256-bit vectors on an AVX-512 machine, where
+    some CPUs run them at a higher clock). Knobs in ``fixed`` keep base's
     value (a prepacked operand's layout depends on them; kernels built around the Target's
     vector width fix ``lanes``)."""
     lanes = base.lanes or target.lanes(dtype)
@@ -330,8 +340,10 @@ def tile_space(base: GemmSchedule, batch: int, m: int, n: int, k: int, dtype: st
     blocks_k = [d["kc"]] if "kc" in fixed else [d["kc"], *kcs]
     unrolls = [u for u in (1, 2, 4) if any(x % u == 0 for x in blocks_k)]
     lane_counts = [lanes // 2] if lanes >= 8 else []
+    # one chunk a thread is left out: a thread whose core is busy would hold up the rest
+    chunks = [2, 8, 16] if target.cores > 1 else []
     values = {"mr": mrs, "nr": nrs, "kc": kcs, "mb": mbs, "nb": nbs, "parallel": pars,
-              "unroll": unrolls, "lanes": lane_counts}
+              "unroll": unrolls, "lanes": lane_counts, "order": ["mn"], "chunks": chunks}
     return tuple((name, ordered(d[name], [] if name in fixed else values[name]))
                  for name in d)
 
@@ -371,11 +383,17 @@ def gemm_space(base: GemmSchedule, batch: int, m: int, n: int, k: int, dtype: st
 
 def tile_canonical(m: int, n: int) -> Callable[[Any], tuple]:
     """What a point of `tile_space` builds, for telling equal kernels apart from different
-    ones: blocks of more tiles than M or N has are all of it."""
+    ones: blocks of more tiles than M or N has are all of it, the order of a block's tile
+    loops is moot where one of them has a single tile, and so are the chunks of no parallel
+    loop."""
     def canonical(knobs: Any) -> tuple:
         out = dict(knobs)
         out["mb"] = min(out["mb"], -(-m // out["mr"]))
         out["nb"] = min(out["nb"], -(-n // out["nr"]))
+        if min(out["mb"], out["nb"]) == 1:
+            out["order"] = "nm"
+        if out["parallel"] is None:
+            out["chunks"] = CHUNKS_PER_THREAD
         return tuple(sorted((name, str(v)) for name, v in out.items()))
     return canonical
 
@@ -397,12 +415,14 @@ def index_min(a: Expr, b: int) -> Expr:
     return Binary("min", a, Const(b, INDEX))
 
 
-def loop(name: str, count: int, body: Callable[[Expr], Stmt], kind: str = "serial") -> Stmt:
-    """``for v in [0, count)``; with a count of 1, the body at 0 (no loop)."""
+def loop(name: str, count: int, body: Callable[[Expr], Stmt], kind: str = "serial",
+         chunks: int = CHUNKS_PER_THREAD) -> Stmt:
+    """``for v in [0, count)``; with a count of 1, the body at 0 (no loop). ``chunks``: a
+    parallel loop's chunks per thread."""
     if count == 1 and kind != "parallel":
         return body(Const(0, INDEX))
     v = Var(name)
-    return For(v, Const(0, INDEX), Const(count, INDEX), body(v), kind)
+    return For(v, Const(0, INDEX), Const(count, INDEX), body(v), kind, chunks)
 
 
 def tile_blocks(block: Expr, per_block: int, total: int, name: str,
@@ -709,8 +729,12 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
             return IfThenElse(Binary("lt", tile_n, Const(nt - 1, INDEX)), full,
                               micro(bt, pc, tn, tile_n, tm, tile_m, lanes))
 
-        tiles = tile_blocks(jc, tnb, nt, "jr", lambda tn, tile_n: tile_blocks(
-            ic, tmb, mt, "ir", lambda tm, tile_m: tile(tn, tile_n, tm, tile_m)))
+        if s.order == "mn":  # an A sliver in L1, B's micro-panels streaming past it
+            tiles = tile_blocks(ic, tmb, mt, "ir", lambda tm, tile_m: tile_blocks(
+                jc, tnb, nt, "jr", lambda tn, tile_n: tile(tn, tile_n, tm, tile_m)))
+        else:  # a B micro-panel in L1, the block's A slivers streaming past it
+            tiles = tile_blocks(jc, tnb, nt, "jr", lambda tn, tile_n: tile_blocks(
+                ic, tmb, mt, "ir", lambda tm, tile_m: tile(tn, tile_n, tm, tile_m)))
         if a_panel is not None:
             return tiles
         return Allocate(ap, Seq((pack_a(bt, ic, pc), tiles)))
@@ -728,13 +752,14 @@ def gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: WriteF
         # The parallel loop is the outermost of the product: one fork and join per call.
         if s.parallel == "m":  # each M block packs its own copy of the B panels
             stmt = loop("ic", nbm, lambda ic: loop(
-                "jc", nbn, lambda jc: n_block(bt, jc, ic)), "parallel")
+                "jc", nbn, lambda jc: n_block(bt, jc, ic)), "parallel", s.chunks)
         else:
             stmt = loop("jc", nbn, lambda jc: n_block(bt, jc, None),
-                         "parallel" if s.parallel == "n" else "serial")
+                        "parallel" if s.parallel == "n" else "serial", s.chunks)
         return Allocate(cp, stmt) if cp is not None else stmt
 
-    return loop("bt", batch, batch_body, "parallel" if s.parallel == "batch" else "serial")
+    return loop("bt", batch, batch_body, "parallel" if s.parallel == "batch" else "serial",
+                s.chunks)
 
 
 def _k_loop(acc: Buffer, a_at: Callable[[Expr, int], Expr], b_at: Callable[[Expr, int], Expr],

@@ -23,12 +23,14 @@ then blocks of one.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kiln.loops import gemm as g
 from kiln.loops.compute import BufferTensor, Tensor, WriteFn
 from kiln.loops.ir import (
+    CHUNKS_PER_THREAD,
     FMA,
     INDEX,
     Allocate,
@@ -105,7 +107,8 @@ def space(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int]
           target: Target | None = None) -> Space:
     """The register tiles `conv_nchwc` may take (the rule's first): ``pixels`` T and
     ``blocks`` J, J dividing the output's blocks and the T·J accumulators fitting the
-    registers the GEMM's micro-kernel keeps."""
+    registers the GEMM's micro-kernel keeps; and ``chunks``, the pieces a thread the
+    parallel loop over rows is cut into (not one: a busy core would hold up the rest)."""
     tgt = lowering_target(target)
     _, oblocks, _, _, bo = (int(d) for d in out_shape)
     _, most, (t, j) = _form(x_shape, w_shape, strides, padding, out_shape, tgt)
@@ -114,29 +117,39 @@ def space(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int]
     per_block = -(-bo // tgt.lanes("float32"))
     blocks = ordered(j, [v for v in range(1, budget // per_block + 1) if oblocks % v == 0])
     pixels = ordered(t, list(range(1, min(most, budget) + 1)))
+    chunks = ordered(CHUNKS_PER_THREAD, [2, 8, 16] if tgt.cores > 1 else [])
+
+    iblocks, kh, kw, bi = (int(d) for d in w_shape[1:5])
+    parallel = worth_parallel(math.prod(int(d) for d in out_shape) * iblocks * bi * kh * kw,
+                              tgt.cores)
 
     def check(knobs: Mapping[str, Any]) -> bool:
         return int(knobs["pixels"]) * int(knobs["blocks"]) * per_block <= budget
 
+    def canonical(knobs: Mapping[str, Any]) -> Any:  # a serial loop has no chunks
+        return (knobs["pixels"], knobs["blocks"], knobs["chunks"] if parallel else None)
+
     return Space(nchwc_key(x_shape, w_shape, strides, padding, dilation, out_shape),
-                 (("pixels", pixels), ("blocks", blocks)), check)
+                 (("pixels", pixels), ("blocks", blocks), ("chunks", chunks)), check,
+                 canonical)
 
 
 def chosen_tile(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
                 padding: Sequence[int], dilation: Sequence[int], out_shape: Sequence[int],
-                target: Target | None = None) -> tuple[int, int, bool]:
-    """(T, J, tuned) of `conv_nchwc`'s register tile: the knobs the enclosing
-    `overrides_scope` gives this site (a tuning log's; ``tuned`` when they differ from the
-    rule's), else `tile_shape`'s."""
+                target: Target | None = None) -> tuple[int, int, int, bool]:
+    """(T, J, chunks, tuned) of `conv_nchwc`: the knobs the enclosing `overrides_scope`
+    gives this site (a tuning log's; ``tuned`` when they differ from the rule's), else
+    `tile_shape`'s register tile and the pool's default chunks."""
     tgt = lowering_target(target)
     _, _, rule = _form(x_shape, w_shape, strides, padding, out_shape, tgt)
+    default = (*rule, CHUNKS_PER_THREAD)
     if current_overrides() is None:
-        return (*rule, False)
+        return (*default, False)
     knobs = override(space(x_shape, w_shape, strides, padding, dilation, out_shape, tgt))
     if knobs is None:
-        return (*rule, False)
-    tile = (int(knobs["pixels"]), int(knobs["blocks"]))
-    return (*tile, tile != rule)
+        return (*default, False)
+    chosen = (int(knobs["pixels"]), int(knobs["blocks"]), int(knobs["chunks"]))
+    return (*chosen, chosen != default)
 
 
 def _used(tile: tuple[int, int]) -> int:
@@ -206,7 +219,8 @@ def _rows(oy: Expr, oh: int, inside: tuple[int, int], kh: int,
 
 def conv_nchwc(x: Tensor, w: BufferTensor, strides: Sequence[int], padding: Sequence[int],
                dilation: Sequence[int], out_shape: Sequence[int], write: WriteFn,
-               tile_size: tuple[int, int], target: Target | None = None) -> Stmt:
+               tile_size: tuple[int, int], target: Target | None = None,
+               chunks: int = CHUNKS_PER_THREAD) -> Stmt:
     """The direct convolution (module docstring): x ``NCHW[bi]c`` (or NCHW), w
     ``OIHW[bi]i[bo]o``, the result ``NCHW[bo]c`` of ``out_shape`` through ``write``.
 
@@ -214,8 +228,8 @@ def conv_nchwc(x: Tensor, w: BufferTensor, strides: Sequence[int], padding: Sequ
     1 without padding, one tile of the flattened pixels). A row's tiles start at fixed
     columns, so only the pixels whose windows leave the image's columns test their taps
     (a run of tiles between them is one loop), and the rows at the top and bottom (a few)
-    have code of their own with the kernel rows that fall inside. ``tile_size`` is (T, J),
-    `chosen_tile`'s."""
+    have code of their own with the kernel rows that fall inside. ``tile_size`` is (T, J)
+    and ``chunks`` the parallel loop's pieces a thread, `chosen_tile`'s."""
     tgt = lowering_target(target)
     nimg, oblocks, oh, ow, bo = (int(d) for d in out_shape)
     iblocks, kh, kw, bi = (int(d) for d in w.shape[1:5])
@@ -332,7 +346,7 @@ def conv_nchwc(x: Tensor, w: BufferTensor, strides: Sequence[int], padding: Sequ
         nest = LetStmt(ot, u // oh, LetStmt(oy, u % oh, body))
         units = otiles * oh
     kind = "parallel" if worth_parallel(flops, tgt.cores) and units > 1 else "serial"
-    return For(img, Const(0), Const(nimg), For(u, Const(0), Const(units), nest, kind))
+    return For(img, Const(0), Const(nimg), For(u, Const(0), Const(units), nest, kind, chunks))
 
 
 # steps of `conv_nchwc`'s reduction unrolled in its loop over a block's channels. Built and

@@ -153,7 +153,8 @@ def space(x_shape: Sequence[int], out_shape: Sequence[int], padding: Sequence[in
     K blocking fixed (U is padded to `k_blocking`'s blocks), every other knob free —
     convert-layout packs U with the ``nr`` the same overrides give, and A is V read in
     place whatever its ``mr``. With a group, the GEMM of a group is serial, one M block
-    (``mb`` and ``parallel`` are the whole image's)."""
+    (``mb`` and ``parallel`` are the whole image's), and ``chunks`` cuts the loop over the
+    groups."""
     t = lowering_target(target)
     batch, tiles, o, c = _products(x_shape, out_shape, m)
     base = _heuristic(x_shape, out_shape, padding, m, t)
@@ -169,7 +170,8 @@ def space(x_shape: Sequence[int], out_shape: Sequence[int], padding: Sequence[in
         if not kn["group"]:
             return same(kn)
         d = base.gemm
-        return (same({**kn, "mb": d.mc // d.mr, "parallel": None}), kn["group"])
+        # the chunks are the tasks' (the groups'), not the serial product's
+        return (same({**kn, "mb": d.mc // d.mr, "parallel": None}), kn["group"], kn["chunks"])
 
     return Space(base.gemm.key or "", (*knobs, ("group", groups)), check, canonical)
 
@@ -372,7 +374,7 @@ def conv2d(x: BufferTensor, up: Buffer, m: int, padding: Sequence[int],
         task = Allocate(v, Allocate(mm, Seq((inputs, product(v, mm, rows, s, last),
                                              outputs))))
         return For(u, Const(0), Const(nimg * groups), LetStmt(img, u // groups, LetStmt(
-            grp, u % groups, task)), "parallel")
+            grp, u % groups, task)), "parallel", s.chunks)
 
     out = extern(tuple(out_shape), "float32", grouped if ws.group else whole)
     out.schedule = {**ws.attrs(), "algorithm": f"winograd F({m}x{m}, 3x3) NCHW{b}c",

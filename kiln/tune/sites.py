@@ -3,8 +3,8 @@
 A *site* is where a schedule with searchable knobs is chosen (kiln/loops/tunable.py): a
 packed GEMM (`kiln.loops.gemm.GemmSchedule.default`), a convolution's implicit GEMM
 (`kiln.loops.conv_kernels.conv_plan`), a Winograd convolution's products
-(`kiln.loops.winograd.schedule`), a channel-blocked direct convolution's register tile
-(`kiln.loops.nchwc_kernels.chosen_tile`, what convert-layout gives a CNN) or the products
+(`kiln.loops.winograd.schedule`), a channel-blocked direct convolution's register tile and
+chunks (`kiln.loops.nchwc_kernels.chosen_tile`, what convert-layout gives a CNN) or the products
 of a Winograd convolution on blocked data (`kiln.loops.winograd_nchwc.schedule`). Its key names
 the shapes and operand layouts; the Target is the tuning run's. Lowering records each
 site's key in ``kernel.attrs["schedules"]``, so the sites of a model are read off its

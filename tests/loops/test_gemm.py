@@ -135,6 +135,9 @@ SCHEDULES = [
     (3, 30, 50, 40, GemmSchedule(4, 8, 20, 8, 24, "batch", unroll=4, lanes=8)),
     (1, 25, 9, 70, GemmSchedule(12, 8, 64, 24, 8, None, unroll=2, lanes=8)),
     (1, 33, 70, 50, GemmSchedule(14, 32, 24, 28, 64, "n", lanes=16)),  # AVX-512's tile
+    # the row tiles outside the column tiles, over three K blocks; a pool's chunks
+    (2, 30, 50, 40, GemmSchedule(6, 16, 16, 12, 32, "n", lanes=8, order="mn", chunks=16)),
+    (1, 61, 77, 40, GemmSchedule(4, 16, 16, 8, 48, "m", lanes=8, order="mn", chunks=2)),
     (1, 61, 77, 300, None),
 ]
 

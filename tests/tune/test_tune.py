@@ -53,7 +53,8 @@ def test_tiny_budget_run_writes_a_log_that_a_rebuild_uses(tmp_path: Path) -> Non
         knobs = recorded[key]
         assert gemm.tile_knobs(gemm.GemmSchedule(
             knobs["mr"], knobs["nr"], knobs["kc"], knobs["mc"], knobs["nc"],
-            knobs["parallel"], knobs["unroll"], knobs["lanes"])) == entry.knobs
+            knobs["parallel"], knobs["unroll"], knobs["lanes"], knobs["order"],
+            knobs["chunks"])) == entry.knobs
         assert knobs["tuned"] == (entry.knobs != _default(key))
     x = np.random.default_rng(3).uniform(-1, 1, (1, 3, 12, 12)).astype(np.float32)
     np.testing.assert_allclose(exe(x), reference(mod, params, x), rtol=1e-4, atol=1e-4)

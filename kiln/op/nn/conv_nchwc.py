@@ -213,12 +213,13 @@ def _fast(x: Tensor, w: Tensor, attrs: Conv2DAttrs, out: TensorType,
         return None
     weight = w
     if form == "direct":
-        pixels, blocks, tuned = nchwc_kernels.chosen_tile(x.shape, w.shape, strides,
-                                                          (top, left), dilation, shape)
+        pixels, blocks, chunks, tuned = nchwc_kernels.chosen_tile(
+            x.shape, w.shape, strides, (top, left), dilation, shape)
         t = extern(shape, out.dtype, lambda write: nchwc_kernels.conv_nchwc(
-            x, weight, strides, (top, left), dilation, shape, write, (pixels, blocks)))
+            x, weight, strides, (top, left), dilation, shape, write, (pixels, blocks),
+            chunks=chunks))
         t.schedule = {"kernel": "nchwc direct", "pixels": pixels, "blocks": blocks,
-                      "tuned": tuned,
+                      "chunks": chunks, "tuned": tuned,
                       "key": nchwc_kernels.nchwc_key(x.shape, w.shape, strides, (top, left),
                                                      dilation, shape)}
         return t
