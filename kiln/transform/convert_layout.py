@@ -5,9 +5,11 @@ data blocked from one convolution to the next, inserting ``layout_transform`` on
 operator needs the plain layout. This pass does the same for float32 ``nn.conv2d`` calls in
 NCHW / OIHW with a constant weight that a kernel of kiln/loops/nchwc_kernels.py takes:
 
-- the block b is the Target's vector lanes; a convolution whose output channels they do not
-  divide computes the next multiple of them, the padding's weights zero, where that adds at
-  most half (`padded_channels`: MobileNetV2's 24 as 32), else it stays as it is;
+- the block b is the Target's vector lanes (or, from a tuning log, twice that: `layout_space`,
+  a knob of the whole function, keyed by its convolutions' shapes, `layout_key`); a
+  convolution whose output channels b does not divide computes the next multiple of b, the
+  padding's weights zero, where that adds at most half (`padded_channels`: MobileNetV2's 24
+  as 32), else it stays as it is;
 - a convolution's input keeps the block it arrives in (a plain input whose channels the lanes
   do not divide, such as a stem's 3, is read as plain NCHW, blocks of one), its weight is
   blocked at compile time (``OIHW[bi]i[bo]o``; depthwise ``OIHW1i[b]o``), and its result is
@@ -29,6 +31,11 @@ left for the NCHW kernels. ``PassContext(config={"convert-layout": False})`` tur
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import numpy as np
 
 from kiln.ir.expr import Call, Constant, Expr, Function, Op, const
@@ -36,6 +43,7 @@ from kiln.ir.module import IRModule
 from kiln.ir.traverse import children, post_order, with_children
 from kiln.ir.ty import TensorType
 from kiln.loops.schedule import lowering_target
+from kiln.loops.tunable import Space, ordered, override, site_key
 from kiln.op import registry
 from kiln.op.layout import from_logical, parse_layout
 from kiln.op.registry import OpPattern
@@ -288,10 +296,68 @@ def convert(func: Function, lanes: int) -> Function:
                     span=func.span)
 
 
+def layout_key(func: Function) -> str | None:
+    """The key naming the channel block of ``func``'s convolutions in a tuning log (None
+    where it has none this pass could convert): their shapes and attributes, in order,
+    digested — the same function in another build has the same key."""
+    from kiln.op.nn.conv import Conv2DAttrs
+
+    parts = []
+    for node in post_order(func):
+        if not (isinstance(node, Call) and isinstance(node.op, Op)
+                and node.op.name == "nn.conv2d"):
+            continue
+        xs, ys, w = _static4(node.args[0]), _static4(node), node.args[1]
+        if xs is None or ys is None or not isinstance(w, Constant):
+            continue
+        a = Conv2DAttrs.view(node.attrs)
+        parts.append(f"{xs} {w.data.shape} {ys} {list(a.strides)} {list(a.padding)} "
+                     f"{list(a.dilation)} {a.groups} {a.data_layout} {a.kernel_layout}")
+    if not parts:
+        return None
+    digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+    return site_key("convert_layout", convolutions=len(parts), digest=digest)
+
+
+def layout_space(key: str, lanes: int) -> Space:
+    """The blocks a function's convolutions may run in: a vector's lanes (the default) or
+    two vectors'. (Half a vector runs every vector operation at half width: ResNet-18 1.49×
+    slower on AVX-512.)"""
+    return Space(key, (("block", ordered(lanes, [2 * lanes])),))
+
+
+_SEEN: ContextVar[list[str] | None] = ContextVar("kiln_convert_layout_keys", default=None)
+
+
+@contextmanager
+def recorded_keys() -> Iterator[list[str]]:
+    """The `layout_key`s of the functions this pass meets inside the block (what kiln.tune
+    searches the block of)."""
+    keys: list[str] = []
+    token = _SEEN.set(keys)
+    try:
+        yield keys
+    finally:
+        _SEEN.reset(token)
+
+
+def _converted(func: Function, lanes: int) -> Function:
+    """`convert` with the block a tuning log gives ``func``'s key, else ``lanes``."""
+    key = layout_key(func)
+    if key is None:
+        return func
+    knobs = override(layout_space(key, lanes))
+    out = convert(func, lanes if knobs is None else int(knobs["block"]))
+    seen = _SEEN.get()
+    if seen is not None and out is not func:  # (one left as it is has no block to search)
+        seen.append(key)
+    return out
+
+
 @module_pass("convert-layout", opt_level=3)
 def ConvertLayout(mod: IRModule, ctx: PassContext) -> IRModule:
     """Run float32 CNNs in channel blocks (NCHW[b]c) between their convolutions."""
     if not ctx.config.get(CONFIG_KEY, True):
         return mod
     lanes = lowering_target().lanes("float32")
-    return map_typed_functions(mod, lambda f: convert(f, lanes))
+    return map_typed_functions(mod, lambda f: _converted(f, lanes))

@@ -3,6 +3,11 @@
     result = kiln.tune(mod, params, budget_s=120, log="model.tunelog")
     exe = kiln.build(mod, params=params, tuning_log="model.tunelog")
 
+0. The channel block of a CNN's convolutions (kiln/transform/convert_layout.py
+   `layout_space`) is a knob of the whole function, not of one kernel: the model is built
+   with each block and timed whole, the builds alternated (`LAYOUT_ROUNDS`), and a block
+   other than the default is kept where the model is faster by `CONFIRM_GAIN`; its final
+   entry is written at once, and the sites below are those of the model in that block.
 1. The model is built with the default schedules and profiled on random inputs: its kernel
    sites (kiln/tune/sites.py), deduplicated by key (shape and layout; the Target is this
    run's), each with its share of the model's time.
@@ -63,6 +68,18 @@ MIN_GAIN = 0.02  # a move must be this much faster to be taken (noise is about 1
 CONFIRM_GAIN = 0.01  # ... and the confirmed best this much faster than the default
 MODEL_ROUNDS = 3  # profiles of the model with and without the tuned knobs, alternated
 MODEL_RTOL = 1e-3  # the tuned model's outputs against the untuned one's (of the largest)
+LAYOUT_ROUNDS = 9  # rounds of calls of the model in each channel block, alternated
+LAYOUT_CALLS = 3  # timed calls of each build a round (after one untimed)
+
+
+@dataclass
+class LayoutResult:
+    """What tuning found for the channel block of one function's convolutions."""
+
+    key: str
+    default: int  # the block the rule gives (the Target's lanes)
+    block: int  # the block kept
+    seconds: dict[int, float] = field(default_factory=dict)  # the model's time, by block
 
 
 @dataclass
@@ -100,10 +117,17 @@ class TuneResult:
     seconds: float
     skipped: list[str] = field(default_factory=list)  # site keys not tunable alone
     out_of_time: list[str] = field(default_factory=list)  # sites the budget did not reach
+    layouts: list[LayoutResult] = field(default_factory=list)  # channel blocks searched
 
     def __str__(self) -> str:
-        lines = [f"{'kernel':<64} {'share':>6} {'default':>10} {'tuned':>10} {'speedup':>7} "
-                 f"{'tried':>5} {'to best':>8} {'in model':>8}"]
+        lines = []
+        for lay in self.layouts:
+            times = ", ".join(f"{b} {t * 1e3:.3f} ms" for b, t in sorted(lay.seconds.items()))
+            lines.append(f"{lay.key}: the model in channel blocks of {times}; block "
+                         f"{lay.block}" + (" (the default)" if lay.block == lay.default
+                                           else f" (default {lay.default})"))
+        lines.append(f"{'kernel':<64} {'share':>6} {'default':>10} {'tuned':>10} {'speedup':>7} "
+                     f"{'tried':>5} {'to best':>8} {'in model':>8}")
         for r in self.kernels:
             # in the model: the tuned knobs' speedup there, in parentheses where it was too
             # small and the default stands; "-" where the default stood already
@@ -150,15 +174,77 @@ def _targets(target: Target | str) -> Target:
     return machine
 
 
+def _seconds(exes: Mapping[int, Any], inputs: list[np.ndarray]) -> dict[int, float]:
+    """Median seconds a call of each executable, in `LAYOUT_ROUNDS` alternated rounds."""
+    samples: dict[int, list[float]] = {k: [] for k in exes}
+    for _ in range(LAYOUT_ROUNDS):
+        for k, exe in exes.items():
+            exe(*inputs)
+            for _ in range(LAYOUT_CALLS):
+                t0 = time.perf_counter()
+                exe(*inputs)
+                samples[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def _same_results(plain: Any, other: Any, inputs: list[np.ndarray], what: str) -> None:
+    """An `InternalError` where two builds of a model disagree on ``inputs``."""
+    want = [np.asarray(o) for o in _leaves(plain(*inputs))]
+    got = [np.asarray(o) for o in _leaves(other(*inputs))]
+    scale = max((float(np.max(np.abs(w))) for w in want if w.size), default=0.0)
+    if len(got) != len(want) or any(
+            g.shape != w.shape or (w.size and float(np.max(np.abs(g - w))) > MODEL_RTOL * scale)
+            for g, w in zip(got, want)):
+        raise InternalError(f"kiln.tune: the model built with {what} computes another result "
+                            "than with the defaults")
+
+
+def tune_layouts(mod: IRModule, params: Mapping[str, Any] | None, target: Target,
+                 seed: int = 0) -> list[LayoutResult]:
+    """Step 0 of the module docstring: for each function convert-layout puts in channel
+    blocks, the block of the fastest build of the whole model (the default unless another
+    is faster by `CONFIRM_GAIN`)."""
+    from kiln.loops.tunable import ScheduleOverrides, overrides_scope
+    from kiln.runtime.build import build
+    from kiln.transform.convert_layout import layout_space, recorded_keys
+
+    with recorded_keys() as keys, overrides_scope(ScheduleOverrides({}, "defaults")):
+        plain = build(mod, target=target, params=params)
+    inputs = random_inputs(plain, seed)
+    lanes = target.lanes("float32")
+    results = []
+    for key in dict.fromkeys(keys):
+        space = layout_space(key, lanes)
+        default = int(space.default["block"])
+        exes = {default: plain}
+        for block in space.values("block")[1:]:
+            with overrides_scope(ScheduleOverrides({key: {"block": block}}, "kiln.tune")):
+                exes[block] = build(mod, target=target, params=params)
+            _same_results(plain, exes[block], inputs, f"channel blocks of {block}")
+        seconds = _seconds(exes, inputs)
+        best = min(seconds, key=seconds.__getitem__)
+        keep = best if seconds[best] < seconds[default] * (1 - CONFIRM_GAIN) else default
+        results.append(LayoutResult(key, default, keep, seconds))
+    return results
+
+
+def _layout_entry(lay: LayoutResult, target: Target, found_after_s: float) -> Entry:
+    return Entry(target.fingerprint, lay.key, {"block": lay.block}, lay.seconds[lay.block],
+                 lay.seconds[lay.default], True, "convert_layout", target.describe(),
+                 found_after_s)
+
+
 def extract_sites(mod: IRModule, params: Mapping[str, Any] | None, target: Target,
-                  seed: int = 0) -> tuple[list[tuple[Site, float]], list[str]]:
+                  seed: int = 0, base: Mapping[str, Knobs] | None = None
+                  ) -> tuple[list[tuple[Site, float]], list[str]]:
     """The sites of ``mod`` with their shares of its kernel time (the costliest first), and
-    the keys of sites that cannot be tuned alone."""
+    the keys of sites that cannot be tuned alone; ``base``: knobs the model is built with
+    (its functions' channel blocks), the defaults elsewhere."""
     from kiln.loops.tunable import ScheduleOverrides, overrides_scope
     from kiln.runtime.build import build
 
-    # the defaults, whatever the caller's scope or KILN_TUNING_LOG (an empty scope)
-    with overrides_scope(ScheduleOverrides({}, "defaults")):
+    # the defaults, whatever the caller's scope or KILN_TUNING_LOG (``base`` only)
+    with overrides_scope(ScheduleOverrides(dict(base or {}), "defaults")):
         exe = build(mod, target=target, params=params)
     prof = exe.profile(*random_inputs(exe, seed))
     times = _site_times(exe, prof)
@@ -189,27 +275,22 @@ def _site_times(exe: Any, prof: Any) -> dict[str, float]:
 
 
 def model_times(mod: IRModule, params: Mapping[str, Any] | None, target: Target,
-                tuned: Mapping[str, Knobs], seed: int = 0
+                tuned: Mapping[str, Knobs], seed: int = 0,
+                base: Mapping[str, Knobs] | None = None
                 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Seconds per run in each site's kernels of ``mod`` built with the default schedules
-    and with the ``tuned`` knobs, profiled `MODEL_ROUNDS` times each, alternated (a list of
-    samples per key); an `InternalError` where the two builds compute different results."""
+    and with the ``tuned`` knobs (both with ``base``'s, see `extract_sites`), profiled
+    `MODEL_ROUNDS` times each, alternated (a list of samples per key); an `InternalError`
+    where the two builds compute different results."""
     from kiln.loops.tunable import ScheduleOverrides, overrides_scope
     from kiln.runtime.build import build
 
-    with overrides_scope(ScheduleOverrides({}, "defaults")):
+    with overrides_scope(ScheduleOverrides(dict(base or {}), "defaults")):
         plain = build(mod, target=target, params=params)
-    with overrides_scope(ScheduleOverrides(dict(tuned), "kiln.tune")):
+    with overrides_scope(ScheduleOverrides({**(base or {}), **tuned}, "kiln.tune")):
         fast = build(mod, target=target, params=params)
     inputs = random_inputs(plain, seed)
-    want = [np.asarray(o) for o in _leaves(plain(*inputs))]
-    got = [np.asarray(o) for o in _leaves(fast(*inputs))]
-    scale = max((float(np.max(np.abs(w))) for w in want if w.size), default=0.0)
-    if len(got) != len(want) or any(
-            g.shape != w.shape or (w.size and float(np.max(np.abs(g - w))) > MODEL_RTOL * scale)
-            for g, w in zip(got, want)):
-        raise InternalError("kiln.tune: the model built with the tuned schedules computes "
-                            "another result than with the defaults")
+    _same_results(plain, fast, inputs, "the tuned schedules")
     samples: tuple[dict[str, list[float]], dict[str, list[float]]] = ({}, {})
     for _ in range(MODEL_ROUNDS):
         for exe, out in ((plain, samples[0]), (fast, samples[1])):
@@ -226,14 +307,15 @@ def _leaves(value: Any) -> list[Any]:
 
 def check_in_model(mod: IRModule, params: Mapping[str, Any] | None, target: Target,
                    results: list[KernelResult], space_default: Callable[[str], Knobs],
-                   seed: int = 0) -> None:
+                   seed: int = 0, base: Mapping[str, Knobs] | None = None) -> None:
     """Step 4 of the module docstring: the tuned sites of ``results`` keep their knobs only
-    where their kernels are faster inside the model; the others go back to the default
-    (``space_default(key)``)."""
+    where their kernels are faster inside the model (built with ``base``'s knobs too); the
+    others go back to the default (``space_default(key)``)."""
     tuned = [r for r in results if r.tuned]
     if not tuned:
         return
-    plain, fast = model_times(mod, params, target, {r.key: r.knobs for r in tuned}, seed)
+    plain, fast = model_times(mod, params, target, {r.key: r.knobs for r in tuned}, seed,
+                              base)
     for r in tuned:
         before = statistics.median(plain.get(r.key, [0.0]))
         after = statistics.median(fast[r.key]) if r.key in fast else float("inf")
@@ -375,7 +457,12 @@ def tune(mod: IRModule | Expr, params: Mapping[str, Any] | None = None, *,
     started = time.perf_counter()
     writer = LogWriter(str(log)) if log is not None else None
     try:
-        sites, skipped = extract_sites(mod, params, machine, seed)
+        layouts = tune_layouts(mod, params, machine, seed)
+        base = {lay.key: {"block": lay.block} for lay in layouts}
+        if writer is not None:
+            for lay in layouts:
+                writer.add(_layout_entry(lay, machine, time.perf_counter() - started))
+        sites, skipped = extract_sites(mod, params, machine, seed, base)
         results: list[KernelResult] = []
         share_left = sum(s for _, s in sites) or 1.0
         end = started + budget_s
@@ -418,7 +505,7 @@ def tune(mod: IRModule | Expr, params: Mapping[str, Any] | None = None, *,
             if r.default_s > 0:
                 saved[0] += r.share * (1 - r.best_s / r.default_s)
         defaults = {site.key: site.space.default for site, _ in sites}
-        check_in_model(mod, params, machine, results, defaults.__getitem__, seed)
+        check_in_model(mod, params, machine, results, defaults.__getitem__, seed, base)
         for search in searches:
             search.final()
         saved[0] = sum(r.share * (1 - r.model_best_s / r.model_default_s)
@@ -427,7 +514,7 @@ def tune(mod: IRModule | Expr, params: Mapping[str, Any] | None = None, *,
             progress(TuneProgress(len(sites), len(sites), "", 1 / max(1e-9, 1 - saved[0]),
                                   max(0.0, end - time.perf_counter())))
         return TuneResult(results, str(log) if log is not None else None, machine,
-                          time.perf_counter() - started, skipped, out_of_time)
+                          time.perf_counter() - started, skipped, out_of_time, layouts)
     finally:
         if writer is not None:
             writer.close()

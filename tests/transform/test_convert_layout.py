@@ -219,3 +219,47 @@ def test_pools_stay_blocked() -> None:
     t = torch.relu(F.conv2d(t, torch.from_numpy(w2.astype(np.float64)), stride=2, padding=1))
     np.testing.assert_allclose(kiln.build(mod)(a), t.mean(dim=(2, 3)).numpy(), rtol=1e-4,
                                atol=1e-5)
+
+
+def _blocks(mod: kiln.IRModule) -> set[str]:
+    """The layouts of the blocked convolutions' results."""
+    return {node.attrs.out_layout for f in mod.functions.values() for node in post_order(f)
+            if isinstance(node, Call) and isinstance(node.op, Op)
+            and node.op.name == "nn.contrib_conv2d_NCHWc"}
+
+
+def test_a_tuning_log_may_run_a_function_in_blocks_of_two_vectors(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # The channel block is a knob of the whole function, keyed by its convolutions' shapes:
+    # the same network (other weights) has the same key, the pass records it for kiln.tune,
+    # and an override of two vectors' lanes computes what the default block does.
+    from kiln.loops.tunable import ScheduleOverrides, overrides_scope
+    from kiln.transform.convert_layout import recorded_keys
+
+    mod, params, twin = small_mobilenet(c=4 * LANES)
+    with recorded_keys() as keys:
+        assert _blocks(optimized(mod, params)) == {f"NCHW{LANES}c"}
+    (key,) = keys
+    assert key.startswith("convert_layout convolutions=3 digest=")
+    again, other, _ = small_mobilenet(c=4 * LANES)
+    with recorded_keys() as same:
+        optimized(again, other)
+    assert same == [key]
+    with recorded_keys() as smaller:
+        optimized(*small_mobilenet(c=2 * LANES)[:2])
+    assert smaller and smaller != [key]
+    x = RNG.standard_normal((1, 3, 12, 12)).astype(np.float32)
+    # half a vector is not a point of the space: the default, with a warning
+    for block, want in ((2 * LANES, 2 * LANES), (LANES // 2, LANES)):
+        with overrides_scope(ScheduleOverrides({key: {"block": block}}, "test")):
+            assert _blocks(optimized(mod, params)) == {f"NCHW{want}c"}
+            exe = kiln.build(mod, params=params)
+        np.testing.assert_allclose(exe(x), twin(x), rtol=1e-4, atol=1e-4)
+    assert "not a legal schedule" in caplog.text
+    # a function left as it is (one direct convolution) is not recorded: no block to search
+    lone = kiln.var("x", shape=(1, LANES, 8, 8))
+    conv = nn.conv2d(lone, kiln.const(RNG.standard_normal((LANES, LANES, 3, 3)).astype(
+        np.float32)), padding=(1, 1))
+    with recorded_keys() as none:
+        optimized(kiln.IRModule.from_expr(kiln.Function([lone], conv)), {})
+    assert none == []

@@ -27,6 +27,20 @@ def conv_net(seed: int = 0) -> tuple[IRModule, dict[str, np.ndarray]]:
     return mod, params
 
 
+def winograd_net(seed: int = 0) -> tuple[IRModule, dict[str, np.ndarray]]:
+    """Two 3×3 convolutions of two vectors' channels at 28², a relu between: convert-layout
+    runs them as Winograd on channel blocks."""
+    rng = np.random.default_rng(seed)
+    c = kiln.Target.host().lanes("float32") * 2
+    x = kiln.var("x", shape=(1, c, 28, 28))
+    w1, w2 = kiln.var("w1", shape=(c, c, 3, 3)), kiln.var("w2", shape=(c, c, 3, 3))
+    nn = kiln.op.nn
+    body = nn.conv2d(nn.relu(nn.conv2d(x, w1, padding=(1, 1))), w2, padding=(1, 1))
+    mod = IRModule.from_expr(kiln.Function([x, w1, w2], body))
+    params = {n: rng.uniform(-0.2, 0.2, (c, c, 3, 3)).astype(np.float32) for n in ("w1", "w2")}
+    return mod, params
+
+
 def reference(mod: IRModule, params: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
     """The reference interpreter's result (the weights as arguments)."""
     names = [p.name_hint for p in mod["main"].params]

@@ -15,7 +15,7 @@ from kiln.loops import gemm
 from kiln.target import Target
 from kiln.tune import TuneProgress, read_log
 from kiln.tune.log import best_entries
-from tests.tune.helpers import conv_net, reference
+from tests.tune.helpers import conv_net, reference, winograd_net
 
 HOST = Target.host()
 
@@ -70,12 +70,7 @@ def test_a_log_reaches_the_blocked_winograd_products(tmp_path: Path) -> None:
 
     rng = np.random.default_rng(0)
     c = HOST.lanes("float32") * 2
-    x = kiln.var("x", shape=(1, c, 28, 28))
-    w1, w2 = kiln.var("w1", shape=(c, c, 3, 3)), kiln.var("w2", shape=(c, c, 3, 3))
-    nn = kiln.op.nn
-    body = nn.conv2d(nn.relu(nn.conv2d(x, w1, padding=(1, 1))), w2, padding=(1, 1))
-    mod = kiln.IRModule.from_expr(kiln.Function([x, w1, w2], body))
-    params = {n: rng.uniform(-0.2, 0.2, (c, c, 3, 3)).astype(np.float32) for n in ("w1", "w2")}
+    mod, params = winograd_net()
     plain = _recorded(kiln.build(mod, params=params))
     (key,) = [k for k in plain if k.startswith("winograd_nchwc ")]
     space = _site_space(key)
@@ -88,6 +83,38 @@ def test_a_log_reaches_the_blocked_winograd_products(tmp_path: Path) -> None:
     got = _recorded(exe)[key]
     assert got["tuned"] and (got["mr"], got["nr"]) == (move["mr"], move["nr"])
     data = rng.uniform(-1, 1, (1, c, 28, 28)).astype(np.float32)
+    np.testing.assert_allclose(exe(data), reference(mod, params, data), rtol=1e-4, atol=1e-4)
+
+
+def test_the_channel_block_is_searched_for_the_whole_model(tmp_path: Path) -> None:
+    # The block convert-layout runs a function in is a knob of the whole model: kiln.tune
+    # times the model in each block first (alternated), keeps the default unless another is
+    # faster, and writes its choice as a final entry; a rebuild takes a logged block.
+    from kiln.tune.log import Entry, LogWriter
+
+    lanes = HOST.lanes("float32")
+    mod, params = winograd_net()
+    log = tmp_path / "b.tunelog"
+    result = kiln.tune(mod, params, budget_s=1.0, log=str(log))
+    (lay,) = result.layouts
+    assert lay.key.startswith("convert_layout ") and lay.default == lanes
+    assert set(lay.seconds) == {lanes, 2 * lanes} and min(lay.seconds.values()) > 0
+    assert lay.block == lanes or lay.seconds[lay.block] < lay.seconds[lanes] * 0.99
+    (entry,) = [e for e in read_log(log) if e.key == lay.key]
+    assert entry.final and entry.kind == "convert_layout" and entry.knobs == {"block": lay.block}
+    assert str(result).startswith(lay.key)
+    # the sites searched are those of the model in the block kept
+    blocked = [k for k in [r.key for r in result.kernels] + result.skipped + result.out_of_time
+               if k.split()[0] in ("winograd_nchwc", "conv2d_nchwc")]
+    assert blocked and all(k.split()[1].endswith(f"x{lay.block}") for k in blocked)
+    wide = tmp_path / "wide.tunelog"
+    writer = LogWriter(str(wide))
+    writer.add(Entry(HOST.fingerprint, lay.key, {"block": 2 * lanes}, 1.0, 2.0, final=True))
+    writer.close()
+    exe = kiln.build(mod, params=params, tuning_log=wide)
+    (key,) = [k for k in _recorded(exe) if k.startswith("winograd_nchwc ")]
+    assert f"x=1x1x28x28x{2 * lanes} " in key
+    data = np.random.default_rng(1).uniform(-1, 1, (1, 2 * lanes, 28, 28)).astype(np.float32)
     np.testing.assert_allclose(exe(data), reference(mod, params, data), rtol=1e-4, atol=1e-4)
 
 
@@ -192,7 +219,8 @@ def test_tuned_knobs_stay_only_where_the_model_is_faster(monkeypatch: pytest.Mon
     untuned.tuned, untuned.knobs = False, {"mr": 8}
     seen: dict[str, Any] = {}
 
-    def times(mod: Any, params: Any, target: Any, tuned: Any, seed: int = 0) -> Any:
+    def times(mod: Any, params: Any, target: Any, tuned: Any, seed: int = 0,
+              base: Any = None) -> Any:
         seen.update(tuned)
         return ({"a": [2.0, 2.1, 2.0], "b": [1.0, 1.0, 1.1]},
                 {"a": [1.5, 1.4, 1.6], "b": [1.0, 1.2, 1.1]})
