@@ -327,6 +327,19 @@ def layout_space(key: str, lanes: int) -> Space:
 
 
 _SEEN: ContextVar[list[str] | None] = ContextVar("kiln_convert_layout_keys", default=None)
+_BLOCK: ContextVar[int | None] = ContextVar("kiln_convert_layout_block", default=None)
+
+
+@contextmanager
+def block_scope(block: int | None) -> Iterator[None]:
+    """Inside the block, functions without a tuning log's entry run in channel blocks of
+    ``block`` (None: the Target's lanes) — kiln.tune's one-operator program of a site that
+    a model runs in blocks of two vectors."""
+    token = _BLOCK.set(block)
+    try:
+        yield
+    finally:
+        _BLOCK.reset(token)
 
 
 @contextmanager
@@ -342,12 +355,13 @@ def recorded_keys() -> Iterator[list[str]]:
 
 
 def _converted(func: Function, lanes: int) -> Function:
-    """`convert` with the block a tuning log gives ``func``'s key, else ``lanes``."""
+    """`convert` with the block a tuning log gives ``func``'s key, else `block_scope`'s or
+    ``lanes``."""
     key = layout_key(func)
     if key is None:
         return func
     knobs = override(layout_space(key, lanes))
-    out = convert(func, lanes if knobs is None else int(knobs["block"]))
+    out = convert(func, int(knobs["block"]) if knobs is not None else _BLOCK.get() or lanes)
     seen = _SEEN.get()
     if seen is not None and out is not func:  # (one left as it is has no block to search)
         seen.append(key)

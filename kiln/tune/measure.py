@@ -61,11 +61,12 @@ def build_candidate(site: Site, knobs: Knobs | None, target: Target,
     """``site``'s program built with ``knobs`` (None: the default), run once."""
     from kiln.runtime.build import build
     from kiln.runtime.inputs import bind_arguments
+    from kiln.transform.convert_layout import block_scope
 
     mod, params, inputs = site.program(inputs_seed)
     overrides = ScheduleOverrides({site.key: knobs} if knobs is not None else {}, "candidate")
     start = time.perf_counter()
-    with overrides_scope(overrides), _weights(site):
+    with overrides_scope(overrides), _weights(site), block_scope(site.block):
         exe = build(mod, target=target, params=params or None)
     compile_s = time.perf_counter() - start
     tuned = False

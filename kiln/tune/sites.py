@@ -50,6 +50,9 @@ class Site:
     # the bytes of the model's weights, under which its schedules were chosen (None: the
     # program's own): the site's default and its candidates are built as in the model
     weight_bytes: int | None = None
+    # convert-layout's channel block for the program (None: the Target's lanes), where the
+    # model runs in another (kiln/transform/convert_layout.py `block_scope`)
+    block: int | None = None
 
     def program(self, seed: int = 0) -> tuple[IRModule, dict[str, np.ndarray],
                                               list[np.ndarray]]:
@@ -196,7 +199,8 @@ def _winograd_nchwc_site(key: str, f: Mapping[str, str], target: Target) -> Site
     # block of channels, since convert-layout leaves a lone convolution as it is (a few %
     # of the program's work, the same for every candidate)
     x, out, pad, m = _ints(f["x"]), _ints(f["out"]), _ints(f["padding"]), int(f["m"])
-    if len(x) != 5 or len(out) != 5 or x[4] != out[4] or x[4] != target.lanes("float32"):
+    lanes = target.lanes("float32")
+    if len(x) != 5 or len(out) != 5 or x[4] != out[4] or x[4] not in (lanes, 2 * lanes):
         return None
     b = x[4]
     plain_x = (x[0], x[1] * b, x[2], x[3])
@@ -214,7 +218,7 @@ def _winograd_nchwc_site(key: str, f: Mapping[str, str], target: Target) -> Site
             "  nn.conv2d(%0, %w1)\n}")
     flops = 2 * plain_out[0] * plain_out[1] * plain_out[2] * plain_out[3] * plain_x[1] * 9
     return Site(key, "winograd_nchwc", space, f"#[version = \"0.0.5\"]\n{text}\n",
-                ("w", "w1"), flops)
+                ("w", "w1"), flops, block=None if b == lanes else b)
 
 
 def kernel_keys(kernel_attrs: Mapping[str, Any]) -> list[str]:

@@ -108,6 +108,10 @@ SPACES = {
     # last tiles stick out (U packed for each point's nr; A read in place for any mr)
     "winograd_nchwc": lambda: winograd_nchwc.space(
         (1, 2, 26, 27, LANES), (1, 3, 26, 27, LANES), (1, 1), 4),
+    # ... in blocks of two vectors (a model whose tuning log says so): its program is built
+    # in those blocks too
+    "winograd_nchwc two vectors": lambda: winograd_nchwc.space(
+        (1, 1, 26, 27, 2 * LANES), (1, 2, 26, 27, 2 * LANES), (1, 1), 4),
 }
 
 
