@@ -204,10 +204,10 @@ def _same_results(plain: Any, other: Any, inputs: list[np.ndarray], what: str) -
 
 
 def tune_layouts(mod: IRModule, params: Mapping[str, Any] | None, target: Target,
-                 seed: int = 0) -> list[LayoutResult]:
+                 seed: int = 0) -> tuple[list[LayoutResult], Any]:
     """Step 0 of the module docstring: for each function convert-layout puts in channel
     blocks, the block of the fastest build of the whole model (the default unless another
-    is faster by `LAYOUT_GAIN`)."""
+    is faster by `LAYOUT_GAIN`); and the model's build with the defaults."""
     from kiln.loops.tunable import ScheduleOverrides, overrides_scope
     from kiln.runtime.build import build
     from kiln.transform.convert_layout import layout_space, recorded_keys
@@ -229,7 +229,7 @@ def tune_layouts(mod: IRModule, params: Mapping[str, Any] | None, target: Target
         best = min(seconds, key=seconds.__getitem__)
         keep = best if seconds[best] < seconds[default] * (1 - LAYOUT_GAIN) else default
         results.append(LayoutResult(key, default, keep, seconds))
-    return results
+    return results, plain
 
 
 def _layout_entry(lay: LayoutResult, target: Target, found_after_s: float) -> Entry:
@@ -239,17 +239,20 @@ def _layout_entry(lay: LayoutResult, target: Target, found_after_s: float) -> En
 
 
 def extract_sites(mod: IRModule, params: Mapping[str, Any] | None, target: Target,
-                  seed: int = 0, base: Mapping[str, Knobs] | None = None
-                  ) -> tuple[list[tuple[Site, float]], list[str]]:
+                  seed: int = 0, base: Mapping[str, Knobs] | None = None,
+                  built: Any = None) -> tuple[list[tuple[Site, float]], list[str]]:
     """The sites of ``mod`` with their shares of its kernel time (the costliest first), and
     the keys of sites that cannot be tuned alone; ``base``: knobs the model is built with
-    (its functions' channel blocks), the defaults elsewhere."""
+    (its functions' channel blocks), the defaults elsewhere; ``built``: that build, made
+    already."""
     from kiln.loops.tunable import ScheduleOverrides, overrides_scope
     from kiln.runtime.build import build
 
-    # the defaults, whatever the caller's scope or KILN_TUNING_LOG (``base`` only)
-    with overrides_scope(ScheduleOverrides(dict(base or {}), "defaults")):
-        exe = build(mod, target=target, params=params)
+    exe = built
+    if exe is None:
+        # the defaults, whatever the caller's scope or KILN_TUNING_LOG (``base`` only)
+        with overrides_scope(ScheduleOverrides(dict(base or {}), "defaults")):
+            exe = build(mod, target=target, params=params)
     prof = exe.profile(*random_inputs(exe, seed))
     times = _site_times(exe, prof)
     total = prof.kernel_total / prof.repeat or 1.0
@@ -461,12 +464,13 @@ def tune(mod: IRModule | Expr, params: Mapping[str, Any] | None = None, *,
     started = time.perf_counter()
     writer = LogWriter(str(log)) if log is not None else None
     try:
-        layouts = tune_layouts(mod, params, machine, seed)
-        base = {lay.key: {"block": lay.block} for lay in layouts}
+        layouts, plain = tune_layouts(mod, params, machine, seed)
+        base = {lay.key: {"block": lay.block} for lay in layouts if lay.block != lay.default}
         if writer is not None:
             for lay in layouts:
                 writer.add(_layout_entry(lay, machine, time.perf_counter() - started))
-        sites, skipped = extract_sites(mod, params, machine, seed, base)
+        sites, skipped = extract_sites(mod, params, machine, seed, base,
+                                       None if base else plain)
         results: list[KernelResult] = []
         share_left = sum(s for _, s in sites) or 1.0
         end = started + budget_s
