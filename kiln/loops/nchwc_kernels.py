@@ -354,15 +354,78 @@ def conv_nchwc(x: Tensor, w: BufferTensor, strides: Sequence[int], padding: Sequ
 # 19.0 s with a block's 16 steps unrolled, 6.8 s with 4, 3.5 s rolled, and ran 2.65 /
 # 2.66 / 2.75 ms; ResNet-18 17.2 / 4.7 / 2.6 s and 12.4 / 11.9 / 14.9 ms
 STEP_UNROLL = 4
-DEPTHWISE_TILE = 8  # output pixels `depthwise_nchwc` computes at once
+DEPTHWISE_TILE = 8  # output pixels `depthwise_nchwc` computes at once, by default
+DEPTHWISE_TILES = (2, 4, 6, 8, 10, 12, 14, 16)  # the tuner's values
+
+
+def _row_tile(ow: int, most: int) -> int:
+    """The pixels of a row's tiles for tiles of at most ``most``: as even as they can be."""
+    return -(-ow // -(-ow // min(ow, most)))
+
+
+def depthwise_key(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
+                  padding: Sequence[int], dilation: Sequence[int],
+                  out_shape: Sequence[int]) -> str:
+    """The key naming a blocked depthwise convolution's schedule in a tuning log (the shapes
+    as the kernel sees them: x and out NCHW[b]c, w OIHW1i[b]o; padding top and left)."""
+    return site_key("depthwise_nchwc", x=tuple(x_shape), w=tuple(w_shape),
+                    strides=tuple(strides), padding=tuple(padding[:2]),
+                    dilation=tuple(dilation), out=tuple(out_shape))
+
+
+def _depthwise_parallel(out_shape: Sequence[int], w_shape: Sequence[int], target: Target
+                        ) -> bool:
+    # memory-bound: parallel from as little work as `conv_kernels.depthwise`'s planes
+    nimg, blocks, oh, ow, b = (int(d) for d in out_shape)
+    work = nimg * blocks * b * oh * ow * int(w_shape[2]) * int(w_shape[3])
+    return work >= PARALLEL_MIN_ELEMENTS and target.cores > 1 and blocks * oh > 1
+
+
+def depthwise_space(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
+                    padding: Sequence[int], dilation: Sequence[int], out_shape: Sequence[int],
+                    target: Target | None = None) -> Space:
+    """The knobs of `depthwise_nchwc` (the rule's first): ``pixels``, the most a tile of a
+    row holds (`DEPTHWISE_TILES` up to the row's width), and ``chunks``, the pieces a
+    thread the parallel loop over (block, row) is cut into (not one). MobileNetV2's
+    depthwise layers, memory-bound, ran within 1 % of each other in tiles of 4 to 16."""
+    tgt = lowering_target(target)
+    ow = int(out_shape[3])
+    pixels = ordered(DEPTHWISE_TILE, [t for t in DEPTHWISE_TILES if t <= max(ow, 2)])
+    chunks = ordered(CHUNKS_PER_THREAD, [2, 8, 16] if tgt.cores > 1 else [])
+    parallel = _depthwise_parallel(out_shape, w_shape, tgt)
+
+    def canonical(knobs: Mapping[str, Any]) -> Any:  # the tile a row takes; a serial loop
+        return (_row_tile(ow, int(knobs["pixels"])), knobs["chunks"] if parallel else None)
+
+    return Space(depthwise_key(x_shape, w_shape, strides, padding, dilation, out_shape),
+                 (("pixels", pixels), ("chunks", chunks)), None, canonical)
+
+
+def depthwise_schedule(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
+                       padding: Sequence[int], dilation: Sequence[int],
+                       out_shape: Sequence[int], target: Target | None = None
+                       ) -> tuple[int, int, bool]:
+    """(most pixels a tile, chunks, tuned) of `depthwise_nchwc`: the knobs the enclosing
+    `overrides_scope` gives this site (a tuning log's), else the defaults."""
+    default = (DEPTHWISE_TILE, CHUNKS_PER_THREAD)
+    if current_overrides() is None:
+        return (*default, False)
+    knobs = override(depthwise_space(x_shape, w_shape, strides, padding, dilation, out_shape,
+                                     target))
+    if knobs is None:
+        return (*default, False)
+    chosen = (int(knobs["pixels"]), int(knobs["chunks"]))
+    return (*chosen, chosen != default)
 
 
 def depthwise_nchwc(x: BufferTensor, w: BufferTensor, strides: Sequence[int],
                     padding: Sequence[int], dilation: Sequence[int], out_shape: Sequence[int],
-                    write: WriteFn, target: Target | None = None) -> Stmt:
+                    write: WriteFn, target: Target | None = None,
+                    most_pixels: int = DEPTHWISE_TILE, chunks: int = CHUNKS_PER_THREAD) -> Stmt:
     """Depthwise convolution (module docstring): x and the result ``NCHW[b]c``, w
     ``OIHW1i[b]o``. A parallel iteration is one output row of one channel block, in tiles
-    of `DEPTHWISE_TILE` pixels: the block's kernel taps are vectors held across the row, and
+    of at most ``most_pixels`` (`depthwise_schedule`'s; ``chunks`` the parallel loop's pieces
+    a thread): the block's kernel taps are vectors held across the row, and
     each input vector a tile reads is loaded once for all the tile's pixels whose windows
     hold it (a stride-1 3×3 tile of 8 pixels: 30 loads for 72 FMAs). Rows and columns at
     the borders are laid out as in `conv_nchwc`, their taps outside the image left out."""
@@ -406,7 +469,7 @@ def depthwise_nchwc(x: BufferTensor, w: BufferTensor, strides: Sequence[int],
         return Allocate(acc, Seq((compute, _write_out(acc, 1, lambda t: (y, first + t), write,
                                                       img, c0))))
 
-    per = -(-ow // -(-ow // min(ow, DEPTHWISE_TILE)))
+    per = _row_tile(ow, most_pixels)
     body = _rows(oy, oh, windows_inside(h, sh, kh, dh, top, oh), kh,
                  lambda y, ys: _row(ow, per, windows_inside(wd, sw, kw, dw, left, ow),
                                     lambda first, edges: tile(y, first, edges, ys)),
@@ -415,11 +478,9 @@ def depthwise_nchwc(x: BufferTensor, w: BufferTensor, strides: Sequence[int],
         body = LetStmt(v, Load(w.buffer, (c0, zero, Const(ky), Const(kx), zero, zero), b), body)
     u = Var("u")
     nest = LetStmt(c0, u // oh, LetStmt(oy, u % oh, body))
-    # memory-bound: parallel from as little work as `conv_kernels.depthwise`'s planes
-    work = nimg * blocks * b * oh * ow * kh * kw
-    kind = "parallel" if (work >= PARALLEL_MIN_ELEMENTS and tgt.cores > 1
-                          and blocks * oh > 1) else "serial"
-    return For(img, Const(0), Const(nimg), For(u, Const(0), Const(blocks * oh), nest, kind))
+    kind = "parallel" if _depthwise_parallel(out_shape, w.shape, tgt) else "serial"
+    return For(img, Const(0), Const(nimg), For(u, Const(0), Const(blocks * oh), nest, kind,
+                                               chunks))
 
 
 def _column_inside(first: Expr, t: int, stride: int, offset: int, size: int) -> bool:

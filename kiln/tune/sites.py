@@ -4,8 +4,10 @@ A *site* is where a schedule with searchable knobs is chosen (kiln/loops/tunable
 packed GEMM (`kiln.loops.gemm.GemmSchedule.default`), a convolution's implicit GEMM
 (`kiln.loops.conv_kernels.conv_plan`), a Winograd convolution's products
 (`kiln.loops.winograd.schedule`), a channel-blocked direct convolution's register tile and
-chunks (`kiln.loops.nchwc_kernels.chosen_tile`, what convert-layout gives a CNN) or the products
-of a Winograd convolution on blocked data (`kiln.loops.winograd_nchwc.schedule`). Its key names
+chunks (`kiln.loops.nchwc_kernels.chosen_tile`, what convert-layout gives a CNN), a
+channel-blocked depthwise convolution's tile and chunks
+(`kiln.loops.nchwc_kernels.depthwise_schedule`) or the products of a Winograd convolution
+on blocked data (`kiln.loops.winograd_nchwc.schedule`). Its key names
 the shapes and operand layouts; the Target is the tuning run's. Lowering records each
 site's key in ``kernel.attrs["schedules"]``, so the sites of a model are read off its
 build, deduplicated by key, with each one's share of the model's time from
@@ -42,7 +44,8 @@ class Site:
     """A kernel site to tune: its key, kind, search space, and its program alone."""
 
     key: str
-    kind: str  # "gemm", "conv2d", "winograd", "conv2d_nchwc" or "winograd_nchwc"
+    # "gemm", "conv2d", "winograd", "conv2d_nchwc", "depthwise_nchwc" or "winograd_nchwc"
+    kind: str
     space: Space
     text: str  # Relay text of the one-operator program
     constants: tuple[str, ...]  # parameters bound as weights (constant, so prepacked)
@@ -99,6 +102,8 @@ def site_of(key: str, target: Target, weight_bytes: int | None = None) -> Site |
             return _winograd_site(key, f, target)
         if kind == "conv2d_nchwc":
             return _nchwc_site(key, f, target)
+        if kind == "depthwise_nchwc":
+            return _depthwise_site(key, f, target)
         if kind == "winograd_nchwc":
             return _winograd_nchwc_site(key, f, target)
     except (KeyError, ValueError):
@@ -190,6 +195,31 @@ def _nchwc_site(key: str, f: Mapping[str, str], target: Target) -> Site | None:
             f"{{ nn.contrib_conv2d_NCHWc(%x, %w, {attrs}) }}")
     flops = 2 * out[0] * out[1] * bo * out[2] * out[3] * w[1] * bi * w[2] * w[3]
     return Site(key, "conv2d_nchwc", space, f"#[version = \"0.0.5\"]\n{text}\n", ("w",),
+                flops)
+
+
+def _depthwise_site(key: str, f: Mapping[str, str], target: Target) -> Site | None:
+    # the blocked depthwise convolution alone, on a constant blocked weight
+    x, w, out = _ints(f["x"]), _ints(f["w"]), _ints(f["out"])
+    strides, pad, dil = _ints(f["strides"]), _ints(f["padding"]), _ints(f["dilation"])
+    if len(x) != 5 or len(w) != 6 or len(out) != 5 or x[4] != out[4] or w[5] != out[4]:
+        return None
+    space = nchwc_kernels.depthwise_space(x, w, strides, pad, dil, out, target)
+    if space.key != key:
+        return None
+    ends = []
+    for axis in range(2):
+        reach = (out[2 + axis] - 1) * strides[axis] + dil[axis] * (w[2 + axis] - 1) + 1
+        ends.append(max(0, reach - x[2 + axis] - pad[axis]))
+    b, channels = out[4], out[1] * out[4]
+    attrs = (f"strides=[{strides[0]}, {strides[1]}], padding=[{pad[0]}, {pad[1]}, "
+             f"{ends[0]}, {ends[1]}], dilation=[{dil[0]}, {dil[1]}], groups={channels}, "
+             f"channels={channels}, kernel_size=[{w[2]}, {w[3]}], data_layout=\"NCHW{b}c\", "
+             f"kernel_layout=\"OIHW1i{b}o\", out_layout=\"NCHW{b}c\"")
+    text = (f"def @main(%x: {_tensor(x)}, %w: {_tensor(w)}) "
+            f"{{ nn.contrib_conv2d_NCHWc(%x, %w, {attrs}) }}")
+    flops = 2 * out[0] * channels * out[2] * out[3] * w[2] * w[3]
+    return Site(key, "depthwise_nchwc", space, f"#[version = \"0.0.5\"]\n{text}\n", ("w",),
                 flops)
 
 

@@ -104,6 +104,10 @@ SPACES = {
     "conv2d_nchwc stem": lambda: nchwc_kernels.space((1, 3, 13, 13), (2, 3, 3, 3, 1, 16),
                                                      (2, 2), (1, 1), (1, 1),
                                                      (1, 2, 7, 7, 16)),
+    # a blocked depthwise convolution: 2 blocks, stride 2, 13-pixel rows at the borders
+    "depthwise_nchwc": lambda: nchwc_kernels.depthwise_space(
+        (1, 2, 25, 26, LANES), (2, 1, 3, 3, 1, LANES), (2, 2), (1, 1), (1, 1),
+        (1, 2, 13, 13, LANES)),
     # a Winograd convolution's products on blocks: 2 blocks in, 3 out, a 26×27 image whose
     # last tiles stick out (U packed for each point's nr; A read in place for any mr)
     "winograd_nchwc": lambda: winograd_nchwc.space(

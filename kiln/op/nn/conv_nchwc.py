@@ -225,12 +225,17 @@ def _fast(x: Tensor, w: Tensor, attrs: Conv2DAttrs, out: TensorType,
         return t
     elif isinstance(x, BufferTensor):
         data = x
+        tile, chunks, tuned = nchwc_kernels.depthwise_schedule(
+            x.shape, w.shape, strides, (top, left), dilation, shape)
         t = extern(shape, out.dtype, lambda write: nchwc_kernels.depthwise_nchwc(
-            data, weight, strides, (top, left), dilation, shape, write))
-    else:
-        return None
-    t.schedule = {"kernel": f"nchwc {form}"}
-    return t
+            data, weight, strides, (top, left), dilation, shape, write, most_pixels=tile,
+            chunks=chunks))
+        t.schedule = {"kernel": "nchwc depthwise", "pixels": tile, "chunks": chunks,
+                      "tuned": tuned,
+                      "key": nchwc_kernels.depthwise_key(x.shape, w.shape, strides,
+                                                         (top, left), dilation, shape)}
+        return t
+    return None
 
 
 @oplib.zeros_if_empty
