@@ -10,14 +10,16 @@ its weight every call: it reads each weight row once, contiguously, with vector 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 from kiln.ir.dtype import dtype_of
 from kiln.loops import gemm as g
 from kiln.loops import oplib
 from kiln.loops.compute import BufferTensor, Tensor, WriteFn, extern
 from kiln.loops.ir import (
+    CHUNKS_PER_THREAD,
     FMA,
     INDEX,
     Allocate,
@@ -34,6 +36,7 @@ from kiln.loops.ir import (
 )
 from kiln.loops.ir import Buffer as LBuffer
 from kiln.loops.schedule import lowering_target, worth_parallel, worth_parallel_stream
+from kiln.loops.tunable import Space, ordered, overridden, site_key
 from kiln.target import Target
 
 DOT_MAX_ROWS = 4  # dense with at most this many rows uses the dot-product kernel
@@ -85,10 +88,10 @@ def dense(x: Tensor, w: Tensor, out_shape: Sequence[int], dtype: str,
     shape = tuple(out_shape)
     lanes = tgt.lanes(dtype)
     if uses_dot(m, n, k, lanes) and isinstance(x, BufferTensor) and isinstance(w, BufferTensor):
-        parallel = _dot_parallel(m, n, k, dtype, tgt)
+        ds = DotSchedule.default(m, n, k, dtype, tgt)
         t = extern(shape, dtype, lambda write: dot_rows(
-            x.buffer, w.buffer, lead, m, n, k, write, tgt))
-        t.schedule = {"kernel": "dot", "parallel": parallel, "lanes": lanes}
+            x.buffer, w.buffer, lead, m, n, k, write, tgt, ds))
+        t.schedule = {"kernel": "dot", **asdict(ds), "lanes": lanes}
         return t
     schedule = g.GemmSchedule.default(1, m, n, k, dtype, target=tgt)
 
@@ -216,12 +219,90 @@ def _dot_parallel(m: int, n: int, k: int, dtype: str, target: Target | None = No
                        or worth_parallel_stream(n * k * dtype_of(dtype).itemsize, t))
 
 
+# dot_rows computes DOT_BLOCK_ROWS weight rows at once, each in DOT_BLOCK_ACCS vector
+# accumulators: one row's four chains of k / (4 · lanes) dependent FMAs left the FMA units
+# waiting on their latency (4 cycles on Zen 3) for rows of a few hundred elements (an LSTM
+# step's 1024×256), and every x vector loaded serves all the rows of the block.
+DOT_BLOCK_ROWS = 4
+DOT_BLOCK_ACCS = 2
+
+
+@dataclass(frozen=True)
+class DotSchedule:
+    """Knobs of `dot_rows`: the weight rows a block computes at once (``rows``), the
+    vector accumulators along K each of them keeps (``accs``), whether the loop runs on the
+    thread pool, and its chunks a thread."""
+
+    rows: int = DOT_BLOCK_ROWS
+    accs: int = DOT_BLOCK_ACCS
+    parallel: bool = False
+    chunks: int = CHUNKS_PER_THREAD
+    key: str | None = None  # the site's key (`dot_key`), where a tuning log can name it
+    tuned: bool = False
+
+    @staticmethod
+    def default(m: int, n: int, k: int, dtype: str = "float32",
+                target: Target | None = None) -> DotSchedule:
+        """The rule's (`DOT_BLOCK_ROWS`, `DOT_BLOCK_ACCS`, `_dot_parallel`), or the knobs the
+        enclosing `overrides_scope` gives its key (a tuning log's)."""
+        t = lowering_target(target)
+        base = DotSchedule(DOT_BLOCK_ROWS, DOT_BLOCK_ACCS, _dot_parallel(m, n, k, dtype, t),
+                           key=dot_key(m, n, k, dtype))
+        return overridden(base, lambda: dot_space(m, n, k, dtype, t), _dot_apply)
+
+
+def dot_key(m: int, n: int, k: int, dtype: str = "float32") -> str:
+    """The key naming a dot-product kernel's schedule in a tuning log."""
+    return site_key("dot", m=m, n=n, k=k, dtype=dtype)
+
+
+def _dot_knobs(s: DotSchedule) -> dict[str, Any]:
+    return {"rows": s.rows, "accs": s.accs, "parallel": s.parallel, "chunks": s.chunks}
+
+
+def _dot_apply(base: DotSchedule, knobs: Mapping[str, Any]) -> DotSchedule:
+    s = replace(base, rows=int(knobs["rows"]), accs=int(knobs["accs"]),
+                parallel=bool(knobs["parallel"]), chunks=int(knobs["chunks"]))
+    return replace(s, tuned=_dot_knobs(s) != _dot_knobs(base))
+
+
+def dot_space(m: int, n: int, k: int, dtype: str = "float32",
+              target: Target | None = None) -> Space:
+    """The knobs of `dot_rows` for these shapes (the rule's first): 1, 2, 4 or 8 weight rows
+    a block, 1, 2 or 4 accumulators a row (their product within the Target's registers, two
+    left for x), the loop on the thread pool or not, in 2 to 16 chunks a thread. Other
+    accumulators sum K in another order: results differ in the last bits, as the tuner's
+    check allows."""
+    t = lowering_target(target)
+    lanes = t.lanes(dtype)
+    base = DotSchedule(DOT_BLOCK_ROWS, DOT_BLOCK_ACCS, _dot_parallel(m, n, k, dtype, t))
+    d = _dot_knobs(base)
+    cores = t.cores > 1
+    knobs = (("rows", ordered(d["rows"], [1, 2, 8])), ("accs", ordered(d["accs"], [1, 4])),
+             ("parallel", ordered(d["parallel"], [True, False] if cores else [])),
+             ("chunks", ordered(d["chunks"], [2, 8, 16] if cores else [])))
+
+    def check(kn: Mapping[str, Any]) -> bool:
+        return int(kn["rows"]) * int(kn["accs"]) <= t.registers - 2
+
+    def canonical(kn: Mapping[str, Any]) -> Any:
+        # no blocks where K is shorter than a row's accumulators or N than a block
+        blocked = k >= int(kn["accs"]) * lanes and n >= int(kn["rows"])
+        return (kn["rows"] if blocked else None, kn["accs"] if blocked else None,
+                kn["parallel"], kn["chunks"] if kn["parallel"] else None)
+
+    return Space(dot_key(m, n, k, dtype), tuple(knobs), check, canonical)
+
+
 def dot_rows(x: LBuffer, w: LBuffer, lead: tuple[int, ...], m: int, n: int, k: int,
-             write: WriteFn, target: Target | None = None) -> Stmt:
-    """``out[i, j] = x[i, :] · w[j, :]`` with 4 vector accumulators along K (vectors of the
-    target's width), then a horizontal sum and the scalar tail; parallel over j when the
-    product is large or its weight at least a core's L2 (`_dot_parallel`)."""
+             write: WriteFn, target: Target | None = None,
+             schedule: DotSchedule | None = None) -> Stmt:
+    """``out[i, j] = x[i, :] · w[j, :]``: blocks of ``schedule.rows`` weight rows, each with
+    ``schedule.accs`` vector accumulators along K (vectors of the target's width), then a
+    horizontal sum and the scalar tail; parallel over j when the product is large or its
+    weight at least a core's L2 (`_dot_parallel`; `DotSchedule.default` unless given)."""
     tgt = lowering_target(target)
+    s = schedule or DotSchedule.default(m, n, k, x.dtype, tgt)
     lanes = tgt.lanes(x.dtype)
     j, i = Var("j"), Var("i")
     xrow = split_index(i, lead)
@@ -234,50 +315,43 @@ def dot_rows(x: LBuffer, w: LBuffer, lead: tuple[int, ...], m: int, n: int, k: i
 
     body = oplib.lane_fold(k, lanes, x.dtype, Const(0.0, x.dtype), step, "add", tail,
                            lambda v: write((*xrow, j), v))
-    blocks = n // DOT_BLOCK_ROWS if k >= DOT_BLOCK_ACCS * lanes else 0
+    rows = s.rows
+    blocks = n // rows if k >= s.accs * lanes else 0
     jb = Var("jb")
-    kind = "parallel" if _dot_parallel(m, n, k, x.dtype, tgt) else "serial"
+    kind = "parallel" if s.parallel else "serial"
+
+    def block(jb: Expr) -> Stmt:
+        return _dot_block(x, w, xrow, jb, k, lanes, write, rows, s.accs)
     if m > DOT_MAX_ROWS:
         # a narrow dense (`uses_dot`): the rows of x outermost, each read once for every
         # output, the few weight rows staying in cache; parallel over those rows (over j,
         # 10 units ran two blocks of four in parallel and the last two alone)
         parts: list[Stmt] = []
         if blocks:
-            parts.append(For(jb, Const(0), Const(blocks),
-                             _dot_block(x, w, xrow, jb, k, lanes, write)))
-        if blocks * DOT_BLOCK_ROWS < n:
-            parts.append(For(j, Const(blocks * DOT_BLOCK_ROWS),
-                             Const(n - blocks * DOT_BLOCK_ROWS), body))
+            parts.append(For(jb, Const(0), Const(blocks), block(jb)))
+        if blocks * rows < n:
+            parts.append(For(j, Const(blocks * rows), Const(n - blocks * rows), body))
         return For(i, Const(0), Const(m), parts[0] if len(parts) == 1 else Seq(tuple(parts)),
-                   kind)
+                   kind, s.chunks)
     if not blocks:
-        return For(j, Const(0), Const(n), For(i, Const(0), Const(m), body), kind)
-    blocked = For(jb, Const(0), Const(blocks), For(i, Const(0), Const(m), _dot_block(
-        x, w, xrow, jb, k, lanes, write)), kind)
-    if blocks * DOT_BLOCK_ROWS == n:
+        return For(j, Const(0), Const(n), For(i, Const(0), Const(m), body), kind, s.chunks)
+    blocked = For(jb, Const(0), Const(blocks), For(i, Const(0), Const(m), block(jb)), kind,
+                  s.chunks)
+    if blocks * rows == n:
         return blocked
-    rest = For(j, Const(blocks * DOT_BLOCK_ROWS), Const(n - blocks * DOT_BLOCK_ROWS),
+    rest = For(j, Const(blocks * rows), Const(n - blocks * rows),
                For(i, Const(0), Const(m), body))
     return Seq((blocked, rest))
 
 
-# dot_rows computes DOT_BLOCK_ROWS weight rows at once, each in DOT_BLOCK_ACCS vector
-# accumulators: one row's four chains of k / (4 · lanes) dependent FMAs left the FMA units
-# waiting on their latency (4 cycles on Zen 3) for rows of a few hundred elements (an LSTM
-# step's 1024×256), and every x vector loaded serves all the rows of the block.
-DOT_BLOCK_ROWS = 4
-DOT_BLOCK_ACCS = 2
-
-
 def _dot_block(x: LBuffer, w: LBuffer, xrow: tuple[Expr, ...], jb: Expr, k: int, lanes: int,
-               write: WriteFn) -> Stmt:
+               write: WriteFn, rows: int = DOT_BLOCK_ROWS, accs: int = DOT_BLOCK_ACCS) -> Stmt:
     """``out[xrow, jb·R + r] = x[xrow, :] · w[jb·R + r, :]`` for the R = DOT_BLOCK_ROWS rows of
     block ``jb``: vector accumulators along K, then per row its accumulators added, its
     lanes summed as a tree (halving the vector: on AVX-512 four extract-and-adds a row,
     where a sum lane by lane took LLVM some 75 shuffles and adds per block of four rows) and
-    the scalar tail — an order fixed by the shapes alone."""
+    the scalar tail — an order fixed by the shapes (and ``accs``) alone."""
     dtype = x.dtype
-    rows, accs = DOT_BLOCK_ROWS, DOT_BLOCK_ACCS
     acc = LBuffer("dotacc", (rows * accs, lanes), dtype, "local")
     halves = {h: LBuffer(f"dothalf{h}", (rows, h), dtype, "local")
               for h in (lanes >> s for s in range(1, lanes.bit_length()))}

@@ -1,7 +1,8 @@
 """The kernel sites a model has to tune, and a one-operator program for each.
 
 A *site* is where a schedule with searchable knobs is chosen (kiln/loops/tunable.py): a
-packed GEMM (`kiln.loops.gemm.GemmSchedule.default`), a convolution's implicit GEMM
+packed GEMM (`kiln.loops.gemm.GemmSchedule.default`), the dot products of a dense layer of
+a few rows (`kiln.loops.linear_kernels.DotSchedule.default`), a convolution's implicit GEMM
 (`kiln.loops.conv_kernels.conv_plan`), a Winograd convolution's products
 (`kiln.loops.winograd.schedule`), a channel-blocked direct convolution's register tile and
 chunks (`kiln.loops.nchwc_kernels.chosen_tile`, what convert-layout gives a CNN), a
@@ -33,7 +34,7 @@ import numpy as np
 
 from kiln.errors import Error
 from kiln.ir.module import IRModule
-from kiln.loops import conv_kernels, gemm, nchwc_kernels, winograd, winograd_nchwc
+from kiln.loops import conv_kernels, gemm, linear_kernels, nchwc_kernels, winograd, winograd_nchwc
 from kiln.loops.schedule import weights_scope
 from kiln.loops.tunable import Space, parse_key
 from kiln.target import Target
@@ -44,7 +45,8 @@ class Site:
     """A kernel site to tune: its key, kind, search space, and its program alone."""
 
     key: str
-    # "gemm", "conv2d", "winograd", "conv2d_nchwc", "depthwise_nchwc" or "winograd_nchwc"
+    # "gemm", "dot", "conv2d", "winograd", "conv2d_nchwc", "depthwise_nchwc" or
+    # "winograd_nchwc"
     kind: str
     space: Space
     text: str  # Relay text of the one-operator program
@@ -96,6 +98,8 @@ def site_of(key: str, target: Target, weight_bytes: int | None = None) -> Site |
         kind, f = parse_key(key)
         if kind == "gemm":
             return _gemm_site(key, f, target)
+        if kind == "dot":
+            return _dot_site(key, f, target)
         if kind == "conv2d":
             return _conv_site(key, f, target)
         if kind == "winograd":
@@ -129,6 +133,19 @@ def _gemm_site(key: str, f: Mapping[str, str], target: Target) -> Site | None:
         constants = ()
     return Site(key, "gemm", space, f"#[version = \"0.0.5\"]\n{text}\n", constants,
                 2 * batch * m * n * k)
+
+
+def _dot_site(key: str, f: Mapping[str, str], target: Target) -> Site | None:
+    # a dense layer on a constant weight, which its few rows take to the dot products
+    m, n, k = (int(f[x]) for x in ("m", "n", "k"))
+    if f["dtype"] != "float32" or not linear_kernels.uses_dot(m, n, k,
+                                                              target.lanes("float32")):
+        return None
+    space = linear_kernels.dot_space(m, n, k, "float32", target)
+    if space.key != key:
+        return None
+    text = f"def @main(%x: {_tensor((m, k))}, %w: {_tensor((n, k))}) {{ nn.dense(%x, %w) }}"
+    return Site(key, "dot", space, f"#[version = \"0.0.5\"]\n{text}\n", ("w",), 2 * m * n * k)
 
 
 def _conv_site(key: str, f: Mapping[str, str], target: Target) -> Site | None:

@@ -11,7 +11,7 @@ import pytest
 import kiln
 from kiln.codegen.cache import fingerprint
 from kiln.ir.traverse import post_order
-from kiln.loops import gemm, nchwc_kernels, winograd, winograd_nchwc
+from kiln.loops import gemm, linear_kernels, nchwc_kernels, winograd, winograd_nchwc
 from kiln.loops.conv_kernels import conv_space
 from kiln.loops.lower import lower_primitive
 from kiln.loops.tunable import ScheduleOverrides, Space, overrides_scope
@@ -84,6 +84,10 @@ LANES = HOST.lanes("float32")
 SPACES = {
     # dense on a constant weight (its panels prepacked): 7 rows, 21 units, K 19
     "dense prepacked": lambda: gemm.space_of(1, 7, 21, 19, b_prepacked=True),
+    # dense of one row (dot products): 37 units (blocks and the rows left), K with a tail;
+    # and a narrow dense of 9 rows and 10 units (the rows split)
+    "dot": lambda: linear_kernels.dot_space(1, 37, 300),
+    "dot narrow": lambda: linear_kernels.dot_space(9, 10, 64),
     # batch_matmul with a batch, odd sizes, K in two blocks or more
     "batch_matmul": lambda: gemm.space_of(3, 5, 21, 37),
     # conv2d 3x3 stride 2, odd channels and image (the weight prepacked)
