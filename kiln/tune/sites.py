@@ -148,22 +148,27 @@ def _dot_site(key: str, f: Mapping[str, str], target: Target) -> Site | None:
     return Site(key, "dot", space, f"#[version = \"0.0.5\"]\n{text}\n", ("w",), 2 * m * n * k)
 
 
-def _conv_site(key: str, f: Mapping[str, str], target: Target) -> Site | None:
-    x, w, out = _ints(f["x"]), _ints(f["w"]), _ints(f["out"])
-    strides, pad, dil = _ints(f["strides"]), _ints(f["padding"]), _ints(f["dilation"])
-    groups, prepacked = int(f["groups"]), f["prepacked"] == "1"
-    # bottom and right padding: the least that gives this output size (conv_plan sees only
-    # top and left, and the output's shape)
+def _window(x: tuple[int, ...], w: tuple[int, ...], out: tuple[int, ...],
+            strides: tuple[int, ...], pad: tuple[int, ...], dil: tuple[int, ...]) -> str:
+    """A convolution's window attributes in Relay text, with the bottom and right padding
+    the least that gives this output size (a site's key names only the top and left)."""
     ends = []
     for axis in range(2):
         reach = (out[2 + axis] - 1) * strides[axis] + dil[axis] * (w[2 + axis] - 1) + 1
         ends.append(max(0, reach - x[2 + axis] - pad[axis]))
+    return (f"strides=[{strides[0]}, {strides[1]}], padding=[{pad[0]}, {pad[1]}, "
+            f"{ends[0]}, {ends[1]}], dilation=[{dil[0]}, {dil[1]}]")
+
+
+def _conv_site(key: str, f: Mapping[str, str], target: Target) -> Site | None:
+    x, w, out = _ints(f["x"]), _ints(f["w"]), _ints(f["out"])
+    strides, pad, dil = _ints(f["strides"]), _ints(f["padding"]), _ints(f["dilation"])
+    groups, prepacked = int(f["groups"]), f["prepacked"] == "1"
     space = conv_kernels.conv_space(x, w, strides, pad, dil, groups, out, prepacked,
                                     target=target)
     if space.key != key:
         return None
-    attrs = (f"strides=[{strides[0]}, {strides[1]}], padding=[{pad[0]}, {pad[1]}, "
-             f"{ends[0]}, {ends[1]}], dilation=[{dil[0]}, {dil[1]}], groups={groups}")
+    attrs = f"{_window(x, w, out, strides, pad, dil)}, groups={groups}"
     text = (f"def @main(%x: {_tensor(x)}, %w: {_tensor(w)}) "
             f"{{ nn.conv2d(%x, %w, {attrs}) }}")
     flops = 2 * out[0] * out[1] * out[2] * out[3] * w[1] * w[2] * w[3]
@@ -198,15 +203,10 @@ def _nchwc_site(key: str, f: Mapping[str, str], target: Target) -> Site | None:
     space = nchwc_kernels.space(x, w, strides, pad, dil, out, target)
     if space.key != key:
         return None
-    ends = []
-    for axis in range(2):
-        reach = (out[2 + axis] - 1) * strides[axis] + dil[axis] * (w[2 + axis] - 1) + 1
-        ends.append(max(0, reach - x[2 + axis] - pad[axis]))
     bi, bo = w[4], w[5]
     layouts = (f'data_layout="{"NCHW" if len(x) == 4 else f"NCHW{bi}c"}", '
                f'kernel_layout="OIHW{bi}i{bo}o", out_layout="NCHW{bo}c"')
-    attrs = (f"strides=[{strides[0]}, {strides[1]}], padding=[{pad[0]}, {pad[1]}, "
-             f"{ends[0]}, {ends[1]}], dilation=[{dil[0]}, {dil[1]}], channels={out[1] * bo}, "
+    attrs = (f"{_window(x, w, out, strides, pad, dil)}, channels={out[1] * bo}, "
              f"kernel_size=[{w[2]}, {w[3]}], {layouts}")
     text = (f"def @main(%x: {_tensor(x)}, %w: {_tensor(w)}) "
             f"{{ nn.contrib_conv2d_NCHWc(%x, %w, {attrs}) }}")
@@ -224,13 +224,8 @@ def _depthwise_site(key: str, f: Mapping[str, str], target: Target) -> Site | No
     space = nchwc_kernels.depthwise_space(x, w, strides, pad, dil, out, target)
     if space.key != key:
         return None
-    ends = []
-    for axis in range(2):
-        reach = (out[2 + axis] - 1) * strides[axis] + dil[axis] * (w[2 + axis] - 1) + 1
-        ends.append(max(0, reach - x[2 + axis] - pad[axis]))
     b, channels = out[4], out[1] * out[4]
-    attrs = (f"strides=[{strides[0]}, {strides[1]}], padding=[{pad[0]}, {pad[1]}, "
-             f"{ends[0]}, {ends[1]}], dilation=[{dil[0]}, {dil[1]}], groups={channels}, "
+    attrs = (f"{_window(x, w, out, strides, pad, dil)}, groups={channels}, "
              f"channels={channels}, kernel_size=[{w[2]}, {w[3]}], data_layout=\"NCHW{b}c\", "
              f"kernel_layout=\"OIHW1i{b}o\", out_layout=\"NCHW{b}c\"")
     text = (f"def @main(%x: {_tensor(x)}, %w: {_tensor(w)}) "
