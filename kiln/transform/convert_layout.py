@@ -43,7 +43,7 @@ from kiln.ir.module import IRModule
 from kiln.ir.traverse import children, post_order, with_children
 from kiln.ir.ty import TensorType
 from kiln.loops.schedule import lowering_target
-from kiln.loops.tunable import Space, ordered, override, site_key
+from kiln.loops.tunable import Space, current_overrides, ordered, override, site_key
 from kiln.op import registry
 from kiln.op.layout import from_logical, parse_layout
 from kiln.op.registry import OpPattern
@@ -357,6 +357,8 @@ def recorded_keys() -> Iterator[list[str]]:
 def _converted(func: Function, lanes: int) -> Function:
     """`convert` with the block a tuning log gives ``func``'s key, else `block_scope`'s or
     ``lanes``."""
+    if current_overrides() is None and _SEEN.get() is None:  # no log, no tuning run
+        return convert(func, _BLOCK.get() or lanes)
     key = layout_key(func)
     if key is None:
         return func
