@@ -31,7 +31,10 @@ checks with ``sched_yield`` up to ``WORKER_SPINS`` — so that the next region o
 small kernels finds it awake without it taking a core another thread wants; then, unless
 ``kiln_pool_spin_ns`` asks it to go on yielding for that long since its last region
 (``KILN_SPIN_MS``; 0 by default), it sleeps on a pthread condition variable, and the caller
-signals it only when some worker sleeps.
+signals it only when some worker sleeps. It sleeps at once where a yield kept it off its core
+for long (`YIELD_LOST_NS`): another thread wants that core on and on, and a worker that goes
+on yielding to it joins the next region only after that thread's timeslice, while a woken
+one runs first.
 The caller, waiting for claimed chunks to finish, spins briefly and then yields its core
 with ``sched_yield``.
 
@@ -83,6 +86,19 @@ from kiln.codegen.outline import NUM_THREADS_SYMBOL, PARALLEL_FOR_SYMBOL
 # worker awake without taking the core from a thread that wants it.
 WORKER_PAUSE_SPINS = 8192
 WORKER_SPINS = WORKER_PAUSE_SPINS + 8192
+# Nanoseconds a worker's sched_yield may take before the worker sleeps instead: longer means
+# another thread ran meanwhile and will run again (a spinning thread of another library, a
+# busy process), and a yielding worker then waits behind it each time a region opens — a
+# woken one is run ahead of it. Right after a numpy call OpenBLAS's idle worker spins on the
+# other core for 0.1 s; the batch-64 MLP ran at one thread's speed there (1.8-2.0 times its
+# time alone; sleeping at once, 1.0-1.2). A yield no thread takes returns in about a µs; a
+# spinning thread keeps the core for a scheduler slice (0.75 ms and up).
+YIELD_LOST_NS = 20_000
+# Nanoseconds after such a yield during which a worker sleeps as soon as its pause checks
+# are done, without yielding: a yielding worker, even one that yields only a few times before
+# it sleeps, still ran behind OpenBLAS's spinning thread (1.8 times), one that went to sleep
+# straight from its pause checks did not (1.1). OpenBLAS's threads spin for 0.1 s after a call.
+CROWDED_NS = 100_000_000
 # Checks a waiting caller makes before it starts yielding its core on each further check.
 CALLER_SPINS = 1024
 # Nanoseconds an idle worker goes on yield-spinning after WORKER_SPINS, counted from the end
@@ -181,7 +197,8 @@ def pool_ir(triple: str) -> str:
         triple=triple, pause=pause, pause_decl=pause_decl, nthreads=NUM_THREADS_SYMBOL,
         parallel_for=PARALLEL_FOR_SYMBOL, worker_spins=WORKER_SPINS, spin_ns=SPIN_NS_SYMBOL,
         worker_pause_spins=WORKER_PAUSE_SPINS, fp_update_symbol=FP_UPDATE_SYMBOL,
-        caller_spins=CALLER_SPINS, max_workers=MAX_WORKERS, slots=MAX_WORKERS + 1,
+        caller_spins=CALLER_SPINS, yield_lost_ns=YIELD_LOST_NS, crowded_ns=CROWDED_NS,
+        max_workers=MAX_WORKERS, slots=MAX_WORKERS + 1,
         sync=SYNC_BYTES,
         cpu_set=CPU_SET_BYTES, cpu_bits=CPU_SET_BYTES * 8, **_fp_mode(triple),
         **_steering(triple))
@@ -385,6 +402,8 @@ define internal ptr @pool.worker(ptr %arg) nounwind {{
 entry:
   %own = alloca i32, align 4  ; the worker's own floating-point mode, while it runs a job
   %mask = alloca [{cpu_set} x i8], align 16  ; the CPUs it may run on, as created
+  %crowded = alloca i64, align 8  ; until when its core is shared (see spin.yield)
+  store i64 0, ptr %crowded, align 8
   %index = ptrtoint ptr %arg to i64  ; its slot in @pool.tids and @pool.asleep
   %asleep = getelementptr inbounds [{max_workers} x i32], ptr @pool.asleep, i64 0, i64 %index
 {mask_save}
@@ -410,9 +429,23 @@ spin.pause:
   br label %spin.more
 spin.yield:
   ; past the first stretch, give the core to any thread that wants it (another library's
-  ; spinning workers, a busy process) while staying awake for the next region
+  ; spinning workers, a busy process) while staying awake for the next region; but where a
+  ; yield lately kept it off the core for long, another thread wants the core on and on:
+  ; sleep, to be woken ahead of that thread when the next region comes
+  %y0 = call i64 @pool.now()
+  %until = load i64, ptr %crowded, align 8
+  %shared = icmp slt i64 %y0, %until
+  br i1 %shared, label %sleep, label %spin.give
+spin.give:
   %yy = call i32 @sched_yield()
-  br label %spin.more
+  %y1 = call i64 @pool.now()
+  %yt = sub i64 %y1, %y0
+  %lost = icmp sgt i64 %yt, {yield_lost_ns}
+  br i1 %lost, label %spin.lost, label %spin.more
+spin.lost:
+  %until1 = add i64 %y1, {crowded_ns}
+  store i64 %until1, ptr %crowded, align 8
+  br label %sleep
 spin.more:
   %more = icmp ult i64 %i1, {worker_spins}
   br i1 %more, label %spin, label %spin.late

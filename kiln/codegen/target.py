@@ -27,7 +27,7 @@ from kiln.errors import Error
 from kiln.target import Target
 
 # Bump when emitted code changes meaning or form (part of every cache key and symbol).
-CODEGEN_VERSION = "kiln-codegen-9"
+CODEGEN_VERSION = "kiln-codegen-10"
 
 _init_lock = threading.Lock()
 _initialized: set[str] = set()

@@ -514,3 +514,49 @@ def test_a_woken_worker_runs_off_its_callers_cpu_and_stays_free_to_move() -> Non
             assert os.sched_getaffinity(int(task)) == allowed, task
         except ProcessLookupError:  # a thread that has just ended
             pass
+
+
+_CROWDED_CORE = """
+import os, subprocess, sys, time
+import numpy as np
+cpu = min(os.sched_getaffinity(0))
+os.sched_setaffinity(0, {cpu})  # before the pool starts: its workers share this one core
+spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                           preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+try:
+    from kiln.codegen import compile_kernels, threads
+    from tests.codegen.test_parallel import row_softmax_like, run_pool
+    kernel = row_softmax_like(64, 33)
+    f = compile_kernels([kernel])[kernel.name]
+    x = np.random.default_rng(5).standard_normal((64, 33)).astype(np.float32)
+    s = np.array(1.5, np.float32)
+    with threads(1):
+        want = np.empty_like(x)
+        f(x, s, want)
+    with threads(2):
+        for _ in range(300):
+            got = np.full_like(x, np.nan)
+            f(x, s, got)
+            assert np.array_equal(got, want)
+        helped = 0
+        for _ in range(10):
+            time.sleep(0.01)
+            ran = run_pool(8, 1, 0.02)
+            assert sorted(lo for lo, _, _ in ran) == list(range(8)), ran
+            helped += len({t for _, _, t in ran}) > 1
+    print("helped", helped)
+finally:
+    spinner.kill()
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux's CPU affinity")
+def test_workers_on_a_core_another_process_keeps_busy_still_join_regions() -> None:
+    # Another process spinning on the workers' core makes their yields lose the core for a
+    # scheduler slice; they then sleep after their pause checks (pool.py, YIELD_LOST_NS) and
+    # must still be woken for every later region: results equal one thread's, every chunk
+    # runs once, and a worker helps regions whose chunks leave the core (sleep).
+    done = subprocess.run([sys.executable, "-c", _CROWDED_CORE], text=True,
+                          capture_output=True, timeout=300, cwd=_repo())
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.split()[-1]) >= 3, done.stdout
