@@ -34,11 +34,13 @@ same order whatever the split (over N, or M when it is longer, like the float pa
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 from kiln.loops.gemm import index_min, loop, tile_blocks
 from kiln.loops.ir import (
+    CHUNKS_PER_THREAD,
     INDEX,
     Allocate,
     Binary,
@@ -59,6 +61,7 @@ from kiln.loops.ir import (
     Var,
 )
 from kiln.loops.schedule import lowering_target, worth_parallel
+from kiln.loops.tunable import Space, ordered, overridden, site_key
 from kiln.target import Target
 
 INPUT_DTYPES = ("uint8", "int8")
@@ -116,7 +119,9 @@ class Int8Schedule:
     blocks ``mc``/``nc``, the parallel loop ("batch", "n", "m" or None), the int32 lanes L,
     the `DotProduct` form the Target gives ("vnni", "pmaddwd" or "widen"), whether A
     is shifted by +128 (int8 × int8 on VNNI), and, parallel over M, how many M blocks one
-    iteration of the parallel loop takes (``m_blocks``: they share one packing of B)."""
+    iteration of the parallel loop takes (``m_blocks``: they share one packing of B), and
+    the parallel loop's chunks a thread. A dense layer's or batch_matmul's schedule is a
+    tuning site (``key``, `space`); a convolution's is the rule's."""
 
     mr: int
     nr: int
@@ -127,11 +132,30 @@ class Int8Schedule:
     form: str
     shift: bool
     m_blocks: int = 1
+    chunks: int = CHUNKS_PER_THREAD
+    key: str | None = None  # the site's key (`int8_key`), where a tuning log can name it
+    tuned: bool = False  # whether the knobs came from a tuning log
 
     @staticmethod
     def default(batch: int, m: int, n: int, k: int, a_dtype: str, b_dtype: str,
-                threads: int | None = None, target: Target | None = None) -> Int8Schedule:
-        """The schedule for ``target`` (default: the lowering's) from the shapes."""
+                threads: int | None = None, target: Target | None = None,
+                site: str | None = None) -> Int8Schedule:
+        """The schedule for ``target`` (default: the lowering's) from the shapes. With
+        ``site`` ("dense", "dense_prepacked" or "batch_matmul": the kernel that runs it),
+        the knobs the enclosing `overrides_scope` gives its key (a tuning log's) instead."""
+        base = Int8Schedule.rule(batch, m, n, k, a_dtype, b_dtype, threads, target)
+        if site is None:
+            return base
+        t = lowering_target(target)
+        key = int8_key(site, batch, m, n, k, a_dtype, b_dtype)
+        return overridden(replace(base, key=key),
+                          lambda: space(site, batch, m, n, k, a_dtype, b_dtype, t),
+                          _apply)
+
+    @staticmethod
+    def rule(batch: int, m: int, n: int, k: int, a_dtype: str, b_dtype: str,
+             threads: int | None = None, target: Target | None = None) -> Int8Schedule:
+        """The rule's schedule for these shapes on ``target``."""
         t = lowering_target(target)
         lanes = t.lanes("int32")
         pair = _ordered(a_dtype, b_dtype)
@@ -180,6 +204,82 @@ class Int8Schedule:
     def attrs(self) -> dict:
         """The knobs, for ``kernel.attrs["schedules"]`` (printing, statistics)."""
         return {"kernel": "int8_gemm", **asdict(self)}
+
+
+SITES = ("dense", "dense_prepacked", "batch_matmul")
+
+
+def int8_key(site: str, batch: int, m: int, n: int, k: int, a_dtype: str, b_dtype: str) -> str:
+    """The key naming an int8 product's schedule in a tuning log."""
+    return site_key("int8_gemm", op=site, batch=batch, m=m, n=n, k=k, a=a_dtype, b=b_dtype)
+
+
+def _knobs(s: Int8Schedule) -> dict[str, Any]:
+    return {"mr": s.mr, "nr": s.nr, "mb": s.mc // s.mr, "nb": s.nc // s.nr,
+            "parallel": s.parallel, "m_blocks": s.m_blocks, "chunks": s.chunks}
+
+
+def _apply(base: Int8Schedule, knobs: Mapping[str, Any]) -> Int8Schedule:
+    mr, nr = int(knobs["mr"]), int(knobs["nr"])
+    s = replace(base, mr=mr, nr=nr, mc=int(knobs["mb"]) * mr, nc=int(knobs["nb"]) * nr,
+                parallel=knobs["parallel"], m_blocks=int(knobs["m_blocks"]),
+                chunks=int(knobs["chunks"]))
+    return replace(s, tuned=_knobs(s) != _knobs(base))
+
+
+def space(site: str, batch: int, m: int, n: int, k: int, a_dtype: str, b_dtype: str,
+          target: Target | None = None) -> Space:
+    """The knobs of an int8 product for these shapes (the rule's first): register tiles of
+    4 to 16 rows by one to three vectors of int32 lanes within the Target's registers (the
+    widening forms keep the rule's: their int16 temporaries take registers too), blocks of
+    1 to 32 tiles a side, the parallel loop (batch, M or N: each with work for two threads,
+    or none), M blocks per parallel iteration, and 2 to 16 chunks a thread. Every point sums
+    each element over K in the same order: the results are exact and the same."""
+    t = lowering_target(target)
+    base = Int8Schedule.rule(batch, m, n, k, a_dtype, b_dtype, target=t)
+    d = _knobs(base)
+    lanes, regs = base.lanes, t.registers
+    if base.form == "vnni":
+        mrs = [x for x in (4, 6, 8, 10, 12, 14, 16) if x <= MR_MAX and x < 2 * m]
+        nrs = [v * lanes for v in (1, 2, 3) if v == 1 or n > (v - 1) * lanes]
+    else:
+        mrs, nrs = [], []
+    mt = _ceil(m, min([base.mr, *mrs]))
+    nt = _ceil(n, min([base.nr, *nrs]))
+    pars: list[Any] = [None]
+    if t.cores > 1:
+        pars += ["batch"] if batch >= 2 else []
+        pars += ["m"] if mt >= 2 else []
+        pars += ["n"] if nt >= 2 else []
+    cores = t.cores > 1
+    knobs = (("mr", ordered(d["mr"], mrs)), ("nr", ordered(d["nr"], nrs)),
+             ("mb", ordered(d["mb"], [x for x in (1, 2, 4, 8, 16, 32) if x <= mt])),
+             ("nb", ordered(d["nb"], [x for x in (1, 2, 4, 8, 16, 32) if x <= nt])),
+             ("parallel", ordered(d["parallel"], pars)),
+             ("m_blocks", ordered(d["m_blocks"], [1, 2, 4] if cores else [])),
+             ("chunks", ordered(d["chunks"], [2, 8, 16] if cores else [])))
+
+    # packed blocks no larger than a cache (or than the rule's): A's in L2, B's panel in a
+    # core's half of L3
+    k4 = _ceil(max(k, 1), 4 if base.form == "vnni" else 2)
+    a_cap = max(base.mc * k4 * 4, t.l2)
+    b_cap = max(base.nc * k4 * 4, t.l3 // (2 * max(t.cores, 1)))
+
+    def check(kn: Mapping[str, Any]) -> bool:
+        mr, nr = int(kn["mr"]), int(kn["nr"])
+        v = nr // lanes
+        return nr % lanes == 0 and mr * v + v + 1 <= regs \
+            and int(kn["mb"]) * mr * k4 * 4 <= a_cap and int(kn["nb"]) * nr * k4 * 4 <= b_cap
+
+    def canonical(kn: Mapping[str, Any]) -> Any:
+        mr, nr = int(kn["mr"]), int(kn["nr"])
+        tmb = min(int(kn["mb"]), _ceil(m, mr))
+        tnb = min(int(kn["nb"]), _ceil(n, nr))
+        par = kn["parallel"]
+        return (mr, nr, tmb, tnb, par, kn["m_blocks"] if par == "m" else None,
+                kn["chunks"] if par is not None else None)
+
+    return Space(int8_key(site, batch, m, n, k, a_dtype, b_dtype), knobs, check, canonical)
 
 
 def _ordered(a_dtype: str, b_dtype: str) -> tuple[str, str]:
@@ -385,8 +485,9 @@ def int8_gemm(batch: int, m: int, n: int, k: int, a: ReadFn, b: ReadFn, write: W
     def batch_body(bt: Expr) -> Stmt:
         if s.parallel == "m":  # each chunk of M blocks packs its own copy of the B panels
             return loop("ic", _ceil(nbm, s.m_blocks), lambda c: loop(
-                "jc", nbn, lambda jc: n_block(bt, jc, c)), "parallel")
+                "jc", nbn, lambda jc: n_block(bt, jc, c)), "parallel", s.chunks)
         return loop("jc", nbn, lambda jc: n_block(bt, jc, None),
-                     "parallel" if s.parallel == "n" else "serial")
+                     "parallel" if s.parallel == "n" else "serial", s.chunks)
 
-    return loop("bt", batch, batch_body, "parallel" if s.parallel == "batch" else "serial")
+    return loop("bt", batch, batch_body, "parallel" if s.parallel == "batch" else "serial",
+                s.chunks)

@@ -35,7 +35,7 @@ def dense(x: Tensor, w: Tensor, out_shape: Sequence[int],
     tgt = lowering_target(target)
     lead = tuple(x.shape[:-1])
     m, k, n = prod(lead), x.shape[-1], w.shape[0]
-    s = q.Int8Schedule.default(1, m, n, k, x.dtype, w.dtype, target=tgt)
+    s = q.Int8Schedule.default(1, m, n, k, x.dtype, w.dtype, target=tgt, site="dense")
 
     def emit(write: WriteFn) -> Stmt:
         return q.int8_gemm(
@@ -58,7 +58,8 @@ def dense_prepacked(x: Tensor, wp: LBuffer, units: int, out_shape: Sequence[int]
     tgt = lowering_target(target)
     lead = tuple(x.shape[:-1])
     m, k = prod(lead), x.shape[-1]
-    s = q.Int8Schedule.default(1, m, units, k, x.dtype, weight_dtype, target=tgt)
+    s = q.Int8Schedule.default(1, m, units, k, x.dtype, weight_dtype, target=tgt,
+                               site="dense_prepacked")
     kg = -(-k // group)
     if (4 if s.form == "vnni" else 2) != group or wp.shape != (-(-units // s.nr), kg + 1, s.nr):
         return None
@@ -86,7 +87,8 @@ def batch_matmul(x: Tensor, y: Tensor, out_shape: Sequence[int], transpose_a: bo
     k = x.shape[1] if transpose_a else x.shape[2]
     bx = (lambda b: b) if x.shape[0] == batch else (lambda b: Const(0, INDEX))
     by = (lambda b: b) if y.shape[0] == batch else (lambda b: Const(0, INDEX))
-    s = q.Int8Schedule.default(batch, m, n, k, x.dtype, y.dtype, target=tgt)
+    s = q.Int8Schedule.default(batch, m, n, k, x.dtype, y.dtype, target=tgt,
+                               site="batch_matmul")
 
     def a(b: Expr, i: Expr, p: Expr) -> Expr:
         return x(bx(b), p, i) if transpose_a else x(bx(b), i, p)

@@ -92,7 +92,7 @@ def _int8_packed(node: Expr) -> Expr | None:
     if int8_amx.dense_usable(rows, units, k):
         return dense_int8_tiled(x, const(pack_tiled_dense_weight(w.data)), units=units, k=k,
                                 weight_dtype=w.dtype)
-    s = Int8Schedule.default(1, rows, units, k, xt.dtype, w.dtype)
+    s = Int8Schedule.default(1, rows, units, k, xt.dtype, w.dtype, site="dense_prepacked")
     group = 4 if s.form == "vnni" else 2
     return dense_int8_packed(x, const(pack_int8_weight(w.data, s.nr, group)), units=units,
                              k=k, weight_dtype=w.dtype, group=group)

@@ -8,7 +8,8 @@ a few rows (`kiln.loops.linear_kernels.DotSchedule.default`), a convolution's im
 chunks (`kiln.loops.nchwc_kernels.chosen_tile`, what convert-layout gives a CNN), a
 channel-blocked depthwise convolution's tile and chunks
 (`kiln.loops.nchwc_kernels.depthwise_schedule`) or the products of a Winograd convolution
-on blocked data (`kiln.loops.winograd_nchwc.schedule`). Its key names
+on blocked data (`kiln.loops.winograd_nchwc.schedule`), or an 8-bit dense layer's or
+batch_matmul's int8 product (`kiln.loops.int8_gemm.Int8Schedule.default`). Its key names
 the shapes and operand layouts; the Target is the tuning run's. Lowering records each
 site's key in ``kernel.attrs["schedules"]``, so the sites of a model are read off its
 build, deduplicated by key, with each one's share of the model's time from
@@ -17,7 +18,8 @@ build, deduplicated by key, with each one's share of the model's time from
 To measure a candidate, the site is rebuilt alone: a program of one operator (dense on a
 constant weight for a GEMM whose B is prepacked, batch_matmul otherwise, conv2d on a
 constant or variable weight, nn.contrib_conv2d_NCHWc on a constant blocked weight, a 3×3
-conv2d that convert-layout takes to Winograd on blocks) whose
+conv2d that convert-layout takes to Winograd on blocks, an 8-bit dense or batch_matmul into
+int32) whose
 lowering meets the same key, so alter-layout packs its weight for the candidate's tiles
 just as the model's build will. It is built knowing the model's weight bytes, as the model's
 kernels were (`weights_scope`, kiln/loops/schedule.py): a product with a constant operand
@@ -34,7 +36,16 @@ import numpy as np
 
 from kiln.errors import Error
 from kiln.ir.module import IRModule
-from kiln.loops import conv_kernels, gemm, linear_kernels, nchwc_kernels, winograd, winograd_nchwc
+from kiln.loops import (
+    conv_kernels,
+    gemm,
+    int8_amx,
+    int8_gemm,
+    linear_kernels,
+    nchwc_kernels,
+    winograd,
+    winograd_nchwc,
+)
 from kiln.loops.schedule import weights_scope
 from kiln.loops.tunable import Space, parse_key
 from kiln.target import Target
@@ -45,8 +56,8 @@ class Site:
     """A kernel site to tune: its key, kind, search space, and its program alone."""
 
     key: str
-    # "gemm", "dot", "conv2d", "winograd", "conv2d_nchwc", "depthwise_nchwc" or
-    # "winograd_nchwc"
+    # "gemm", "dot", "conv2d", "winograd", "conv2d_nchwc", "depthwise_nchwc",
+    # "winograd_nchwc" or "int8_gemm"
     kind: str
     space: Space
     text: str  # Relay text of the one-operator program
@@ -61,7 +72,8 @@ class Site:
 
     def program(self, seed: int = 0) -> tuple[IRModule, dict[str, np.ndarray],
                                               list[np.ndarray]]:
-        """The module, its weights and random inputs for the other parameters."""
+        """The module, its weights and random inputs for the other parameters (floats in
+        [-1, 1), integers over their dtype's range)."""
         from kiln.text import parse
 
         mod = parse(self.text)
@@ -71,7 +83,12 @@ class Site:
         for p in mod["main"].params:
             t = p.type_annotation
             shape = tuple(int(d) for d in t.shape)  # type: ignore[union-attr]
-            value = rng.uniform(-1, 1, shape).astype(np.float32)
+            dtype = np.dtype(str(t.dtype))  # type: ignore[union-attr]
+            if dtype.kind in "iu":  # 8-bit operands of an int8 product: their whole range
+                info = np.iinfo(dtype)
+                value = rng.integers(info.min, info.max + 1, shape).astype(dtype)
+            else:
+                value = rng.uniform(-1, 1, shape).astype(np.float32)
             if p.name_hint in self.constants:
                 params[p.name_hint] = value
             else:
@@ -83,8 +100,8 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(v) for v in text.split("x"))
 
 
-def _tensor(shape: tuple[int, ...]) -> str:
-    return f"Tensor[({', '.join(map(str, shape))}{',' if len(shape) == 1 else ''}), float32]"
+def _tensor(shape: tuple[int, ...], dtype: str = "float32") -> str:
+    return f"Tensor[({', '.join(map(str, shape))}{',' if len(shape) == 1 else ''}), {dtype}]"
 
 
 def site_of(key: str, target: Target, weight_bytes: int | None = None) -> Site | None:
@@ -110,6 +127,8 @@ def site_of(key: str, target: Target, weight_bytes: int | None = None) -> Site |
             return _depthwise_site(key, f, target)
         if kind == "winograd_nchwc":
             return _winograd_nchwc_site(key, f, target)
+        if kind == "int8_gemm":
+            return _int8_site(key, f, target)
     except (KeyError, ValueError):
         return None
     return None
@@ -261,6 +280,33 @@ def _winograd_nchwc_site(key: str, f: Mapping[str, str], target: Target) -> Site
     flops = 2 * plain_out[0] * plain_out[1] * plain_out[2] * plain_out[3] * plain_x[1] * 9
     return Site(key, "winograd_nchwc", space, f"#[version = \"0.0.5\"]\n{text}\n",
                 ("w", "w1"), flops, block=None if b == lanes else b)
+
+
+def _int8_site(key: str, f: Mapping[str, str], target: Target) -> Site | None:
+    # an 8-bit dense on a constant weight (alter-layout packs its panels for the candidate's
+    # tiles), on a variable one, or an 8-bit batch_matmul; all into int32
+    op, a, b = f["op"], f["a"], f["b"]
+    batch, m, n, k = (int(f[x]) for x in ("batch", "m", "n", "k"))
+    if op not in int8_gemm.SITES or a not in int8_gemm.INPUT_DTYPES \
+            or b not in int8_gemm.INPUT_DTYPES:
+        return None
+    if op == "dense_prepacked" and int8_amx.dense_usable(m, n, k, target):
+        return None  # such a dense runs on AMX tiles here, not this product
+    space = int8_gemm.space(op, batch, m, n, k, a, b, target)
+    if space.key != key:
+        return None
+    if op == "batch_matmul":
+        text = (f"def @main(%x: {_tensor((batch, m, k), a)}, %y: {_tensor((batch, k, n), b)}) "
+                "{ nn.batch_matmul(%x, %y, out_dtype=\"int32\", transpose_b=False) }")
+        constants: tuple[str, ...] = ()
+    elif batch == 1:
+        text = (f"def @main(%x: {_tensor((m, k), a)}, %w: {_tensor((n, k), b)}) "
+                "{ nn.dense(%x, %w, out_dtype=\"int32\") }")
+        constants = ("w",) if op == "dense_prepacked" else ()
+    else:
+        return None
+    return Site(key, "int8_gemm", space, f"#[version = \"0.0.5\"]\n{text}\n", constants,
+                2 * batch * m * n * k)
 
 
 def kernel_keys(kernel_attrs: Mapping[str, Any]) -> list[str]:

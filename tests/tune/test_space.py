@@ -11,7 +11,7 @@ import pytest
 import kiln
 from kiln.codegen.cache import fingerprint
 from kiln.ir.traverse import post_order
-from kiln.loops import gemm, linear_kernels, nchwc_kernels, winograd, winograd_nchwc
+from kiln.loops import gemm, int8_gemm, linear_kernels, nchwc_kernels, winograd, winograd_nchwc
 from kiln.loops.conv_kernels import conv_space
 from kiln.loops.lower import lower_primitive
 from kiln.loops.tunable import ScheduleOverrides, Space, overrides_scope
@@ -120,6 +120,14 @@ SPACES = {
     # in those blocks too
     "winograd_nchwc two vectors": lambda: winograd_nchwc.space(
         (1, 1, 26, 27, 2 * LANES), (1, 2, 26, 27, 2 * LANES), (1, 1), 4),
+    # int8 products into int32 (exact): an int8 × int8 dense of 5 rows on a constant weight
+    # (its panels packed for each point's nr; A shifted by 128 on VNNI), K with a tail of the
+    # 4 bytes a lane packs, 70 units; uint8 × uint8 on a variable weight (the widening form:
+    # only its blocks and parallel loop move); an int8 batch_matmul of 3
+    "int8 dense prepacked": lambda: int8_gemm.space("dense_prepacked", 1, 5, 70, 301, "int8",
+                                                    "int8"),
+    "int8 dense": lambda: int8_gemm.space("dense", 1, 13, 37, 66, "uint8", "uint8"),
+    "int8 batch_matmul": lambda: int8_gemm.space("batch_matmul", 3, 9, 21, 35, "int8", "int8"),
 }
 
 

@@ -86,6 +86,43 @@ def test_a_log_reaches_the_blocked_winograd_products(tmp_path: Path) -> None:
     np.testing.assert_allclose(exe(data), reference(mod, params, data), rtol=1e-4, atol=1e-4)
 
 
+_INT8_DENSE = """#[version = "0.0.5"]
+def @main(%x: Tensor[(3, 200), int8], %w: Tensor[(40, 200), int8]) {
+  %0 = nn.dense(%x, %w, out_dtype="int32");
+  cast(%0, dtype="float32")
+}
+"""
+
+
+def test_an_int8_dense_is_tuned_and_a_rebuild_takes_its_knobs(tmp_path: Path) -> None:
+    # An 8-bit dense of 3 rows on a constant weight runs the int8 GEMM on its prepacked
+    # panels (a few rows: not AMX tiles, where the host has them); kiln.tune measures its
+    # site, and a log entry moving its tile width is taken by a rebuild (the panels repacked
+    # for it), whose results stay numpy's exact integer product.
+    from kiln.tune.log import Entry, LogWriter
+
+    rng = np.random.default_rng(4)
+    mod = kiln.parse(_INT8_DENSE)
+    params = {"w": rng.integers(-128, 128, (40, 200)).astype(np.int8)}
+    plain = _recorded(kiln.build(mod, params=params))
+    (key,) = [k for k in plain if k.startswith("int8_gemm op=dense_prepacked ")]
+    result = kiln.tune(mod, params, budget_s=3.0, log=str(tmp_path / "t.tunelog"))
+    assert {r.key for r in result.kernels} | set(result.out_of_time) == {key}
+    assert not result.skipped and all(r.rejected == 0 for r in result.kernels)
+    space = _site_space(key)
+    move = next(p for p in space.neighbours(space.default) if p["nr"] != space.default["nr"])
+    log = tmp_path / "q.tunelog"
+    writer = LogWriter(str(log))
+    writer.add(Entry(HOST.fingerprint, key, move, 1.0, 2.0, final=True))
+    writer.close()
+    exe = kiln.build(mod, params=params, tuning_log=log)
+    got = _recorded(exe)[key]
+    assert got["tuned"] and (got["mr"], got["nr"]) == (move["mr"], move["nr"])
+    x = rng.integers(-128, 128, (3, 200)).astype(np.int8)
+    want = x.astype(np.int64) @ params["w"].astype(np.int64).T
+    np.testing.assert_array_equal(np.asarray(exe(x)), want.astype(np.float32))
+
+
 def test_the_channel_block_is_searched_for_the_whole_model(tmp_path: Path) -> None:
     # The block convert-layout runs a function in is a knob of the whole model: kiln.tune
     # times the model in each block first (alternated), keeps the default unless another is
