@@ -47,6 +47,7 @@ bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/models.py
 	$(BIN)/python benchmarks/build.py
 	$(BIN)/python benchmarks/peers.py
+	$(BIN)/python benchmarks/alternate.py
 	$(BIN)/python benchmarks/conv_layers.py
 	$(BIN)/python benchmarks/treelstm.py
 	$(BIN)/python benchmarks/dynamic_shapes.py
