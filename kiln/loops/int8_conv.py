@@ -36,6 +36,7 @@ from kiln.loops.conv_kernels import CHUNKS_PER_THREAD, MAX_PHASES, PLANES_PARALL
 from kiln.loops.ir import INDEX, Allocate, Binary, Const, Expr, For, Load, Seq, Stmt, Store, Var
 from kiln.loops.ir import Buffer as LBuffer
 from kiln.loops.schedule import lowering_target
+from kiln.loops.tunable import Space, overridden, site_key
 from kiln.target import Target
 
 
@@ -80,7 +81,9 @@ def plan(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
          out_shape: Sequence[int], data_dtype: str, weight_dtype: str,
          target: Target | None = None) -> Int8ConvPlan | None:
     """The plan for these shapes (``padding``: top, left), or None where the kernel does
-    not apply: channel groups, or more stride phases than `MAX_PHASES`."""
+    not apply: channel groups, or more stride phases than `MAX_PHASES`. Its schedule is a
+    tuning site (`conv_key`, `space`): the knobs the enclosing `overrides_scope` gives its
+    key, where it gives some."""
     tgt = lowering_target(target)
     oc, c, kh, kw = (int(d) for d in w_shape)
     if groups != 1 or min(*x_shape, *w_shape, *out_shape) <= 0:
@@ -96,7 +99,41 @@ def plan(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
                                weight_dtype, b_dtype, target=tgt)
     if (4 if s.form == "vnni" else 2) != group or s.shift:
         return None  # not reached: conv_form chose the lanes of this schedule's form
-    return Int8ConvPlan(geo, _finer(s, oc, geo.columns, tgt), group, shift)
+    key = conv_key(x_shape, w_shape, strides, padding, dilation, out_shape, data_dtype,
+                   weight_dtype)
+    base = replace(_finer(s, oc, geo.columns, tgt), key=key)
+    k = geo.channels * kh * kw * group
+    chosen = overridden(base, lambda: q.space_around(base, key, 1, oc, geo.columns, k, tgt),
+                        q.apply_knobs)
+    return Int8ConvPlan(geo, chosen, group, shift)
+
+
+def conv_key(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
+             padding: Sequence[int], dilation: Sequence[int], out_shape: Sequence[int],
+             data_dtype: str, weight_dtype: str) -> str:
+    """The key naming an 8-bit convolution's schedule in a tuning log (``padding``: top,
+    left; the bottom and right follow from the output's size)."""
+    return site_key("int8_conv", x=tuple(x_shape), w=tuple(w_shape), strides=tuple(strides),
+                    padding=tuple(padding[:2]), dilation=tuple(dilation),
+                    out=tuple(out_shape), a=data_dtype, b=weight_dtype)
+
+
+def space(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
+          padding: Sequence[int], dilation: Sequence[int], out_shape: Sequence[int],
+          data_dtype: str, weight_dtype: str, target: Target | None = None) -> Space | None:
+    """The search space of the convolution `plan` schedules (None where it has no plan)."""
+    from kiln.loops.tunable import overrides_scope
+
+    tgt = lowering_target(target)
+    with overrides_scope(None):
+        chosen = plan(x_shape, w_shape, strides, padding, dilation, 1, out_shape, data_dtype,
+                      weight_dtype, tgt)
+    if chosen is None:
+        return None
+    oc, _, kh, kw = (int(d) for d in w_shape)
+    s = chosen.schedule
+    k = chosen.planes.channels * kh * kw * chosen.group
+    return q.space_around(s, s.key or "", 1, oc, chosen.planes.columns, k, tgt)
 
 
 def _finer(s: q.Int8Schedule, m: int, n: int, target: Target) -> q.Int8Schedule:

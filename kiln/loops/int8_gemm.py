@@ -150,7 +150,7 @@ class Int8Schedule:
         key = int8_key(site, batch, m, n, k, a_dtype, b_dtype)
         return overridden(replace(base, key=key),
                           lambda: space(site, batch, m, n, k, a_dtype, b_dtype, t),
-                          _apply)
+                          apply_knobs)
 
     @staticmethod
     def rule(batch: int, m: int, n: int, k: int, a_dtype: str, b_dtype: str,
@@ -219,7 +219,8 @@ def _knobs(s: Int8Schedule) -> dict[str, Any]:
             "parallel": s.parallel, "m_blocks": s.m_blocks, "chunks": s.chunks}
 
 
-def _apply(base: Int8Schedule, knobs: Mapping[str, Any]) -> Int8Schedule:
+def apply_knobs(base: Int8Schedule, knobs: Mapping[str, Any]) -> Int8Schedule:
+    """``base`` with the knobs of a point of its `space` (``tuned`` where they differ)."""
     mr, nr = int(knobs["mr"]), int(knobs["nr"])
     s = replace(base, mr=mr, nr=nr, mc=int(knobs["mb"]) * mr, nc=int(knobs["nb"]) * nr,
                 parallel=knobs["parallel"], m_blocks=int(knobs["m_blocks"]),
@@ -237,6 +238,15 @@ def space(site: str, batch: int, m: int, n: int, k: int, a_dtype: str, b_dtype: 
     each element over K in the same order: the results are exact and the same."""
     t = lowering_target(target)
     base = Int8Schedule.rule(batch, m, n, k, a_dtype, b_dtype, target=t)
+    return space_around(base, int8_key(site, batch, m, n, k, a_dtype, b_dtype), batch, m, n,
+                        k, t)
+
+
+def space_around(base: Int8Schedule, key: str, batch: int, m: int, n: int, k: int,
+                 target: Target) -> Space:
+    """`space`'s knobs with ``base``'s first, under ``key`` (an int8 convolution's
+    schedule is the rule's made finer: kiln/loops/int8_conv.py)."""
+    t = target
     d = _knobs(base)
     lanes, regs = base.lanes, t.registers
     if base.form == "vnni":
@@ -279,7 +289,7 @@ def space(site: str, batch: int, m: int, n: int, k: int, a_dtype: str, b_dtype: 
         return (mr, nr, tmb, tnb, par, kn["m_blocks"] if par == "m" else None,
                 kn["chunks"] if par is not None else None)
 
-    return Space(int8_key(site, batch, m, n, k, a_dtype, b_dtype), knobs, check, canonical)
+    return Space(key, knobs, check, canonical)
 
 
 def _ordered(a_dtype: str, b_dtype: str) -> tuple[str, str]:

@@ -8,8 +8,9 @@ a few rows (`kiln.loops.linear_kernels.DotSchedule.default`), a convolution's im
 chunks (`kiln.loops.nchwc_kernels.chosen_tile`, what convert-layout gives a CNN), a
 channel-blocked depthwise convolution's tile and chunks
 (`kiln.loops.nchwc_kernels.depthwise_schedule`) or the products of a Winograd convolution
-on blocked data (`kiln.loops.winograd_nchwc.schedule`), or an 8-bit dense layer's or
-batch_matmul's int8 product (`kiln.loops.int8_gemm.Int8Schedule.default`). Its key names
+on blocked data (`kiln.loops.winograd_nchwc.schedule`), an 8-bit dense layer's or
+batch_matmul's int8 product (`kiln.loops.int8_gemm.Int8Schedule.default`) or an 8-bit
+convolution's (`kiln.loops.int8_conv.plan`). Its key names
 the shapes and operand layouts; the Target is the tuning run's. Lowering records each
 site's key in ``kernel.attrs["schedules"]``, so the sites of a model are read off its
 build, deduplicated by key, with each one's share of the model's time from
@@ -18,8 +19,8 @@ build, deduplicated by key, with each one's share of the model's time from
 To measure a candidate, the site is rebuilt alone: a program of one operator (dense on a
 constant weight for a GEMM whose B is prepacked, batch_matmul otherwise, conv2d on a
 constant or variable weight, nn.contrib_conv2d_NCHWc on a constant blocked weight, a 3×3
-conv2d that convert-layout takes to Winograd on blocks, an 8-bit dense or batch_matmul into
-int32) whose
+conv2d that convert-layout takes to Winograd on blocks, an 8-bit dense, batch_matmul or
+conv2d into int32) whose
 lowering meets the same key, so alter-layout packs its weight for the candidate's tiles
 just as the model's build will. It is built knowing the model's weight bytes, as the model's
 kernels were (`weights_scope`, kiln/loops/schedule.py): a product with a constant operand
@@ -40,6 +41,7 @@ from kiln.loops import (
     conv_kernels,
     gemm,
     int8_amx,
+    int8_conv,
     int8_gemm,
     linear_kernels,
     nchwc_kernels,
@@ -57,7 +59,7 @@ class Site:
 
     key: str
     # "gemm", "dot", "conv2d", "winograd", "conv2d_nchwc", "depthwise_nchwc",
-    # "winograd_nchwc" or "int8_gemm"
+    # "winograd_nchwc", "int8_gemm" or "int8_conv"
     kind: str
     space: Space
     text: str  # Relay text of the one-operator program
@@ -129,6 +131,8 @@ def site_of(key: str, target: Target, weight_bytes: int | None = None) -> Site |
             return _winograd_nchwc_site(key, f, target)
         if kind == "int8_gemm":
             return _int8_site(key, f, target)
+        if kind == "int8_conv":
+            return _int8_conv_site(key, f, target)
     except (KeyError, ValueError):
         return None
     return None
@@ -307,6 +311,27 @@ def _int8_site(key: str, f: Mapping[str, str], target: Target) -> Site | None:
         return None
     return Site(key, "int8_gemm", space, f"#[version = \"0.0.5\"]\n{text}\n", constants,
                 2 * batch * m * n * k)
+
+
+def _int8_conv_site(key: str, f: Mapping[str, str], target: Target) -> Site | None:
+    # an 8-bit conv2d into int32 on a constant weight, which alter-layout takes to the
+    # int8 convolution on channel-group planes (not to AMX tiles, where the Target has them)
+    x, w, out = _ints(f["x"]), _ints(f["w"]), _ints(f["out"])
+    strides, pad, dil = _ints(f["strides"]), _ints(f["padding"]), _ints(f["dilation"])
+    a, b = f["a"], f["b"]
+    if a != b or a not in int8_gemm.INPUT_DTYPES or len(x) != 4 or len(w) != 4 \
+            or len(out) != 4:
+        return None
+    if int8_amx.plan(x, w, strides, pad, dil, 1, out, target) is not None:
+        return None
+    space = int8_conv.space(x, w, strides, pad, dil, out, a, b, target)
+    if space is None or space.key != key:
+        return None
+    text = (f"def @main(%x: {_tensor(x, a)}, %w: {_tensor(w, b)}) "
+            f"{{ nn.conv2d(%x, %w, {_window(x, w, out, strides, pad, dil)}, "
+            "out_dtype=\"int32\") }")
+    flops = 2 * out[0] * out[1] * out[2] * out[3] * w[1] * w[2] * w[3]
+    return Site(key, "int8_conv", space, f"#[version = \"0.0.5\"]\n{text}\n", ("w",), flops)
 
 
 def kernel_keys(kernel_attrs: Mapping[str, Any]) -> list[str]:

@@ -11,19 +11,22 @@ import pytest
 import kiln
 from kiln.codegen.cache import fingerprint
 from kiln.ir.traverse import post_order
-from kiln.loops import gemm, int8_gemm, linear_kernels, nchwc_kernels, winograd, winograd_nchwc
+from kiln.loops import (
+    gemm,
+    int8_amx,
+    int8_conv,
+    int8_gemm,
+    linear_kernels,
+    nchwc_kernels,
+    winograd,
+    winograd_nchwc,
+)
 from kiln.loops.conv_kernels import conv_space
 from kiln.loops.lower import lower_primitive
 from kiln.loops.tunable import ScheduleOverrides, Space, overrides_scope
 from kiln.target import Target
 from kiln.tune.measure import build_candidate
 from kiln.tune.sites import Site, site_of
-
-
-def _site(space: Space) -> Site:
-    site = site_of(space.key, Target.host())
-    assert site is not None, space.key
-    return site
 
 
 def _oracle(site: Site) -> np.ndarray:
@@ -63,14 +66,17 @@ def _covering(space: Space) -> list[dict]:
     return points
 
 
-def _check_all(space: Space, extra: int, points: list[dict] | None = None) -> None:
-    site = _site(space)
+def _check_all(space: Space, extra: int, points: list[dict] | None = None,
+               target: Target | None = None) -> None:
+    target = target or Target.host()
+    site = site_of(space.key, target)
+    assert site is not None, space.key
     expected = _oracle(site)
     k = max(1, site.flops // (2 * expected.size))
     scale = np.abs(expected).max()
     tuned = 0
     for knobs in points if points is not None else _points(space, extra):
-        cand = build_candidate(site, knobs, Target.host())
+        cand = build_candidate(site, knobs, target)
         assert cand.output.shape == expected.shape
         err = np.abs(cand.output.astype(np.float64) - expected).max()
         assert err <= 1e-5 * scale * np.sqrt(k), (knobs, err)
@@ -147,6 +153,30 @@ def test_candidates_match_the_oracle(name: str) -> None:
 @pytest.mark.parametrize("name", list(SPACES))
 def test_more_candidates_match_the_oracle(name: str) -> None:
     _check_all(SPACES[name](), extra=40)
+
+
+# The host without AMX, whose 8-bit convolutions run on tiles instead (no site)
+NO_AMX = Target.parse("llvm -mattr=-amx-tile")
+
+INT8_CONVS = {
+    # int8 × int8 (the data shifted by 128 on VNNI), 3×3 stride 2, odd channels and image:
+    # the weight's panels packed for each point's mr
+    "int8 conv stride 2": lambda: int8_conv.space((1, 13, 11, 9), (24, 13, 3, 3), (2, 2),
+                                                  (1, 1), (1, 1), (1, 24, 6, 5), "int8",
+                                                  "int8", NO_AMX),
+    # uint8 × uint8 (int16 pairs: only the blocks and the parallel loop move), 3×3
+    "int8 conv uint8": lambda: int8_conv.space((1, 6, 10, 12), (20, 6, 3, 3), (1, 1), (1, 1),
+                                               (1, 1), (1, 20, 10, 12), "uint8", "uint8",
+                                               NO_AMX),
+}
+
+
+@pytest.mark.parametrize("name", list(INT8_CONVS))
+def test_int8_convolution_candidates_match_the_oracle(name: str) -> None:
+    space = INT8_CONVS[name]()
+    assert space is not None
+    assert site_of(space.key, HOST) is None or not int8_amx.usable(HOST)  # AMX's, here
+    _check_all(space, 0, _covering(space), NO_AMX)
 
 
 @pytest.mark.slow

@@ -123,6 +123,47 @@ def test_an_int8_dense_is_tuned_and_a_rebuild_takes_its_knobs(tmp_path: Path) ->
     np.testing.assert_array_equal(np.asarray(exe(x)), want.astype(np.float32))
 
 
+_INT8_CONV = """#[version = "0.0.5"]
+def @main(%x: Tensor[(1, 12, 10, 11), int8], %w: Tensor[(20, 12, 3, 3), int8]) {
+  %0 = nn.conv2d(%x, %w, padding=[1, 1, 1, 1], out_dtype="int32");
+  cast(%0, dtype="float32")
+}
+"""
+
+
+def test_an_int8_convolution_is_tuned_and_a_rebuild_takes_its_knobs(tmp_path: Path) -> None:
+    # On a Target without AMX an 8-bit conv2d runs the int8 GEMM on channel-group planes
+    # (kiln/loops/int8_conv.py): its site is measured, and a logged register tile is taken
+    # by a rebuild (the weight's panels packed for it), which computes the reference's.
+    from kiln.tune.log import Entry, LogWriter
+
+    target = Target.parse("llvm -mattr=-amx-tile")
+    rng = np.random.default_rng(5)
+    mod = kiln.parse(_INT8_CONV)
+    params = {"w": rng.integers(-128, 128, (20, 12, 3, 3)).astype(np.int8)}
+    plain = _recorded(kiln.build(mod, params=params, target=target))
+    (key,) = [k for k in plain if k.startswith("int8_conv ")]
+    result = kiln.tune(mod, params, budget_s=3.0, log=str(tmp_path / "t.tunelog"),
+                       target=target)
+    assert {r.key for r in result.kernels} | set(result.out_of_time) == {key}
+    assert not result.skipped and all(r.rejected == 0 for r in result.kernels)
+    from kiln.tune.sites import site_of
+
+    site = site_of(key, target)
+    assert site is not None
+    move = next(p for p in site.space.neighbours(site.space.default)
+                if p["mr"] != site.space.default["mr"])
+    log = tmp_path / "q.tunelog"
+    writer = LogWriter(str(log))
+    writer.add(Entry(target.fingerprint, key, move, 1.0, 2.0, final=True))
+    writer.close()
+    exe = kiln.build(mod, params=params, target=target, tuning_log=log)
+    got = _recorded(exe)[key]
+    assert got["tuned"] and (got["mr"], got["nr"]) == (move["mr"], move["nr"])
+    x = rng.integers(-128, 128, (1, 12, 10, 11)).astype(np.int8)
+    np.testing.assert_array_equal(np.asarray(exe(x)), reference(mod, params, x))
+
+
 def test_the_channel_block_is_searched_for_the_whole_model(tmp_path: Path) -> None:
     # The block convert-layout runs a function in is a knob of the whole model: kiln.tune
     # times the model in each block first (alternated), keeps the default unless another is
