@@ -31,9 +31,10 @@ that reach.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from math import prod
+from typing import Any
 
 from kiln.loops import int8_gemm as q
 from kiln.loops import oplib
@@ -61,6 +62,7 @@ from kiln.loops.ir import (
 from kiln.loops.ir import Buffer as LBuffer
 from kiln.loops.linear_kernels import split_index
 from kiln.loops.schedule import lowering_target, worth_parallel
+from kiln.loops.tunable import Space, ordered, overridden, site_key
 from kiln.target import Target
 
 BLOCK_CHANNELS = 4 * TILE_ROWS  # input channels per K step: 16 groups of 4
@@ -382,6 +384,90 @@ def conv2d_tiled(x: Tensor, wt: LBuffer, strides: Sequence[int], padding: Sequen
 # --- dense ---------------------------------------------------------------------------------
 
 UNIT_BYTES = 512 * 1024  # a unit's A rows and B columns, kept in a core's L2
+# Where one pair of row tiles and one of column tiles take at most this (K ≤ 1024 bytes), a
+# unit is just those: a 32×32 block. Against units of up to 4 pairs by the columns that fill
+# UNIT_BYTES, on the Emerald Rapids VM (int8 × int8, constant weight, alternated): 0.51-0.99
+# of the time on 7 shapes of K 512-1024, 1 and 2 threads (1024³ 0.77, 128×3072×768 0.69,
+# 256×2048×512 0.56); at K 2048 0.93-1.11 and at K 3072-4096 1.04-1.25, where the big units
+# stay.
+SMALL_UNIT_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class DenseUnits:
+    """How `dense_tiled` cuts its product: pairs of row tiles (``mb``) by pairs of column
+    tiles (``nb``) a unit, and the chunks a thread of its parallel loop over units. A
+    tuning site (``key``, `dense_space`); the weight's tiles do not depend on it."""
+
+    mb: int
+    nb: int
+    chunks: int = CHUNKS_PER_THREAD
+    key: str | None = None
+    tuned: bool = False
+
+    @staticmethod
+    def default(m: int, units: int, k: int, a_dtype: str, b_dtype: str) -> DenseUnits:
+        """The rule's units (A and B of a unit in `UNIT_BYTES`), or the knobs the
+        enclosing `overrides_scope` gives its key (a tuning log's)."""
+        base = replace(_dense_rule(m, units, k), key=dense_key(m, units, k, a_dtype, b_dtype))
+        return overridden(base, lambda: dense_space(m, units, k, a_dtype, b_dtype),
+                          _dense_apply)
+
+
+def _pairs(n: int, per_tile: int) -> int:
+    """Pairs of tiles of ``per_tile`` that cover ``n`` (the last pair may be one tile)."""
+    tiles = -(-n // per_tile)
+    return -(-tiles // 2)
+
+
+def _dense_rule(m: int, units: int, k: int) -> DenseUnits:
+    steps = -(-k // (4 * TILE_WORDS))
+    mpairs, npairs = _pairs(m, TILE_ROWS), _pairs(units, TILE_WORDS)
+    if 2 * (2 * TILE_ROWS * 4 * steps * TILE_WORDS) <= SMALL_UNIT_BYTES:
+        return DenseUnits(1, 1)
+    mb = min(mpairs, 4)
+    nb = max(1, min(npairs, UNIT_BYTES // (2 * TILE_ROWS * 4 * steps * TILE_WORDS) - mb))
+    return DenseUnits(mb, nb)
+
+
+def dense_key(m: int, units: int, k: int, a_dtype: str, b_dtype: str) -> str:
+    """The key naming `dense_tiled`'s units in a tuning log."""
+    return site_key("amx_dense", m=m, n=units, k=k, a=a_dtype, b=b_dtype)
+
+
+def _dense_knobs(u: DenseUnits) -> dict[str, Any]:
+    return {"mb": u.mb, "nb": u.nb, "chunks": u.chunks}
+
+
+def _dense_apply(base: DenseUnits, knobs: Mapping[str, Any]) -> DenseUnits:
+    u = replace(base, mb=int(knobs["mb"]), nb=int(knobs["nb"]), chunks=int(knobs["chunks"]))
+    return replace(u, tuned=_dense_knobs(u) != _dense_knobs(base))
+
+
+def dense_space(m: int, units: int, k: int, a_dtype: str, b_dtype: str,
+                target: Target | None = None) -> Space:
+    """The knobs of `dense_tiled` (the rule's first): 1 to 8 pairs of row tiles and 1 to
+    32 pairs of column tiles a unit, A and B of a unit within a core's L2, and 2 to 16
+    chunks a thread. Each tile's sum runs over K in the same order whatever the unit:
+    the results are exact and the same."""
+    t = lowering_target(target)
+    base = _dense_rule(m, units, k)
+    d = _dense_knobs(base)
+    mpairs, npairs = _pairs(m, TILE_ROWS), _pairs(units, TILE_WORDS)
+    pair_bytes = 2 * TILE_ROWS * 4 * -(-k // (4 * TILE_WORDS)) * TILE_WORDS
+    cap = max((base.mb + base.nb) * pair_bytes, t.l2 // 2)
+    knobs = (("mb", ordered(d["mb"], [x for x in (1, 2, 3, 4, 6, 8) if x <= mpairs])),
+             ("nb", ordered(d["nb"], [x for x in (1, 2, 4, 8, 16, 32) if x <= npairs])),
+             ("chunks", ordered(d["chunks"], [2, 8, 16] if t.cores > 1 else [])))
+
+    def check(kn: Mapping[str, Any]) -> bool:
+        return (int(kn["mb"]) + int(kn["nb"])) * pair_bytes <= cap
+
+    def canonical(kn: Mapping[str, Any]) -> Any:
+        units_ = -(-mpairs // int(kn["mb"])) * -(-npairs // int(kn["nb"]))
+        return (kn["mb"], kn["nb"], kn["chunks"] if units_ > 1 and t.cores > 1 else None)
+
+    return Space(dense_key(m, units, k, a_dtype, b_dtype), knobs, check, canonical)
 
 
 def dense_usable(m: int, units: int, k: int, target: Target | None = None) -> bool:
@@ -409,8 +495,8 @@ def dense_tiled(x: Tensor, wt: LBuffer, units: int, out_shape: Sequence[int],
         return None
     mpairs, npairs = -(-mtiles // 2), -(-ntiles // 2)
     row_words = steps * TILE_WORDS
-    mb = min(mpairs, 4)
-    nb = max(1, min(npairs, UNIT_BYTES // (2 * TILE_ROWS * 4 * row_words) - mb))
+    unit = DenseUnits.default(m, units, k, x.dtype, weight_dtype)
+    mb, nb = min(unit.mb, mpairs), min(unit.nb, npairs)
     munits, nunits = -(-mpairs // mb), -(-npairs // nb)
     words = LBuffer("rows", (mpairs * 2 * TILE_ROWS * row_words,), "int32", "local")
     width = nb * 2 * TILE_WORDS
@@ -464,10 +550,12 @@ def dense_tiled(x: Tensor, wt: LBuffer, units: int, out_shape: Sequence[int],
         out = For(r, Const(0), rows, For(c, Const(0), cols, write(
             (*split_index(at_row, lead), at_col), Load(sums, (r * width + c,))), "vectorized"))
         work = For(u, Const(0), Const(munits * nunits), Allocate(sums, Seq((tiles, out))),
-                   "parallel" if tgt.cores > 1 and munits * nunits > 1 else "serial")
+                   "parallel" if tgt.cores > 1 and munits * nunits > 1 else "serial",
+                   unit.chunks)
         return Allocate(words, Seq((pack, work)))
 
     t = extern(tuple(out_shape), "int32", emit)
     t.schedule = {"kernel": "amx", "mtiles": mtiles, "ntiles": ntiles, "steps": steps,
-                  "unit": (mb, nb), "prepacked": True}
+                  "unit": (mb, nb), "chunks": unit.chunks, "key": unit.key,
+                  "tuned": unit.tuned, "prepacked": True}
     return t

@@ -10,7 +10,8 @@ channel-blocked depthwise convolution's tile and chunks
 (`kiln.loops.nchwc_kernels.depthwise_schedule`) or the products of a Winograd convolution
 on blocked data (`kiln.loops.winograd_nchwc.schedule`), an 8-bit dense layer's or
 batch_matmul's int8 product (`kiln.loops.int8_gemm.Int8Schedule.default`) or an 8-bit
-convolution's (`kiln.loops.int8_conv.plan`). Its key names
+convolution's (`kiln.loops.int8_conv.plan`), or the units of an 8-bit dense on AMX tiles
+(`kiln.loops.int8_amx.DenseUnits.default`). Its key names
 the shapes and operand layouts; the Target is the tuning run's. Lowering records each
 site's key in ``kernel.attrs["schedules"]``, so the sites of a model are read off its
 build, deduplicated by key, with each one's share of the model's time from
@@ -59,7 +60,7 @@ class Site:
 
     key: str
     # "gemm", "dot", "conv2d", "winograd", "conv2d_nchwc", "depthwise_nchwc",
-    # "winograd_nchwc", "int8_gemm" or "int8_conv"
+    # "winograd_nchwc", "int8_gemm", "int8_conv" or "amx_dense"
     kind: str
     space: Space
     text: str  # Relay text of the one-operator program
@@ -133,6 +134,8 @@ def site_of(key: str, target: Target, weight_bytes: int | None = None) -> Site |
             return _int8_site(key, f, target)
         if kind == "int8_conv":
             return _int8_conv_site(key, f, target)
+        if kind == "amx_dense":
+            return _amx_dense_site(key, f, target)
     except (KeyError, ValueError):
         return None
     return None
@@ -332,6 +335,21 @@ def _int8_conv_site(key: str, f: Mapping[str, str], target: Target) -> Site | No
             "out_dtype=\"int32\") }")
     flops = 2 * out[0] * out[1] * out[2] * out[3] * w[1] * w[2] * w[3]
     return Site(key, "int8_conv", space, f"#[version = \"0.0.5\"]\n{text}\n", ("w",), flops)
+
+
+def _amx_dense_site(key: str, f: Mapping[str, str], target: Target) -> Site | None:
+    # an 8-bit dense on a constant weight, which alter-layout puts on AMX tiles
+    m, n, k = (int(f[x]) for x in ("m", "n", "k"))
+    a, b = f["a"], f["b"]
+    if a != b or a not in int8_gemm.INPUT_DTYPES or not int8_amx.dense_usable(m, n, k, target):
+        return None
+    space = int8_amx.dense_space(m, n, k, a, b, target)
+    if space.key != key:
+        return None
+    text = (f"def @main(%x: {_tensor((m, k), a)}, %w: {_tensor((n, k), b)}) "
+            "{ nn.dense(%x, %w, out_dtype=\"int32\") }")
+    return Site(key, "amx_dense", space, f"#[version = \"0.0.5\"]\n{text}\n", ("w",),
+                2 * m * n * k)
 
 
 def kernel_keys(kernel_attrs: Mapping[str, Any]) -> list[str]:

@@ -179,6 +179,17 @@ def test_int8_convolution_candidates_match_the_oracle(name: str) -> None:
     _check_all(space, 0, _covering(space), NO_AMX)
 
 
+@pytest.mark.skipif(not int8_amx.usable(HOST), reason="the host has no AMX tiles to run")
+def test_amx_dense_candidates_match_the_oracle() -> None:
+    # an int8 dense on AMX tiles: 40 rows (a pair of row tiles and a lone one), 150 units
+    # (pairs of column tiles and a lone one), K 200 with a tail in the last tile step
+    space = int8_amx.dense_space(40, 150, 200, "int8", "int8")
+    points = _covering(space)
+    assert {(n, str(p[n])) for p in points for n in p} == \
+        {(n, str(p[n])) for p in space.points() for n in p}
+    _check_all(space, 0, points)
+
+
 @pytest.mark.slow
 def test_grouped_and_large_k_conv_candidates() -> None:
     # groups of 2; K = 64·9 = 576 in several blocks; pixels as rows (K ≥ 1024) on 4×4

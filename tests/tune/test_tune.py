@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln.loops import gemm
+from kiln.loops import gemm, int8_amx
 from kiln.target import Target
 from kiln.tune import TuneProgress, read_log
 from kiln.tune.log import best_entries
@@ -119,6 +119,32 @@ def test_an_int8_dense_is_tuned_and_a_rebuild_takes_its_knobs(tmp_path: Path) ->
     got = _recorded(exe)[key]
     assert got["tuned"] and (got["mr"], got["nr"]) == (move["mr"], move["nr"])
     x = rng.integers(-128, 128, (3, 200)).astype(np.int8)
+    want = x.astype(np.int64) @ params["w"].astype(np.int64).T
+    np.testing.assert_array_equal(np.asarray(exe(x)), want.astype(np.float32))
+
+
+@pytest.mark.skipif(not int8_amx.usable(HOST),
+                    reason="the host has no AMX tiles to run")
+def test_an_int8_dense_on_amx_tiles_takes_logged_units(tmp_path: Path) -> None:
+    # 40 rows: the dense runs on AMX tiles, whose units (pairs of row tiles by pairs of
+    # column tiles) are a site; a rebuild takes logged units and computes numpy's product
+    from kiln.tune.log import Entry, LogWriter
+
+    rng = np.random.default_rng(6)
+    mod = kiln.parse(_INT8_DENSE.replace("(3, 200)", "(40, 200)"))
+    params = {"w": rng.integers(-128, 128, (40, 200)).astype(np.int8)}
+    key = int8_amx.dense_key(40, 40, 200, "int8", "int8")
+    assert key in _recorded(kiln.build(mod, params=params))
+    space = _site_space(key)
+    move = next(p for p in space.neighbours(space.default) if p["mb"] != space.default["mb"])
+    log = tmp_path / "a.tunelog"
+    writer = LogWriter(str(log))
+    writer.add(Entry(HOST.fingerprint, key, move, 1.0, 2.0, final=True))
+    writer.close()
+    exe = kiln.build(mod, params=params, tuning_log=log)
+    got = _recorded(exe)[key]
+    assert got["tuned"] and got["unit"] == (move["mb"], move["nb"])
+    x = rng.integers(-128, 128, (40, 200)).astype(np.int8)
     want = x.astype(np.int64) @ params["w"].astype(np.int64).T
     np.testing.assert_array_equal(np.asarray(exe(x)), want.astype(np.float32))
 
