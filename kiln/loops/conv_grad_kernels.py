@@ -62,6 +62,7 @@ from kiln.loops.ir import (
     seq,
 )
 from kiln.loops.schedule import PARALLEL_MIN_ELEMENTS, lowering_target
+from kiln.loops.tunable import Space, overridden, site_key
 from kiln.target import Target
 
 # Up to this many input channels, B is read in place from a channels-last copy of the data
@@ -115,8 +116,8 @@ def schedule(o: int, taps: int, k: int, target: Target) -> g.GemmSchedule:
     -> 512 layer 78-90 -> 102-114; 256 channels at 14x14 (K = 1568, two blocks instead of
     fourteen) 108-115 -> 112-117. A small C (the first layer's 64 × 147) keeps the default:
     its sweeps stay in cache, and longer blocks were slower there (65 -> 63)."""
-    s = g.GemmSchedule.default(1, o, taps, k, "float32", a_prepacked=True, target=target)
-    if s.tuned or 2 * o * taps * 4 <= target.l2:  # a tuning log's knobs stay as they are
+    s = g.GemmSchedule.heuristic(1, o, taps, k, "float32", a_prepacked=True, target=target)
+    if 2 * o * taps * 4 <= target.l2:
         return s
     cap = max(s.kc, KC_L1S * target.l1d // (s.nr * 4))
     fewest = -(-k // cap)
@@ -124,6 +125,46 @@ def schedule(o: int, taps: int, k: int, target: Target) -> g.GemmSchedule:
     blocks = next((b for b in range(fewest, 2 * fewest + 1) if k % b == 0), fewest)
     kc = -(-k // blocks)
     return replace(s, kc=kc, unroll=g.unroll_for(kc))
+
+
+def _rule(nimg: int, o: int, c: int, taps: int, k: int, tgt: Target
+          ) -> tuple[bool, int, g.GemmSchedule]:
+    """(whether B is read from a channels-last copy, the chunks of images, the GEMM's
+    schedule): the rules' choices for these sizes."""
+    split = chunks(nimg, o, taps, k, tgt)
+    s = _split(schedule(o, taps, k // split, tgt), split, taps, tgt)
+    if c % s.nr == 0 and c <= CHANNELS_LAST_MAX:
+        return True, split, _split(g.GemmSchedule.heuristic(
+            1, o, taps, k // split, "float32", a_prepacked=True, b_prepacked=True,
+            target=tgt), split, taps, tgt)
+    return False, split, s
+
+
+def weight_key(grad_shape: Sequence[int], data_shape: Sequence[int], kernel: Sequence[int],
+               strides: Sequence[int], padding: Sequence[int], dilation: Sequence[int]) -> str:
+    """The key naming a weight gradient's GEMM schedule in a tuning log (``padding``: top,
+    left)."""
+    return site_key("conv2d_backward_weight", grad=tuple(grad_shape), data=tuple(data_shape),
+                    kernel=tuple(kernel), strides=tuple(strides), padding=tuple(padding[:2]),
+                    dilation=tuple(dilation))
+
+
+def weight_space(grad_shape: Sequence[int], data_shape: Sequence[int], kernel: Sequence[int],
+                 strides: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
+                 target: Target | None = None) -> Space:
+    """The search space of `backward_weight`'s GEMM (its site): every knob of the GEMM's
+    (kiln/loops/gemm.py `tile_space`) around the rules' schedule but the column tile ``nr``
+    and the vector width, which choose between reading B from a channels-last copy and
+    packing it (a tile of B is nr channels of one tap there). The knobs sum K in other
+    blocks: results differ in the last bits, as the tuner's check allows."""
+    tgt = lowering_target(target)
+    nimg, o, oh, ow = (int(d) for d in grad_shape)
+    c = int(data_shape[1])
+    taps, k = c * int(kernel[0]) * int(kernel[1]), nimg * oh * ow
+    _, split, rule = _rule(nimg, o, c, taps, k, tgt)
+    key = weight_key(grad_shape, data_shape, kernel, strides, padding, dilation)
+    knobs = g.tile_space(rule, split, o, taps, k // split, "float32", tgt, ("nr", "lanes"))
+    return Space(key, knobs, g.tile_check(rule, "float32", tgt), g.tile_canonical(o, taps))
 
 
 def backward_weight(grad: Tensor, data: Tensor, kernel: Sequence[int], strides: Sequence[int],
@@ -136,11 +177,13 @@ def backward_weight(grad: Tensor, data: Tensor, kernel: Sequence[int], strides: 
     c = int(data.shape[1])
     kh, kw = int(kernel[0]), int(kernel[1])
     taps, k = c * kh * kw, nimg * oh * ow
-    split = chunks(nimg, o, taps, k, tgt)
-    s = _split(schedule(o, taps, k // split, tgt), split, taps, tgt)
-    if c % s.nr == 0 and c <= CHANNELS_LAST_MAX:
+    in_place, split, rule = _rule(nimg, o, c, taps, k, tgt)
+    key = weight_key(grad.shape, data.shape, (kh, kw), strides, padding, dilation)
+    s = overridden(replace(rule, key=key), lambda: weight_space(
+        grad.shape, data.shape, (kh, kw), strides, padding, dilation, tgt), g.gemm_schedule)
+    if in_place:
         return _channels_last(grad, data, (kh, kw), strides, padding, dilation, dtype, tgt,
-                              split)
+                              split, s)
     geo = conv_layout(data.shape, (o, c, kh, kw), strides, padding, dilation,
                       (nimg, o, oh, ow))
     mr, kc = s.mr, s.kc
@@ -286,21 +329,20 @@ def _adjoint(grad: Tensor, dyp: Buffer, kq: int, split: int, tgt: Target) -> Stm
 
 def _channels_last(grad: Tensor, data: Tensor, kernel: tuple[int, int],
                    strides: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
-                   dtype: str, tgt: Target, split: int) -> Tensor:
+                   dtype: str, tgt: Target, split: int, s: g.GemmSchedule) -> Tensor:
     """`backward_weight` where the channels fill whole tiles of B (C a multiple of nr, every
     ResNet layer but the first): the data copied once into a zero-padded channels-last
     image, the taps ordered (ky, kx, c), so that B's row for one pixel is, tile by tile, nr
     consecutive floats of it, read in place by the micro-kernel like A's panels: no operand
     is packed (the planes' B took a copy per element, as many as the micro-kernel's FMAs
-    where M is 64). ``split``: the chunks of images of `chunks`."""
+    where M is 64). ``split``: the chunks of images of `chunks`; ``s``: the GEMM's schedule
+    (`_rule`'s, or a tuning log's)."""
     nimg, o, oh, ow = (int(d) for d in grad.shape)
     c = int(data.shape[1])
     (kh, kw), (sh, sw), (dh, dw) = kernel, strides, dilation
     top, left = int(padding[0]), int(padding[1])
     taps, k = c * kh * kw, nimg * oh * ow
     kq = k // split
-    s = _split(g.GemmSchedule.default(1, o, taps, kq, "float32", a_prepacked=True,
-                                      b_prepacked=True, target=tgt), split, taps, tgt)
     mr, nr, kc, lanes = s.mr, s.nr, s.kc, s.lanes or tgt.lanes(dtype)
     kpad, mt = kc * -(-kq // kc), -(-o // mr)
     hp, wp = (oh - 1) * sh + (kh - 1) * dh + 1, (ow - 1) * sw + (kw - 1) * dw + 1

@@ -11,7 +11,8 @@ channel-blocked depthwise convolution's tile and chunks
 on blocked data (`kiln.loops.winograd_nchwc.schedule`), an 8-bit dense layer's or
 batch_matmul's int8 product (`kiln.loops.int8_gemm.Int8Schedule.default`) or an 8-bit
 convolution's (`kiln.loops.int8_conv.plan`), or the units of an 8-bit dense on AMX tiles
-(`kiln.loops.int8_amx.DenseUnits.default`). Its key names
+(`kiln.loops.int8_amx.DenseUnits.default`), or the GEMM of conv2d's weight gradient in a
+training step (`kiln.loops.conv_grad_kernels.backward_weight`). Its key names
 the shapes and operand layouts; the Target is the tuning run's. Lowering records each
 site's key in ``kernel.attrs["schedules"]``, so the sites of a model are read off its
 build, deduplicated by key, with each one's share of the model's time from
@@ -21,7 +22,7 @@ To measure a candidate, the site is rebuilt alone: a program of one operator (de
 constant weight for a GEMM whose B is prepacked, batch_matmul otherwise, conv2d on a
 constant or variable weight, nn.contrib_conv2d_NCHWc on a constant blocked weight, a 3×3
 conv2d that convert-layout takes to Winograd on blocks, an 8-bit dense, batch_matmul or
-conv2d into int32) whose
+conv2d into int32, nn.conv2d_backward_weight of an adjoint and data) whose
 lowering meets the same key, so alter-layout packs its weight for the candidate's tiles
 just as the model's build will. It is built knowing the model's weight bytes, as the model's
 kernels were (`weights_scope`, kiln/loops/schedule.py): a product with a constant operand
@@ -39,6 +40,7 @@ import numpy as np
 from kiln.errors import Error
 from kiln.ir.module import IRModule
 from kiln.loops import (
+    conv_grad_kernels,
     conv_kernels,
     gemm,
     int8_amx,
@@ -60,7 +62,7 @@ class Site:
 
     key: str
     # "gemm", "dot", "conv2d", "winograd", "conv2d_nchwc", "depthwise_nchwc",
-    # "winograd_nchwc", "int8_gemm", "int8_conv" or "amx_dense"
+    # "winograd_nchwc", "int8_gemm", "int8_conv", "amx_dense" or "conv2d_backward_weight"
     kind: str
     space: Space
     text: str  # Relay text of the one-operator program
@@ -136,6 +138,8 @@ def site_of(key: str, target: Target, weight_bytes: int | None = None) -> Site |
             return _int8_conv_site(key, f, target)
         if kind == "amx_dense":
             return _amx_dense_site(key, f, target)
+        if kind == "conv2d_backward_weight":
+            return _weight_grad_site(key, f, target)
     except (KeyError, ValueError):
         return None
     return None
@@ -350,6 +354,24 @@ def _amx_dense_site(key: str, f: Mapping[str, str], target: Target) -> Site | No
             "{ nn.dense(%x, %w, out_dtype=\"int32\") }")
     return Site(key, "amx_dense", space, f"#[version = \"0.0.5\"]\n{text}\n", ("w",),
                 2 * m * n * k)
+
+
+def _weight_grad_site(key: str, f: Mapping[str, str], target: Target) -> Site | None:
+    # conv2d's weight gradient of an adjoint and the data (a training step's), float32
+    grad, data, kernel = _ints(f["grad"]), _ints(f["data"]), _ints(f["kernel"])
+    strides, pad, dil = _ints(f["strides"]), _ints(f["padding"]), _ints(f["dilation"])
+    if len(grad) != 4 or len(data) != 4 or len(kernel) != 2 or grad[0] != data[0]:
+        return None
+    space = conv_grad_kernels.weight_space(grad, data, kernel, strides, pad, dil, target)
+    if space.key != key:
+        return None
+    w = (grad[1], data[1], *kernel)
+    text = (f"def @main(%g: {_tensor(grad)}, %x: {_tensor(data)}) "
+            f"{{ nn.conv2d_backward_weight(%g, %x, {_window(data, w, grad, strides, pad, dil)}, "
+            f"channels={grad[1]}, kernel_size=[{kernel[0]}, {kernel[1]}]) }}")
+    flops = 2 * grad[0] * grad[1] * grad[2] * grad[3] * data[1] * kernel[0] * kernel[1]
+    return Site(key, "conv2d_backward_weight", space, f"#[version = \"0.0.5\"]\n{text}\n",
+                (), flops)
 
 
 def kernel_keys(kernel_attrs: Mapping[str, Any]) -> list[str]:

@@ -186,8 +186,8 @@ def test_a_weight_gradient_past_l2_takes_long_k_blocks() -> None:
     assert cgk.schedule(512, 4608, 392, spr).kc == 392  # one block, not four
     assert cgk.schedule(256, 2304, 1568, spr).kc == 784  # two of 784, not fourteen
     # a small C (the first layer's 64 x 147) keeps the GEMM's default
-    default = GemmSchedule.default(1, 64, 147, 100352, "float32", a_prepacked=True,
-                                   target=spr)
+    default = GemmSchedule.heuristic(1, 64, 147, 100352, "float32", a_prepacked=True,
+                                     target=spr)
     assert cgk.schedule(64, 147, 100352, spr) == default
 
 

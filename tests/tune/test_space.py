@@ -12,6 +12,7 @@ import kiln
 from kiln.codegen.cache import fingerprint
 from kiln.ir.traverse import post_order
 from kiln.loops import (
+    conv_grad_kernels,
     gemm,
     int8_amx,
     int8_conv,
@@ -130,6 +131,15 @@ SPACES = {
     # (its panels packed for each point's nr; A shifted by 128 on VNNI), K with a tail of the
     # 4 bytes a lane packs, 70 units; uint8 × uint8 on a variable weight (the widening form:
     # only its blocks and parallel loop move); an int8 batch_matmul of 3
+    # conv2d's weight gradient (a training step's): the adjoint in A's panels, B from the
+    # phase planes (6 channels, stride 2) or read in place from a channels-last copy (32
+    # channels), its images split between the threads (24² pixels a chunk) or not
+    "weight grad planes": lambda: conv_grad_kernels.weight_space(
+        (2, 8, 5, 5), (2, 6, 10, 10), (3, 3), (2, 2), (1, 1), (1, 1)),
+    "weight grad planes split": lambda: conv_grad_kernels.weight_space(
+        (4, 8, 20, 20), (4, 6, 20, 20), (3, 3), (1, 1), (1, 1), (1, 1)),
+    "weight grad channels last split": lambda: conv_grad_kernels.weight_space(
+        (2, 12, 24, 24), (2, 32, 24, 24), (3, 3), (1, 1), (1, 1), (1, 1)),
     "int8 dense prepacked": lambda: int8_gemm.space("dense_prepacked", 1, 5, 70, 301, "int8",
                                                     "int8"),
     "int8 dense": lambda: int8_gemm.space("dense", 1, 13, 37, 66, "uint8", "uint8"),

@@ -190,6 +190,40 @@ def test_an_int8_convolution_is_tuned_and_a_rebuild_takes_its_knobs(tmp_path: Pa
     np.testing.assert_array_equal(np.asarray(exe(x)), reference(mod, params, x))
 
 
+_WEIGHT_GRAD = """#[version = "0.0.5"]
+def @main(%g: Tensor[(2, 24, 12, 12), float32], %x: Tensor[(2, 32, 12, 12), float32]) {
+  nn.conv2d_backward_weight(%g, %x, padding=[1, 1, 1, 1], channels=24, kernel_size=[3, 3])
+}
+"""
+
+
+def test_a_weight_gradient_is_tuned_and_a_rebuild_takes_its_knobs(tmp_path: Path) -> None:
+    # conv2d's weight gradient (what a training step computes) is a site: kiln.tune measures
+    # it, and a logged register tile is taken by a rebuild, which computes the reference's
+    from kiln.tune.log import Entry, LogWriter
+
+    rng = np.random.default_rng(7)
+    mod = kiln.parse(_WEIGHT_GRAD)
+    plain = _recorded(kiln.build(mod))
+    (key,) = [k for k in plain if k.startswith("conv2d_backward_weight ")]
+    result = kiln.tune(mod, budget_s=3.0, log=str(tmp_path / "t.tunelog"))
+    assert {r.key for r in result.kernels} | set(result.out_of_time) == {key}
+    assert not result.skipped and all(r.rejected == 0 for r in result.kernels)
+    space = _site_space(key)
+    move = next(p for p in space.neighbours(space.default) if p["mr"] != space.default["mr"])
+    log = tmp_path / "g.tunelog"
+    writer = LogWriter(str(log))
+    writer.add(Entry(HOST.fingerprint, key, move, 1.0, 2.0, final=True))
+    writer.close()
+    exe = kiln.build(mod, tuning_log=log)
+    got = _recorded(exe)[key]
+    assert got["tuned"] and got["mr"] == move["mr"]
+    g = rng.uniform(-1, 1, (2, 24, 12, 12)).astype(np.float32)
+    x = rng.uniform(-1, 1, (2, 32, 12, 12)).astype(np.float32)
+    want = np.asarray(kiln.interpret(mod, g, x))
+    np.testing.assert_allclose(np.asarray(exe(g, x)), want, rtol=1e-4, atol=1e-4)
+
+
 def test_the_channel_block_is_searched_for_the_whole_model(tmp_path: Path) -> None:
     # The block convert-layout runs a function in is a knob of the whole model: kiln.tune
     # times the model in each block first (alternated), keeps the default unless another is
