@@ -108,6 +108,30 @@ def test_channels_padded_to_the_lanes() -> None:
     np.testing.assert_allclose(kiln.build(mod, params=params)(x), twin(x), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("c", [2 * LANES, LANES + LANES // 2])
+def test_a_bias_add_stays_in_blocks(c: int) -> None:
+    # ONNX's Conv with a bias imports as nn.conv2d + nn.bias_add: the bias is added in
+    # blocks (zeros for padding channels), not after moving the result back to NCHW
+    w1 = RNG.standard_normal((c, 3, 3, 3)).astype(np.float32) / 3
+    w2 = (RNG.standard_normal((c, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)
+    b1, b2 = (RNG.standard_normal((c,)).astype(np.float32) for _ in range(2))
+    params = {"w1": w1, "b1": b1, "w2": w2, "b2": b2}
+    x = kiln.var("x", shape=(1, 3, 10, 10))
+    v = {k: kiln.var(k, shape=a.shape) for k, a in params.items()}
+    h = nn.relu(nn.bias_add(nn.conv2d(x, v["w1"], padding=(1, 1)), v["b1"]))
+    h = nn.bias_add(nn.conv2d(h, v["w2"], padding=(1, 1)), v["b2"], axis=-3)
+    mod = kiln.IRModule.from_expr(kiln.Function([x, *v.values()], h))
+    count = ops(optimized(mod, params))
+    assert count["nn.contrib_conv2d_NCHWc"] + count["nn.conv2d_winograd"] == 2
+    assert count["nn.bias_add"] == 0 and count["layout_transform"] == 1
+    data = RNG.standard_normal((1, 3, 10, 10)).astype(np.float32)
+    t = {k: torch.from_numpy(a.astype(np.float64)) for k, a in params.items()}
+    want = F.conv2d(torch.relu(F.conv2d(torch.from_numpy(data.astype(np.float64)), t["w1"],
+                                        t["b1"], padding=1)), t["w2"], t["b2"], padding=1)
+    np.testing.assert_allclose(kiln.build(mod, params=params)(data), want.numpy(), rtol=1e-4,
+                               atol=1e-4)
+
+
 def test_channels_too_few_to_pad_stay_nchw() -> None:
     mod, params, twin = small_mobilenet(c=LANES // 2 - 2)
     count = ops(optimized(mod, params))
