@@ -17,27 +17,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import peers  # benchmarks/peers.py: the workloads and their runners
 
 from kiln.codegen import set_num_threads
-
-
-def timed(f: Callable[[], Any], before: Callable[[], Any] | None, calls: int) -> float:
-    """The median time of ``f``, each call right after ``before`` (untimed) if given."""
-    time.sleep(0.05)
-    f()
-    ts = []
-    for _ in range(calls):
-        if before is not None:
-            before()
-        t0 = time.perf_counter()
-        f()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 
 def main() -> None:
@@ -64,7 +49,8 @@ def main() -> None:
             other = work.runners[name]
 
             def median_of(f: Callable[[], Any], before: Callable[[], Any] | None) -> float:
-                return statistics.median(timed(f, before, args.calls) for _ in range(args.runs))
+                return statistics.median(peers.timed_after(f, before, args.calls)
+                                         for _ in range(args.runs))
             alone, after = median_of(kiln_run, None), median_of(kiln_run, other)
             o_alone, o_after = median_of(other, None), median_of(other, kiln_run)
             print(f"| {work.case.title} | {name} | {alone * 1e3:.3f} | {after / alone:.2f} | "

@@ -333,6 +333,21 @@ def numpy_mlp(weights: list[np.ndarray], x: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def timed_after(f: Callable[[], Any], before: Callable[[], Any] | None, calls: int) -> float:
+    """The median time of ``calls`` calls of ``f``, each right after an untimed call of
+    ``before`` where given (after a pause and an untimed call of ``f``)."""
+    time.sleep(0.05)
+    f()
+    ts = []
+    for _ in range(calls):
+        if before is not None:
+            before()
+        t0 = time.perf_counter()
+        f()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
 def alternating_with_numpy(runs: int, calls: int) -> list[tuple[float, float, float]]:
     """MLP batch 64, weights as arguments: kiln alone, then kiln each call after a numpy MLP.
 
@@ -346,30 +361,18 @@ def alternating_with_numpy(runs: int, calls: int) -> list[tuple[float, float, fl
     x = np.random.default_rng(1).standard_normal((64, 784)).astype("float32")
     got = exe(x, *weights)
 
-    def timed(f: Callable[[], Any], before: Callable[[], Any] | None) -> float:
-        time.sleep(0.05)
-        f()
-        ts = []
-        for _ in range(calls):
-            if before is not None:
-                before()
-            t0 = time.perf_counter()
-            f()
-            ts.append(time.perf_counter() - t0)
-        return statistics.median(ts)
-
     def kiln_call() -> Any:
         return exe(x, *weights)
 
     def numpy_call() -> Any:
         return numpy_mlp(weights, x)
 
-    alone = [timed(kiln_call, None) for _ in range(runs)]
+    alone = [timed_after(kiln_call, None, calls) for _ in range(runs)]
     error = torch_models.max_error(got, numpy_mlp(weights, x))
     if error > RTOL:
         raise RuntimeError(f"kiln's MLP with weight arguments disagrees with numpy: {error:.1e}")
-    after = [timed(kiln_call, numpy_call) for _ in range(runs)]
-    numpy_alone = timed(numpy_call, None)
+    after = [timed_after(kiln_call, numpy_call, calls) for _ in range(runs)]
+    numpy_alone = timed_after(numpy_call, None, calls)
     return [(a, b, numpy_alone) for a, b in zip(alone, after)]
 
 

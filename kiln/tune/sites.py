@@ -31,7 +31,7 @@ is split by whether the model's weights, not the one operator's, fit the cores' 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -118,31 +118,10 @@ def site_of(key: str, target: Target, weight_bytes: int | None = None) -> Site |
         return None if site is None else replace(site, weight_bytes=weight_bytes)
     try:
         kind, f = parse_key(key)
-        if kind == "gemm":
-            return _gemm_site(key, f, target)
-        if kind == "dot":
-            return _dot_site(key, f, target)
-        if kind == "conv2d":
-            return _conv_site(key, f, target)
-        if kind == "winograd":
-            return _winograd_site(key, f, target)
-        if kind == "conv2d_nchwc":
-            return _nchwc_site(key, f, target)
-        if kind == "depthwise_nchwc":
-            return _depthwise_site(key, f, target)
-        if kind == "winograd_nchwc":
-            return _winograd_nchwc_site(key, f, target)
-        if kind == "int8_gemm":
-            return _int8_site(key, f, target)
-        if kind == "int8_conv":
-            return _int8_conv_site(key, f, target)
-        if kind == "amx_dense":
-            return _amx_dense_site(key, f, target)
-        if kind == "conv2d_backward_weight":
-            return _weight_grad_site(key, f, target)
+        make = _SITE_KINDS.get(kind)
+        return None if make is None else make(key, f, target)
     except (KeyError, ValueError):
         return None
-    return None
 
 
 def _gemm_site(key: str, f: Mapping[str, str], target: Target) -> Site | None:
@@ -372,6 +351,16 @@ def _weight_grad_site(key: str, f: Mapping[str, str], target: Target) -> Site | 
     flops = 2 * grad[0] * grad[1] * grad[2] * grad[3] * data[1] * kernel[0] * kernel[1]
     return Site(key, "conv2d_backward_weight", space, f"#[version = \"0.0.5\"]\n{text}\n",
                 (), flops)
+
+
+# A site's kind (its key's first word) -> the function that makes the site of such a key
+_SITE_KINDS: dict[str, Callable[[str, Mapping[str, str], Target], Site | None]] = {
+    "gemm": _gemm_site, "dot": _dot_site, "conv2d": _conv_site, "winograd": _winograd_site,
+    "conv2d_nchwc": _nchwc_site, "depthwise_nchwc": _depthwise_site,
+    "winograd_nchwc": _winograd_nchwc_site, "int8_gemm": _int8_site,
+    "int8_conv": _int8_conv_site, "amx_dense": _amx_dense_site,
+    "conv2d_backward_weight": _weight_grad_site,
+}
 
 
 def kernel_keys(kernel_attrs: Mapping[str, Any]) -> list[str]:

@@ -29,6 +29,24 @@ def _recorded(exe: kiln.Executable) -> dict[str, dict]:
     return out
 
 
+def _rebuilt_with_a_move(mod: kiln.IRModule, params: dict | None, key: str, knob: str,
+                         log: Path, target: Target = HOST) -> tuple[Any, dict, dict]:
+    """The model rebuilt with a log of one final entry for ``key``: the first one-knob
+    move of its space that changes ``knob``. (the build, the move, the knobs it recorded)"""
+    from kiln.tune.log import Entry, LogWriter
+    from kiln.tune.sites import site_of
+
+    site = site_of(key, target)
+    assert site is not None, key
+    space = site.space
+    move = next(p for p in space.neighbours(space.default) if p[knob] != space.default[knob])
+    writer = LogWriter(str(log))
+    writer.add(Entry(target.fingerprint, key, move, 1.0, 2.0, final=True))
+    writer.close()
+    exe = kiln.build(mod, params=params, target=target, tuning_log=log)
+    return exe, move, _recorded(exe)[key]
+
+
 def test_tiny_budget_run_writes_a_log_that_a_rebuild_uses(tmp_path: Path) -> None:
     mod, params = conv_net()
     log = tmp_path / "net.tunelog"
@@ -66,21 +84,12 @@ def test_a_log_reaches_the_blocked_winograd_products(tmp_path: Path) -> None:
     # Two 3×3 convolutions that convert-layout runs as Winograd on channel blocks: their
     # products are a site (winograd_nchwc ...); a log entry moving its register tile is
     # taken by a rebuild (U repacked for its nr), and the result stays the reference's.
-    from kiln.tune.log import Entry, LogWriter
-
     rng = np.random.default_rng(0)
     c = HOST.lanes("float32") * 2
     mod, params = winograd_net()
     plain = _recorded(kiln.build(mod, params=params))
     (key,) = [k for k in plain if k.startswith("winograd_nchwc ")]
-    space = _site_space(key)
-    move = next(p for p in space.neighbours(space.default) if p["nr"] != space.default["nr"])
-    log = tmp_path / "w.tunelog"
-    writer = LogWriter(str(log))
-    writer.add(Entry(HOST.fingerprint, key, move, 1.0, 2.0, final=True))
-    writer.close()
-    exe = kiln.build(mod, params=params, tuning_log=log)
-    got = _recorded(exe)[key]
+    exe, move, got = _rebuilt_with_a_move(mod, params, key, "nr", tmp_path / "w.tunelog")
     assert got["tuned"] and (got["mr"], got["nr"]) == (move["mr"], move["nr"])
     data = rng.uniform(-1, 1, (1, c, 28, 28)).astype(np.float32)
     np.testing.assert_allclose(exe(data), reference(mod, params, data), rtol=1e-4, atol=1e-4)
@@ -99,8 +108,6 @@ def test_an_int8_dense_is_tuned_and_a_rebuild_takes_its_knobs(tmp_path: Path) ->
     # panels (a few rows: not AMX tiles, where the host has them); kiln.tune measures its
     # site, and a log entry moving its tile width is taken by a rebuild (the panels repacked
     # for it), whose results stay numpy's exact integer product.
-    from kiln.tune.log import Entry, LogWriter
-
     rng = np.random.default_rng(4)
     mod = kiln.parse(_INT8_DENSE)
     params = {"w": rng.integers(-128, 128, (40, 200)).astype(np.int8)}
@@ -109,14 +116,7 @@ def test_an_int8_dense_is_tuned_and_a_rebuild_takes_its_knobs(tmp_path: Path) ->
     result = kiln.tune(mod, params, budget_s=3.0, log=str(tmp_path / "t.tunelog"))
     assert {r.key for r in result.kernels} | set(result.out_of_time) == {key}
     assert not result.skipped and all(r.rejected == 0 for r in result.kernels)
-    space = _site_space(key)
-    move = next(p for p in space.neighbours(space.default) if p["nr"] != space.default["nr"])
-    log = tmp_path / "q.tunelog"
-    writer = LogWriter(str(log))
-    writer.add(Entry(HOST.fingerprint, key, move, 1.0, 2.0, final=True))
-    writer.close()
-    exe = kiln.build(mod, params=params, tuning_log=log)
-    got = _recorded(exe)[key]
+    exe, move, got = _rebuilt_with_a_move(mod, params, key, "nr", tmp_path / "q.tunelog")
     assert got["tuned"] and (got["mr"], got["nr"]) == (move["mr"], move["nr"])
     x = rng.integers(-128, 128, (3, 200)).astype(np.int8)
     want = x.astype(np.int64) @ params["w"].astype(np.int64).T
@@ -128,21 +128,12 @@ def test_an_int8_dense_is_tuned_and_a_rebuild_takes_its_knobs(tmp_path: Path) ->
 def test_an_int8_dense_on_amx_tiles_takes_logged_units(tmp_path: Path) -> None:
     # 40 rows: the dense runs on AMX tiles, whose units (pairs of row tiles by pairs of
     # column tiles) are a site; a rebuild takes logged units and computes numpy's product
-    from kiln.tune.log import Entry, LogWriter
-
     rng = np.random.default_rng(6)
     mod = kiln.parse(_INT8_DENSE.replace("(3, 200)", "(40, 200)"))
     params = {"w": rng.integers(-128, 128, (40, 200)).astype(np.int8)}
     key = int8_amx.dense_key(40, 40, 200, "int8", "int8")
     assert key in _recorded(kiln.build(mod, params=params))
-    space = _site_space(key)
-    move = next(p for p in space.neighbours(space.default) if p["mb"] != space.default["mb"])
-    log = tmp_path / "a.tunelog"
-    writer = LogWriter(str(log))
-    writer.add(Entry(HOST.fingerprint, key, move, 1.0, 2.0, final=True))
-    writer.close()
-    exe = kiln.build(mod, params=params, tuning_log=log)
-    got = _recorded(exe)[key]
+    exe, move, got = _rebuilt_with_a_move(mod, params, key, "mb", tmp_path / "a.tunelog")
     assert got["tuned"] and got["unit"] == (move["mb"], move["nb"])
     x = rng.integers(-128, 128, (40, 200)).astype(np.int8)
     want = x.astype(np.int64) @ params["w"].astype(np.int64).T
@@ -161,8 +152,6 @@ def test_an_int8_convolution_is_tuned_and_a_rebuild_takes_its_knobs(tmp_path: Pa
     # On a Target without AMX an 8-bit conv2d runs the int8 GEMM on channel-group planes
     # (kiln/loops/int8_conv.py): its site is measured, and a logged register tile is taken
     # by a rebuild (the weight's panels packed for it), which computes the reference's.
-    from kiln.tune.log import Entry, LogWriter
-
     target = Target.parse("llvm -mattr=-amx-tile")
     rng = np.random.default_rng(5)
     mod = kiln.parse(_INT8_CONV)
@@ -173,18 +162,8 @@ def test_an_int8_convolution_is_tuned_and_a_rebuild_takes_its_knobs(tmp_path: Pa
                        target=target)
     assert {r.key for r in result.kernels} | set(result.out_of_time) == {key}
     assert not result.skipped and all(r.rejected == 0 for r in result.kernels)
-    from kiln.tune.sites import site_of
-
-    site = site_of(key, target)
-    assert site is not None
-    move = next(p for p in site.space.neighbours(site.space.default)
-                if p["mr"] != site.space.default["mr"])
-    log = tmp_path / "q.tunelog"
-    writer = LogWriter(str(log))
-    writer.add(Entry(target.fingerprint, key, move, 1.0, 2.0, final=True))
-    writer.close()
-    exe = kiln.build(mod, params=params, target=target, tuning_log=log)
-    got = _recorded(exe)[key]
+    exe, move, got = _rebuilt_with_a_move(mod, params, key, "mr", tmp_path / "q.tunelog",
+                                          target)
     assert got["tuned"] and (got["mr"], got["nr"]) == (move["mr"], move["nr"])
     x = rng.integers(-128, 128, (1, 12, 10, 11)).astype(np.int8)
     np.testing.assert_array_equal(np.asarray(exe(x)), reference(mod, params, x))
@@ -200,8 +179,6 @@ def @main(%g: Tensor[(2, 24, 12, 12), float32], %x: Tensor[(2, 32, 12, 12), floa
 def test_a_weight_gradient_is_tuned_and_a_rebuild_takes_its_knobs(tmp_path: Path) -> None:
     # conv2d's weight gradient (what a training step computes) is a site: kiln.tune measures
     # it, and a logged register tile is taken by a rebuild, which computes the reference's
-    from kiln.tune.log import Entry, LogWriter
-
     rng = np.random.default_rng(7)
     mod = kiln.parse(_WEIGHT_GRAD)
     plain = _recorded(kiln.build(mod))
@@ -209,14 +186,7 @@ def test_a_weight_gradient_is_tuned_and_a_rebuild_takes_its_knobs(tmp_path: Path
     result = kiln.tune(mod, budget_s=3.0, log=str(tmp_path / "t.tunelog"))
     assert {r.key for r in result.kernels} | set(result.out_of_time) == {key}
     assert not result.skipped and all(r.rejected == 0 for r in result.kernels)
-    space = _site_space(key)
-    move = next(p for p in space.neighbours(space.default) if p["mr"] != space.default["mr"])
-    log = tmp_path / "g.tunelog"
-    writer = LogWriter(str(log))
-    writer.add(Entry(HOST.fingerprint, key, move, 1.0, 2.0, final=True))
-    writer.close()
-    exe = kiln.build(mod, tuning_log=log)
-    got = _recorded(exe)[key]
+    exe, move, got = _rebuilt_with_a_move(mod, None, key, "mr", tmp_path / "g.tunelog")
     assert got["tuned"] and got["mr"] == move["mr"]
     g = rng.uniform(-1, 1, (2, 24, 12, 12)).astype(np.float32)
     x = rng.uniform(-1, 1, (2, 32, 12, 12)).astype(np.float32)
