@@ -31,10 +31,11 @@ checks with ``sched_yield`` up to ``WORKER_SPINS`` — so that the next region o
 small kernels finds it awake without it taking a core another thread wants; then, unless
 ``kiln_pool_spin_ns`` asks it to go on yielding for that long since its last region
 (``KILN_SPIN_MS``; 0 by default), it sleeps on a pthread condition variable, and the caller
-signals it only when some worker sleeps. It sleeps at once where a yield kept it off its core
-for long (`YIELD_LOST_NS`): another thread wants that core on and on, and a worker that goes
-on yielding to it joins the next region only after that thread's timeslice, while a woken
-one runs first.
+signals it only when some worker sleeps. Where a yield kept it off its core for long
+(`YIELD_LOST_NS`), another thread wants that core on and on, and a worker that goes on
+yielding to it joins the next region only after that thread's timeslice, while a woken one
+runs first: for the next `CROWDED_NS` the worker sleeps after `CROWDED_PAUSE_SPINS` pause
+checks, without yielding (also where ``kiln_pool_spin_ns`` asks it to stay awake).
 The caller, waiting for claimed chunks to finish, spins briefly and then yields its core
 with ``sched_yield``.
 

@@ -407,8 +407,9 @@ class DenseUnits:
 
     @staticmethod
     def default(m: int, units: int, k: int, a_dtype: str, b_dtype: str) -> DenseUnits:
-        """The rule's units (A and B of a unit in `UNIT_BYTES`), or the knobs the
-        enclosing `overrides_scope` gives its key (a tuning log's)."""
+        """The rule's units (one 32×32 block where K is short, `SMALL_UNIT_BYTES`; else
+        up to 4 pairs of row tiles by the column pairs that fill `UNIT_BYTES`), or the knobs
+        the enclosing `overrides_scope` gives its key (a tuning log's)."""
         base = replace(_dense_rule(m, units, k), key=dense_key(m, units, k, a_dtype, b_dtype))
         return overridden(base, lambda: dense_space(m, units, k, a_dtype, b_dtype),
                           _dense_apply)
@@ -481,9 +482,9 @@ def dense_tiled(x: Tensor, wt: LBuffer, units: int, out_shape: Sequence[int],
     """``x @ W.T`` in int32 for 8-bit ``x`` (..., K) and W's tiles ``wt`` (``(NT, S, 16,
     16)`` int32, kiln/op/nn/int8_tiled.py: word (r, c) of tile (t, s) holds W[16t + c, 64s +
     4r .. 64s + 4r + 3]). Each call packs x's rows as words (4 consecutive K values each,
-    rows of S·16 words: the A tiles), then units of up to 4 pairs of row tiles by pairs of
-    column tiles (A and B in a core's L2) do their tile products back to back and their
-    epilogue rows, on the thread pool. None where `dense_usable` says no or ``wt`` is not
+    rows of S·16 words: the A tiles), then units (`DenseUnits`: pairs of row tiles by pairs
+    of column tiles) do their tile products back to back and their epilogue rows, on the
+    thread pool. None where `dense_usable` says no or ``wt`` is not
     these tiles."""
     tgt = lowering_target(target)
     lead = tuple(x.shape[:-1])

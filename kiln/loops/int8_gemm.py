@@ -121,7 +121,8 @@ class Int8Schedule:
     is shifted by +128 (int8 × int8 on VNNI), and, parallel over M, how many M blocks one
     iteration of the parallel loop takes (``m_blocks``: they share one packing of B), and
     the parallel loop's chunks a thread. A dense layer's or batch_matmul's schedule is a
-    tuning site (``key``, `space`); a convolution's is the rule's."""
+    tuning site (``key``, `space`), and so is an 8-bit convolution's (kiln/loops/int8_conv.py
+    `plan`, around the rule's made finer)."""
 
     mr: int
     nr: int
