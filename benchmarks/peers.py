@@ -28,8 +28,11 @@ timings: once OpenBLAS has run, kiln's parallel kernels are many times slower fo
 and torch's and ORT's are not.
 
     .venv/bin/python benchmarks/peers.py [--threads 2] [--repeat 30] [--only mlp1,matmul]
-        [--conditions idle,busy] [--unset-openblas] [--spin-ms 100]
+        [--conditions idle,busy] [--unset-openblas] [--spin-ms 100] [--kiln-from onnx]
     .venv/bin/python benchmarks/peers.py --quick       # reduced sizes, few repeats: a smoke run
+
+``--kiln-from onnx``: kiln imports the very ONNX file ONNX Runtime runs (``kiln.frontend.
+from_onnx``) instead of building the kiln.testing model, as a user with a model file would.
 
 numpy's OpenBLAS reads its environment when it loads, so the script runs itself again when it
 must change it: ``OPENBLAS_NUM_THREADS`` set to ``--threads`` if unset, and with
@@ -196,8 +199,9 @@ class Workload:
     skipped: str = ""  # why it is not timed
 
 
-def prepare(case: Case, threads: int) -> Workload:
-    """Build kiln, the twin and ORT for a case and check that they agree with the twin."""
+def prepare(case: Case, threads: int, kiln_from: str = "model") -> Workload:
+    """Build kiln, the twin and ORT for a case and check that they agree with the twin;
+    ``kiln_from="onnx"``: kiln imports the ONNX file ORT runs instead of building the model."""
     import torch
 
     work = Workload(case)
@@ -205,7 +209,13 @@ def prepare(case: Case, threads: int) -> Workload:
     x = np.random.default_rng(1).standard_normal(case.input_shape).astype("float32")
     twin = case.twin(params)
     tx = torch.from_numpy(x)
-    if case.import_twin:
+    onnx_file = torch_models.onnx_model(twin, x)
+    weights = params  # the twin's and numpy's, by the builder's names
+    if kiln_from == "onnx":
+        from kiln.frontend import from_onnx
+
+        mod, params = from_onnx(onnx_file)
+    elif case.import_twin:
         from kiln.frontend import from_torch
 
         try:
@@ -223,9 +233,9 @@ def prepare(case: Case, threads: int) -> Workload:
             return twin(tx)
 
     work.runners = {"kiln": lambda: exe(x), "torch": torch_call,
-                    "ort": torch_models.onnx_session(twin, x, threads)}
+                    "ort": torch_models.onnx_session(twin, x, threads, onnx_file)}
     if case.numpy is not None:
-        work.runners["numpy"] = case.numpy(params, x)
+        work.runners["numpy"] = case.numpy(weights, x)
     want = torch_models.run_torch(twin, x)
     for name, f in work.runners.items():
         if name != "torch":
@@ -494,6 +504,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2,
                         help="threads for kiln, torch, ORT and (if unset) OpenBLAS")
     parser.add_argument("--quick", action="store_true", help="reduced sizes, few repeats")
+    parser.add_argument("--kiln-from", choices=("model", "onnx"), default="model",
+                        help="kiln builds the kiln.testing model (default) or imports the "
+                             "ONNX file that ONNX Runtime runs")
     parser.add_argument("--only", default="", help="comma-separated keys: " + ",".join(
         c.key for c in cases(False)) + ",numpy_alternating")
     parser.add_argument("--conditions", default="idle,busy", help="idle, busy or both")
@@ -532,7 +545,7 @@ def main() -> None:
         if only and case.key not in only:
             continue
         print(f"  building {case.title} ...", flush=True)
-        work = prepare(case, args.threads)
+        work = prepare(case, args.threads, args.kiln_from)
         if work.skipped:
             print(f"    skipped: {work.skipped}")
         else:

@@ -371,14 +371,13 @@ __all__ = ["as_torch_tree", "run_torch", "torch_gpt_block", "torch_lstm", "torch
            "torch_vit_block"]
 
 
-def onnx_session(twin: Any, x: np.ndarray, threads: int) -> Any:
-    """A call of ONNX Runtime on ``twin`` exported with the TorchScript exporter (offline),
-    ``threads`` intra-op threads, every graph optimization: the benchmarks' third runtime."""
+def onnx_model(twin: Any, x: np.ndarray) -> bytes:
+    """``twin`` exported to ONNX with the TorchScript exporter (offline, opset 17), its input
+    named ``data``: the file the benchmarks give ONNX Runtime (and, asked, kiln's importer)."""
     import tempfile
     import warnings
     from pathlib import Path
 
-    import onnxruntime as ort
     import torch
 
     with tempfile.TemporaryDirectory(prefix="kiln-twin-") as tmp:
@@ -387,7 +386,17 @@ def onnx_session(twin: Any, x: np.ndarray, threads: int) -> Any:
             warnings.simplefilter("ignore")
             torch.onnx.export(twin, (torch.from_numpy(x),), str(path), dynamo=False,
                               input_names=["data"], opset_version=17)
-        model = path.read_bytes()
+        return path.read_bytes()
+
+
+def onnx_session(twin: Any, x: np.ndarray, threads: int, model: bytes | None = None) -> Any:
+    """A call of ONNX Runtime on ``twin`` exported by `onnx_model` (or on ``model``, that
+    export made already), ``threads`` intra-op threads, every graph optimization: the
+    benchmarks' third runtime."""
+    import onnxruntime as ort
+
+    if model is None:
+        model = onnx_model(twin, x)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
