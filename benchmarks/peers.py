@@ -27,7 +27,7 @@ Everything that calls OpenBLAS (this check and the numpy column) runs after all 
 timings: once OpenBLAS has run, kiln's parallel kernels are many times slower for a while,
 and torch's and ORT's are not.
 
-    .venv/bin/python benchmarks/peers.py [--threads 2] [--repeat 30] [--only mlp1,matmul]
+    .venv/bin/python benchmarks/peers.py [--threads 2] [--repeat 100] [--only mlp1,matmul]
         [--conditions idle,busy] [--unset-openblas] [--spin-ms 100] [--kiln-from onnx]
     .venv/bin/python benchmarks/peers.py --quick       # reduced sizes, few repeats: a smoke run
 
@@ -68,6 +68,11 @@ from kiln.op import nn
 from kiln.testing import models, torch_models
 
 INNER = 5  # timed calls per block
+# Timed calls of each runtime per workload: 20 blocks. With 6 (30 calls) the batch-1 MLP's
+# kiln/ORT moved 0.75-1.43 from run to run (the host slows a block now and then, and the
+# median of 30 follows one or two such blocks); over 90 blocks kiln was ahead at every
+# position after the pause (docs/runtime.md, "Measuring").
+REPEAT = 100
 OPENBLAS_SETTLE_S = 0.5  # seconds, past the spin of OpenBLAS's idle threads after a call
 RTOL = 1e-4  # agreement, relative to the largest expected magnitude (tests/models' tolerance)
 CASE_SECONDS = 60.0  # cap on one workload's timing in one condition
@@ -500,7 +505,7 @@ def condition_context(condition: str) -> Iterator[None]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=None,
-                        help="timed calls of each runtime per workload (default 30, quick 10)")
+                        help=f"timed calls of each runtime per workload (default {REPEAT}, quick 10)")
     parser.add_argument("--threads", type=int, default=2,
                         help="threads for kiln, torch, ORT and (if unset) OpenBLAS")
     parser.add_argument("--quick", action="store_true", help="reduced sizes, few repeats")
@@ -520,7 +525,7 @@ def main() -> None:
     if args.spin_ms is not None:
         os.environ["KILN_SPIN_MS"] = str(args.spin_ms)  # the alternating child's too
         set_spin_ms(args.spin_ms)
-    repeat = args.repeat or (10 if args.quick else 30)
+    repeat = args.repeat or (10 if args.quick else REPEAT)
     if args.alternating_child:  # prints the runs as JSON for the parent
         set_num_threads(args.threads)
         print(json.dumps(alternating_with_numpy(5, repeat)))
