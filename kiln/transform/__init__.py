@@ -14,6 +14,7 @@ from kiln.transform.eliminate_common_subexpr import EliminateCommonSubexpr
 from kiln.transform.eta_expand import EtaExpand
 from kiln.transform.fold_constant import FoldConstant
 from kiln.transform.fold_scale_axis import FoldScaleAxis
+from kiln.transform.fold_transposes import FoldTransposes
 from kiln.transform.fuse_ops import FuseOps, FusionStats, fusion_stats
 from kiln.transform.graph_normal_form import ToGraphNormalForm
 from kiln.transform.infer_type import InferType
@@ -59,6 +60,7 @@ __all__ = [
     "EtaExpand",
     "FoldConstant",
     "FoldScaleAxis",
+    "FoldTransposes",
     "FunctionPass",
     "FuseOps",
     "FusionStats",

@@ -28,6 +28,7 @@ STANDARD_PIPELINE = (
     "fold-constant",
     "qnn-canonicalize",  # qnn.* as core integer operators (the int8 kernels)
     "simplify-expr",
+    "fold-transposes",  # exporters' transposes around attention: into batch_matmul's flags
     "algebra-simplification",
     "fold-scale-axis",
     "combine-parallel-conv2d",
