@@ -505,7 +505,8 @@ def condition_context(condition: str) -> Iterator[None]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=None,
-                        help=f"timed calls of each runtime per workload (default {REPEAT}, quick 10)")
+                        help=f"timed calls of each runtime per workload (default {REPEAT}, "
+                        "quick 10)")
     parser.add_argument("--threads", type=int, default=2,
                         help="threads for kiln, torch, ORT and (if unset) OpenBLAS")
     parser.add_argument("--quick", action="store_true", help="reduced sizes, few repeats")
