@@ -21,7 +21,8 @@ whose workers wait for each other at a barrier suffers most there.
 
 Also: "alternating with numpy": an MLP batch 64 with its weights as arguments, called
 alternately with the same computation in numpy (OpenBLAS, whose idle threads spin), against
-kiln's time called alone, in 5 runs, in a fresh process; and again with
+kiln's time called alone just before (once OpenBLAS's threads sleep), in 5 runs, in a fresh
+process; and again with
 ``OPENBLAS_THREAD_TIMEOUT=4`` (OpenBLAS's idle threads sleep at once) unless it is set.
 Everything that calls OpenBLAS (this check and the numpy column) runs after all the kiln
 timings: once OpenBLAS has run, kiln's parallel kernels are many times slower for a while,
@@ -366,9 +367,13 @@ def timed_after(f: Callable[[], Any], before: Callable[[], Any] | None, calls: i
 def alternating_with_numpy(runs: int, calls: int) -> list[tuple[float, float, float]]:
     """MLP batch 64, weights as arguments: kiln alone, then kiln each call after a numpy MLP.
 
-    Per run: (kiln alone, kiln right after numpy, numpy alone), medians in seconds. The runs
-    of kiln alone all come first, before this process has called OpenBLAS (whose effect on
-    kiln lasts a while); numpy alone is timed once, at the end.
+    Per run: (kiln alone, kiln right after numpy, numpy alone), medians in seconds. Each run
+    times kiln alone just before its alternation, once OpenBLAS's threads have gone to sleep
+    (`OPENBLAS_SETTLE_S` after the last numpy call: kiln alone then takes what it takes
+    before the process ever called OpenBLAS, 0.323-0.342 ms against 0.323-0.338 on the
+    Emerald Rapids VM), so that the host's load, which moves from second to second, weighs
+    on both alike (timing every run alone first, a slow minute of the host had made one
+    after/alone 0.70 and another 1.31). numpy alone is timed once, at the end.
     """
     mod, params = models.mlp(batch=64)
     exe = kiln.build(mod)  # no params: the weights stay arguments
@@ -382,13 +387,16 @@ def alternating_with_numpy(runs: int, calls: int) -> list[tuple[float, float, fl
     def numpy_call() -> Any:
         return numpy_mlp(weights, x)
 
-    alone = [timed_after(kiln_call, None, calls) for _ in range(runs)]
     error = torch_models.max_error(got, numpy_mlp(weights, x))
     if error > RTOL:
         raise RuntimeError(f"kiln's MLP with weight arguments disagrees with numpy: {error:.1e}")
-    after = [timed_after(kiln_call, numpy_call, calls) for _ in range(runs)]
+    pairs = []
+    for _ in range(runs):
+        time.sleep(OPENBLAS_SETTLE_S)
+        alone = timed_after(kiln_call, None, calls)
+        pairs.append((alone, timed_after(kiln_call, numpy_call, calls)))
     numpy_alone = timed_after(numpy_call, None, calls)
-    return [(a, b, numpy_alone) for a, b in zip(alone, after)]
+    return [(a, b, numpy_alone) for a, b in pairs]
 
 
 def alternating_in_child(threads: int, calls: int, env: dict[str, str] | None = None
