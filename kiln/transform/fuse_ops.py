@@ -76,6 +76,9 @@ class FusionRule:
     # ... or the sink is a call of one of these operators whose weight (second argument) is
     # the node's value itself (the comment above `FUSE_OPS_RULES`)
     into_weight_of: frozenset[str] = frozenset()
+    # only nodes this accepts (None: any), and only sinks in a group anchored by one of these
+    node: Callable[[Expr], bool] | None = None
+    sink_anchors: frozenset[str] | None = None
 
 
 def _any(p: OpPattern) -> bool:
@@ -86,12 +89,27 @@ def _at_most(bound: OpPattern) -> Callable[[OpPattern], bool]:
     return lambda p: p <= bound
 
 
+def _scalar_take(e: Expr) -> bool:
+    """A ``take`` of one index (a 0-d index): a contiguous slab of its data."""
+    if not (isinstance(e, Call) and isinstance(e.op, Op) and e.op.name == "take"):
+        return False
+    index = e.args[1].checked_type_
+    return index is not None and getattr(index, "ndim", None) == 0
+
+
 # Relay's phases: 0 lets conv2d/dense absorb elementwise consumers before 1 groups injective
 # operators; 2 pulls the fields of a tuple into the kernel that the tuple already joined.
 # Beyond Relay, an injective op computing a conv2d's weight (the flipped, channel-swapped
 # kernel of a data adjoint: take, transpose) joins the convolution, which reads its weight
 # once per call into packed panels anyway (kiln/loops/conv_kernels.py): ResNet-18's training
 # step ran those transposes as kernels of their own, 6-8 ms of 400 at batch 8.
+# Phase 3: a take of one index (a recurrent loop's step of its input projection, xw[i])
+# joins the dense that adds it in its epilogue, so that each thread reads its share of the
+# row where the projection left it; taken by a kernel of its own, the caller had just
+# written the whole row, and the other thread read its half from the caller's core on
+# every step: the 32-step LSTM loop of benchmarks/peers.py 261-268 -> 239-242 µs a call
+# back to back, 0.89-0.93 of its time in peers.py's pattern (2 threads, Emerald Rapids VM);
+# its ONNX import, which unrolls the loop and takes every row before the first step, 1.00.
 FUSE_OPS_RULES: tuple[FusionRule, ...] = (
     FusionRule(
         "conv2d/dense/pooling absorb the elementwise ops after them",
@@ -118,6 +136,16 @@ FUSE_OPS_RULES: tuple[FusionRule, ...] = (
         path=_at_most(INJECTIVE),
         sink=_at_most(INJECTIVE),
         into_weight_of=frozenset({"nn.conv2d"}),
+    ),
+    FusionRule(
+        "a take at one index joins the matrix product whose epilogue reads it",
+        phases=frozenset({3}),
+        kinds=frozenset({INJECTIVE}),
+        relation=_at_most(BROADCAST),
+        path=_at_most(BROADCAST),
+        sink=lambda p: p == OUT_ELEMWISE_FUSABLE,
+        node=_scalar_take,
+        sink_anchors=frozenset({"nn.dense", "nn.dense_packed", "nn.batch_matmul"}),
     ),
     FusionRule(
         "a tuple's fields join the kernel that the tuple joined",
@@ -183,6 +211,10 @@ class Partition:
                     if not rule.relation(tree.pattern[i]):
                         continue
                 if rule.anchors is not None and self.anchor_op(i) not in rule.anchors:
+                    continue
+                if rule.node is not None and not rule.node(self.graph.nodes[i].expr):
+                    continue
+                if rule.sink_anchors is not None and self.anchor_op(sink) not in rule.sink_anchors:
                     continue
                 if self._too_big(i, sink) or not self._check_path(i, sink, rule):
                     continue

@@ -544,3 +544,47 @@ def test_20000_deep_let_chain():
     elapsed = time.perf_counter() - start
     assert elapsed < 10.0, f"fuse-ops took {elapsed:.2f} s on a 20,000-deep let chain"
     assert kiln.structural_equal(after, let_chain(20000, fused_add_one))  # lets are boundaries
+
+
+XW = "Tensor[(5, 1, 16), float32]"
+H = "Tensor[(1, 8), float32]"
+WH = "Tensor[(16, 8), float32]"
+
+
+def test_a_take_at_one_index_joins_the_dense_whose_epilogue_adds_it():
+    # a recurrent step: gates = xw[i] + dense(h, w); the row is read in the dense's epilogue
+    after = check(f"""
+def @main(%xw: {XW}, %i: int32, %h: {H}, %w: {WH}) {{
+  %0 = take(%xw, %i, axis=0);
+  %1 = nn.dense(%h, %w);
+  add(%0, %1)
+}}""", f"""
+def @main(%xw: {XW}, %i: int32, %h: {H}, %w: {WH}) {{
+  %0 = fn (%p0: {XW}, %p1: int32, %p2: {H}, %p3: {WH}, Primitive=1) -> Tensor[(1, 16), float32] {{
+    %1 = take(%p0, %p1, axis=0);
+    %2 = nn.dense(%p2, %p3);
+    add(%1, %2)
+  }};
+  %0(%xw, %i, %h, %w)
+}}""")
+    assert_same_results(kiln.parse(f"""
+def @main(%xw: {XW}, %i: int32, %h: {H}, %w: {WH}) {{
+  add(take(%xw, %i, axis=0), nn.dense(%h, %w))
+}}"""), after, seed=3)
+
+
+def test_a_gather_or_a_take_after_a_convolution_keeps_its_kernel():
+    for text in (
+        # indices with a dimension of their own: a gather, not one contiguous row
+        f"""def @main(%xw: Tensor[(5, 16), float32], %i: Tensor[(1), int32], %h: {H},
+                      %w: {WH}) {{
+              add(take(%xw, %i, axis=0), nn.dense(%h, %w)) }}""",
+        # the product is a convolution
+        f"""def @main(%x: {CONV}, %w: {W}, %t: Tensor[(3, 1, 4, 8, 8), float32], %i: int32) {{
+              add(take(%t, %i, axis=0), nn.conv2d(%x, %w, padding=[1, 1, 1, 1])) }}""",
+    ):
+        after = fuse(kiln.parse(text))
+        kernels = [e for e in post_order(after["main"])
+                   if isinstance(e, kiln.Function) and e.attrs.get("Primitive")]
+        assert len(kernels) == 2, kiln.astext(after)
+        assert_same_results(kiln.parse(text), after)
