@@ -35,7 +35,7 @@ from kiln.op.shape import SqueezeAttrs, TakeAttrs, TransposeAttrs
 from kiln.transform.pass_manager import PassContext, module_pass
 from kiln.transform.pattern import Pat, RewriteContext, RewriteTable
 from kiln.transform.simplify_expr import RULES as SIMPLIFY_RULES
-from kiln.transform.simplify_expr import _perm
+from kiln.transform.simplify_expr import full_axes
 
 x = Pat.var("x")
 c = Pat.const("c", where=lambda data: data.size == 1)
@@ -46,7 +46,7 @@ SCALED = ("multiply", "divide", "add", "subtract")
 def _permutation(t: Call, ctx: RewriteContext) -> list[int] | None:
     """The axes of transpose ``t`` in full (None where its input's rank is unknown)."""
     arg = ctx.tensor_type(t.args[0])
-    return None if arg is None else _perm(TransposeAttrs.view(t.attrs).axes, arg.ndim)
+    return None if arg is None else full_axes(TransposeAttrs.view(t.attrs).axes, arg.ndim)
 
 
 def _swaps_last_two(p: list[int]) -> bool:
@@ -77,10 +77,9 @@ def unit_axes_only(x: Expr, root: Call, ctx: RewriteContext) -> Expr | None:
 
 def squeeze_first(x: Expr, inner: Call, root: Call, ctx: RewriteContext) -> Expr | None:
     """squeeze(transpose(x, p), axes) -> transpose(squeeze(x, p[axes]), q)."""
-    out = ctx.static_shape(inner)
     p = _permutation(inner, ctx)
     axes = SqueezeAttrs.view(root.attrs).axis
-    if out is None or p is None or axes is None:
+    if p is None or axes is None:
         return None
     dropped = {a + len(p) if a < 0 else a for a in axes}
     q = _without(p, dropped)

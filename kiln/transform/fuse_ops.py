@@ -9,7 +9,7 @@ memory and fewer intermediate buffers.
 Which operators may share a kernel is Relay's algorithm: build the dataflow graph of each
 function (`kiln.transform.dominators`), compute its post-dominator tree, and let a node join
 the group of its immediate post-dominator when every path between them satisfies a rule
-(`FUSE_OPS_RULES`, a table indexed by the node's pattern kind). The rules run in three
+(`FUSE_OPS_RULES`, a table indexed by the node's pattern kind). The rules run in four
 phases, so that complex operators (conv2d, dense) absorb their elementwise epilogues before
 injective operators are grouped. Lets, ifs, matches, references and closures are
 boundaries: run ``to-graph-normal-form`` first to fuse across let-bound values. A group never

@@ -50,7 +50,8 @@ def drop_if_same_shape(x: Expr, root: Expr, ctx: RewriteContext) -> Expr | None:
     return x if _same_shape(x, root, ctx) else None
 
 
-def _perm(axes: tuple[int, ...] | None, ndim: int) -> list[int]:
+def full_axes(axes: tuple[int, ...] | None, ndim: int) -> list[int]:
+    """A transpose's axes in full: None reverses them, a negative axis counts from the end."""
     if axes is None:
         return list(range(ndim))[::-1]
     return [a + ndim if a < 0 else a for a in axes]
@@ -61,8 +62,8 @@ def compose_transposes(x: Expr, inner: Call, root: Call, ctx: RewriteContext) ->
     t = ctx.tensor_type(x)
     if t is None:
         return None
-    p = _perm(TransposeAttrs.view(inner.attrs).axes, t.ndim)
-    q = _perm(TransposeAttrs.view(root.attrs).axes, t.ndim)
+    p = full_axes(TransposeAttrs.view(inner.attrs).axes, t.ndim)
+    q = full_axes(TransposeAttrs.view(root.attrs).axes, t.ndim)
     composed = [p[i] for i in q]
     return x if composed == list(range(t.ndim)) else transpose(x, axes=composed)
 
@@ -70,7 +71,7 @@ def compose_transposes(x: Expr, inner: Call, root: Call, ctx: RewriteContext) ->
 def drop_identity_transpose(x: Expr, root: Call, ctx: RewriteContext) -> Expr | None:
     """transpose(x, [0, 1, ..]) -> x."""
     t = ctx.tensor_type(x)
-    if t is None or _perm(TransposeAttrs.view(root.attrs).axes, t.ndim) != list(range(t.ndim)):
+    if t is None or full_axes(TransposeAttrs.view(root.attrs).axes, t.ndim) != list(range(t.ndim)):
         return None
     return x
 
