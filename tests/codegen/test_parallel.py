@@ -482,6 +482,41 @@ def _cpu() -> int:
         return int(f.read().rsplit(")", 1)[1].split()[36])
 
 
+_CPU_CHUNK = """
+declare i32 @sched_getcpu()
+declare i64 @pthread_self()
+declare i32 @usleep(i32)
+define void @chunk(ptr %data, i64 %lo, i64 %hi) {
+  %cpu = call i32 @sched_getcpu()
+  %me = call i64 @pthread_self()
+  %at = mul i64 %lo, 2
+  %tid.p = getelementptr i64, ptr %data, i64 %at
+  store i64 %me, ptr %tid.p
+  %cpu.at = add i64 %at, 1
+  %cpu.p = getelementptr i64, ptr %data, i64 %cpu.at
+  %cpu.64 = sext i32 %cpu to i64
+  store i64 %cpu.64, ptr %cpu.p
+  %r = call i32 @usleep(i32 5000)
+  ret void
+}
+"""
+
+
+def _native_cpu_chunk():
+    """A chunk in machine code that records (thread, CPU) at its start and then sleeps 5 ms:
+    a Python chunk would wait for the GIL first, and a scheduler may move a waiting thread
+    to whichever CPU is idle, so its CPU would say nothing of where the worker woke."""
+    import llvmlite.binding as llvm
+
+    from kiln.codegen.target import initialize, machine
+
+    initialize()
+    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(_CPU_CHUNK),
+                                        machine(kiln.Target.host(), 2).new_machine())
+    engine.finalize_object()
+    return engine, engine.get_function_address("chunk")
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs Linux and two CPUs this process may use")
 def test_a_woken_worker_runs_off_its_callers_cpu_and_stays_free_to_move() -> None:
@@ -490,25 +525,23 @@ def test_a_woken_worker_runs_off_its_callers_cpu_and_stays_free_to_move() -> Non
     # The pool sends each sleeping worker to a CPU other than its caller's before waking it,
     # and the worker frees its affinity once it runs.
     allowed = os.sched_getaffinity(0)
-    seen: list[tuple[int, int]] = []
-
-    def chunk(_data, lo: int, hi: int) -> None:
-        seen.append((threading.get_ident(), _cpu()))
-        time.sleep(0.005)
-
-    fn = CHUNK(chunk)
+    engine, chunk = _native_cpu_chunk()
+    seen = (ctypes.c_int64 * 16)()
     run = PARALLEL_FOR(parallel_for_address())
-    apart = 0
+    me = threading.get_ident()
+    apart, rounds = 0, []
     with threads(2):
-        run(ctypes.cast(fn, ctypes.c_void_p), None, 4, 1)  # the worker exists
+        run(chunk, ctypes.cast(seen, ctypes.c_void_p), 4, 1)  # the worker exists
         for _ in range(6):
             time.sleep(0.08)  # past the workers' spinning: they sleep
-            seen.clear()
+            ctypes.memset(seen, 0, ctypes.sizeof(seen))
             caller = _cpu()
-            run(ctypes.cast(fn, ctypes.c_void_p), None, 8, 1)
-            me = threading.get_ident()
-            apart += any(t != me and cpu != caller for t, cpu in seen)
-    assert apart >= 3, seen
+            run(chunk, ctypes.cast(seen, ctypes.c_void_p), 8, 1)
+            pairs = [(seen[2 * i], seen[2 * i + 1]) for i in range(8)]
+            rounds.append((caller, pairs))
+            apart += any(t != me and cpu != caller for t, cpu in pairs)
+    del engine
+    assert apart >= 3, rounds
     for task in os.listdir("/proc/self/task"):
         try:
             assert os.sched_getaffinity(int(task)) == allowed, task
