@@ -305,8 +305,8 @@ def _int8_conv_site(key: str, f: Mapping[str, str], target: Target) -> Site | No
     x, w, out = _ints(f["x"]), _ints(f["w"]), _ints(f["out"])
     strides, pad, dil = _ints(f["strides"]), _ints(f["padding"]), _ints(f["dilation"])
     a, b = f["a"], f["b"]
-    if a != b or a not in int8_gemm.INPUT_DTYPES or len(x) != 4 or len(w) != 4 \
-            or len(out) != 4:
+    if a not in int8_gemm.INPUT_DTYPES or b not in int8_gemm.INPUT_DTYPES \
+            or len(x) != 4 or len(w) != 4 or len(out) != 4:
         return None
     if int8_amx.plan(x, w, strides, pad, dil, 1, out, target) is not None:
         return None

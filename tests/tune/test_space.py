@@ -178,6 +178,11 @@ INT8_CONVS = {
     "int8 conv uint8": lambda: int8_conv.space((1, 6, 10, 12), (20, 6, 3, 3), (1, 1), (1, 1),
                                                (1, 1), (1, 20, 10, 12), "uint8", "uint8",
                                                NO_AMX),
+    # uint8 data × int8 weight (what kiln.quantize and ONNX's QDQ convolutions run: VNNI's
+    # own operand types), 3×3 with a ragged last column tile
+    "int8 conv uint8 x int8": lambda: int8_conv.space((1, 10, 9, 13), (36, 10, 3, 3), (1, 1),
+                                                      (1, 1), (1, 1), (1, 36, 9, 13), "uint8",
+                                                      "int8", NO_AMX),
 }
 
 
