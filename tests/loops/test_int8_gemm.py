@@ -408,6 +408,36 @@ def test_vnni_micro_kernel(spec: str, register: str, accumulators: int) -> None:
         assert "zmm" not in asm
 
 
+@pytest.mark.parametrize("oc,mr", [(64, 8), (40, 10), (24, 12), (13, 14), (7, 14)])
+def test_a_convolution_tile_pads_its_output_channels_least(oc: int, mr: int) -> None:
+    # On VNNI the convolution's tile height, from 8 up to the rule's 14, is the one that pads
+    # the output channels with the fewest rows (ties: the taller); 7 or 13 channels fit the
+    # rule's one tile
+    chosen = int8_conv.plan((1, 16, 9, 9), (oc, 16, 3, 3), (1, 1), (1, 1), (1, 1), 1,
+                            (1, oc, 9, 9), "uint8", "int8", Target.parse(AVX512_VNNI))
+    assert chosen is not None and chosen.schedule.mr == mr
+
+
+def test_a_convolution_of_a_constant_weight_in_short_tiles_is_exact() -> None:
+    # a constant weight takes the prepacked convolution (alter-layout), in tiles of 8 and 10
+    # rows for 64 and 40 output channels on a VNNI host; uint8 data, int8 weight
+    t = runnable(HOST)
+    for oc, stride in ((64, 1), (40, 2)):
+        x = kiln.var("x", shape=(1, 24, 10, 9), dtype="uint8")
+        w = kiln.var("w", shape=(oc, 24, 3, 3), dtype="int8")
+        body = nn.conv2d(x, w, strides=(stride, stride), padding=(1, 1), out_dtype="int32")
+        a, b = rand((1, 24, 10, 9), "uint8"), rand((oc, 24, 3, 3), "int8")
+        exe = kiln.build(kiln.IRModule.from_expr(kiln.Function([x, w], body)),
+                         params={"w": b}, target=t)
+        (knobs,) = [k for d in exe.program.kernels.values() if d.kernel is not None
+                    for _, k in d.kernel.attrs.get("schedules", ())
+                    if k.get("kernel") == "int8_gemm"]
+        if knobs["form"] == "vnni":
+            assert knobs["mr"] == (8 if oc == 64 else 10)
+        np.testing.assert_array_equal(exe(a), conv_reference(a, b, (stride, stride),
+                                                             (1, 1, 1, 1), (1, 1)))
+
+
 def test_schedule_follows_the_target() -> None:
     wide = Int8Schedule.default(1, 1024, 1024, 1024, "int8", "int8", threads=2,
                                 target=Target.parse(AVX512_VNNI))
