@@ -42,10 +42,10 @@ from kiln.target import Target
 # The lowest register tile height `_shorter` gives a convolution on VNNI to pad its output
 # channels less: 8 rows of 2 vectors keep 16 vpdpbusd in flight, 10 loads for 16 of them.
 # Alternated in one process on a 2-core Zen 4 (znver4), tiles of 8 against the rule's 14:
-# ResNet-18's int8 layers 0.83-0.95 of their time (the 3-channel stem 0.83, 64 channels at
-# 56² 0.86, 512 at 7² 0.91), kiln.quantize's whole ResNet-18 0.92. An int8 dense of 1024
-# rows took 1.21 of its time in tiles of 8 (B streams once a row tile), so the dense rule
-# keeps its height.
+# ResNet-18's int8 layers 0.81-0.96 of their time (each moving by up to 0.08 from run to
+# run), kiln.quantize's whole ResNet-18 0.89-0.90 (0.93 with one core busy). Int8 dense
+# layers of 64 to 1024 rows took 1.09-1.21 of their time in tiles of 8 (B streams once a
+# row tile), so the dense rule keeps its height.
 MR_FEWEST = 8
 
 
