@@ -1,11 +1,14 @@
-"""ResNet-18's int8 convolutions, layer by layer: AMX tiles, VNNI, and float32, one process.
+"""ResNet-18's int8 convolutions, layer by layer: AMX tiles, VNNI, float32 and ONNX Runtime.
 
 Each layer is ``qnn``-style: uint8 data, a constant int8 weight, int32 sums requantized to
 uint8 in the fused epilogue (bias, scale, round, clamp), as kiln.quantize's ResNet-18 has
 them. Built for this machine (`kiln.Target.host()`: AMX tiles where it has them), for this
 machine without AMX (the VNNI kernel, kiln/loops/int8_conv.py) and, for scale, as a float32
-convolution; timed in turn, round by round, medians of ``--repeat`` rounds of ``--calls``
-calls. GOP/s count 2·OC·C·kh·kw·OH·OW per call.
+convolution, and ONNX Runtime's ``QLinearConv`` of the same uint8 data and int8 weight
+(per output channel scales, int32 bias, uint8 result: the convolutions of a QDQ model after
+ORT's fusions), with as many threads as kiln; timed in turn, round by round, medians of
+``--repeat`` rounds (each runtime's ``--calls`` calls after a pause and an untimed call).
+GOP/s count 2·OC·C·kh·kw·OH·OW per call.
 
     .venv/bin/python benchmarks/int8_convs.py [--threads 1] [--repeat 15] [--calls 10]
 """
@@ -24,6 +27,11 @@ from kiln import op
 from kiln.loops import int8_amx
 from kiln.op import nn
 from kiln.target import Target
+
+# Before each runtime's calls of a round: a pause and an untimed call. ORT's workers spin
+# after a run, and the calls right after it (kiln's, in turn) ran on a crowded core: 1.4-1.8×
+# ORT's time without the pause where ORT's own alternated measure gave 1.1-1.2×.
+PAUSE_S = 0.05
 
 # (input channels, size, output channels, kernel, stride): the stem, each stage's 3×3
 # convolutions, a strided 3×3 and a 1×1 downsampling
@@ -51,6 +59,35 @@ def layer(c: int, size: int, oc: int, k: int, stride: int, dtype: str
     return kiln.IRModule.from_expr(kiln.Function([x, w], body)), {"w": weight}
 
 
+def ort_layer(c: int, size: int, oc: int, k: int, stride: int, weight: np.ndarray,
+              threads: int) -> Callable[[np.ndarray], object]:
+    """ONNX Runtime's QLinearConv of ``weight`` (uint8 data, zero point 128; the scales are
+    arbitrary: the work does not depend on them), as a function of the data."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    out = (size + 2 * (k // 2) - k) // stride + 1
+    consts = {"xs": np.array(0.02, "float32"), "xz": np.array(128, "uint8"), "w": weight,
+              "ws": (rng.random(oc) * 0.01 + 0.001).astype("float32"),
+              "wz": np.zeros(oc, "int8"), "ys": np.array(0.05, "float32"),
+              "yz": np.array(0, "uint8"), "b": rng.integers(-500, 500, oc).astype("int32")}
+    node = helper.make_node("QLinearConv", ["x", *consts], ["y"], kernel_shape=[k, k],
+                            strides=[stride, stride], pads=[k // 2] * 4)
+    graph = helper.make_graph(
+        [node], "layer", [helper.make_tensor_value_info("x", TensorProto.UINT8,
+                                                        [1, c, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, oc, out, out])],
+        [numpy_helper.from_array(v, n) for n, v in consts.items()])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    sess = ort.InferenceSession(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString(),
+        options, providers=["CPUExecutionProvider"])
+    return lambda a: sess.run(None, {"x": a})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=None, help="kiln's threads (default: all)")
@@ -62,9 +99,11 @@ def main() -> None:
     targets = {"host": "llvm"}
     if int8_amx.usable(host):
         targets["no AMX"] = "llvm -mattr=-amx-tile,-amx-int8,-amx-bf16"
+    threads = args.threads or host.cores
     print("| layer | " + " | ".join(f"int8 {n} us (GOP/s)" for n in targets)
-          + " | float32 us | " + " | ".join(f"{n}/float32" for n in targets) + " |")
-    print("|---" * (2 + 2 * len(targets)) + "|")
+          + " | ORT us (GOP/s) | float32 us | "
+          + " | ".join(f"{n}/float32 | {n}/ORT" for n in targets) + " |")
+    print("|---" * (3 + 3 * len(targets)) + "|")
     for c, size, oc, k, stride in LAYERS:
         runs: dict[str, Callable[[], object]] = {}
         mod, params = layer(c, size, oc, k, stride, "int8")
@@ -76,11 +115,15 @@ def main() -> None:
         fexe = kiln.build(fmod, params=fparams, threads=args.threads)
         xf = x.astype("float32")
         runs["float32"] = (lambda e, a: lambda: e(a))(fexe, xf)
+        runs["ORT"] = (lambda g, a: lambda: g(a))(
+            ort_layer(c, size, oc, k, stride, params["w"], threads), x)
         for f in runs.values():
             f()
         times: dict[str, list[float]] = {name: [] for name in runs}
         for _ in range(args.repeat):
             for name, f in runs.items():
+                time.sleep(PAUSE_S)  # the runtime before (ORT's spinning workers) goes idle
+                f()
                 start = time.perf_counter()
                 for _ in range(args.calls):
                     f()
@@ -88,8 +131,8 @@ def main() -> None:
         med = {name: statistics.median(ts) for name, ts in times.items()}
         out = (size + 2 * (k // 2) - k) // stride + 1
         ops = 2 * oc * c * k * k * out * out
-        cells = [f"{med[n] * 1e6:.0f} ({ops / med[n] / 1e9:.0f})" for n in targets]
-        ratios = [f"{med[n] / med['float32']:.2f}" for n in targets]
+        cells = [f"{med[n] * 1e6:.0f} ({ops / med[n] / 1e9:.0f})" for n in (*targets, "ORT")]
+        ratios = [f"{med[n] / med['float32']:.2f} | {med[n] / med['ORT']:.2f}" for n in targets]
         print(f"| {c}→{oc} {size}² {k}×{k} s{stride} | " + " | ".join(cells)
               + f" | {med['float32'] * 1e6:.0f} | " + " | ".join(ratios) + " |", flush=True)
 
