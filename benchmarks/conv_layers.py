@@ -50,6 +50,9 @@ LAYERS = {
     "dw32": (32, 32, 112, 3, 1, 1, 32),     # its other depthwise shapes: the largest map,
     "dw96s2": (96, 96, 112, 3, 2, 1, 96),   # stride 2, and the smallest map
     "dw960": (960, 960, 7, 3, 1, 1, 960),
+    "v256": (256, 256, 56, 3, 1, 1, 1),     # VGG-16's wide 3×3 layers: Winograd's
+    "v512": (512, 512, 28, 3, 1, 1, 1),     # transformed weights of 9 to 38 MB
+    "v512_14": (512, 512, 14, 3, 1, 1, 1),
 }
 
 

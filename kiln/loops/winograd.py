@@ -197,11 +197,18 @@ def packed_shape(x_shape: Sequence[int], out_shape: Sequence[int], padding: Sequ
     return ((m + 2) ** 2, -(-int(out_shape[1]) // s.mr), s.kc * -(-c // s.kc), s.mr)
 
 
-# Where it pays (measured on ResNet-18's layers, 2 threads; see `choose`): the transformed
-# weight at most this many bytes, and at least this many tiles per product. The 256-channel
-# 14×14 layers (F(2×2, 3×3): 4.2 MB) took the whole model from 15.8 to 14.7 ms.
-MAX_WEIGHT_BYTES = 5 << 20
+# Where it pays (see `choose`): at least this many tiles per product, and the transformed
+# weight at most this many bytes. With fewer tiles each weight is read for too few pixels:
+# on ResNet-18 (2 threads) F(2×2) at 7×7 (16 tiles) made the model 1.42× slower, F(4×4) at
+# 14×14 1.18×. The weight's bound came from ResNet's 256 channels at 14×14 (F(2×2): 4.2 MB;
+# the model 15.8 → 14.7 ms, Emerald Rapids) and was 5 MiB, which left VGG's wide layers
+# direct; two of each layer alternated (`benchmarks/conv_layers.py` has three), Xeon with
+# AVX-512, 2 threads, time over the direct kernel's: 512 channels at 14×14 F(2×2) (16.8 MB)
+# 0.50, 384 at 14×14 0.50; at 28×28 F(4×4) 256 channels (9.4 MB) 0.68 of F(2×2)'s time,
+# 320 (14.7 MB) 0.68, 384 (21.2 MB) 0.76, 448 (28.9 MB) 1.00, 512 (37.7 MB) 1.22 — there
+# F(2×2) (16.8 MB) takes 0.54 of the direct kernel's.
 MIN_TILES = 48
+MAX_WEIGHT_BYTES = 24 << 20
 # The tiles may stick out of the output's bottom and right (their extra pixels computed and
 # dropped) by at most this share of its area: a 64-channel 3×3 at 55×55 in F(4×4), 3.7 %
 # more pixels, 0.578 → 0.474 ms against the direct kernel, 128 at 27×27 (7.5 %) 0.576 →
@@ -217,9 +224,9 @@ def choose(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int
     """The tile size m for a Winograd convolution of these shapes, or None for the direct
     kernel: a 3×3 kernel, stride 1, no dilation, one group, tiles that cover the output
     without sticking out by more than `MAX_OVERHANG` of it, enough tiles to feed the
-    products and a transformed weight that is not too large (`MAX_WEIGHT_BYTES`: it is read
-    from memory on every call; 512 channels at 7×7 would read 4× the weight for a 49-pixel
-    map)."""
+    products (`MIN_TILES`: 512 channels at 7×7 would read 16/9 of the weight for 16 tiles)
+    and a transformed weight that is not too large (`MAX_WEIGHT_BYTES`: read from memory on
+    every call; 512 channels at 28×28 take F(2×2), not F(4×4)'s 37.7 MB)."""
     if tuple(w_shape[2:]) != (3, 3) or tuple(strides) != (1, 1) \
             or tuple(dilation) != (1, 1) or groups != 1 or len(out_shape) != 4:
         return None

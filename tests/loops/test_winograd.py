@@ -137,7 +137,11 @@ def test_choose_takes_the_layers_where_it_pays() -> None:
     assert pick(256, 256, 14) == 2  # in tiles of 4, 16 × 16 pixels for 14 × 14: 31 % more
     assert pick(64, 64, 55) == 4  # 14 × 14 tiles of 4 for 55 × 55: 3.7 % more
     assert pick(256, 256, 13) == 2  # in tiles of 2, 16 % more
-    assert pick(512, 512, 7) is None  # 9.4 MB of weight for 49 pixels: 4× that transformed
+    assert pick(512, 512, 7) is None  # 16 tiles of 2 read 16.8 MB of weight for 49 pixels
+    assert pick(512, 512, 14) == 2  # VGG's: 49 tiles of 2, 16.8 MB
+    assert pick(256, 256, 56) == 4  # 9.4 MB
+    assert pick(384, 384, 28) == 4  # 21.2 MB
+    assert pick(512, 512, 28) == 2  # not 37.7 MB in tiles of 4
     assert pick(64, 128, 56, stride=2) is None
     assert pick(64, 64, 56, kernel=5) is None
     assert pick(4, 64, 56) is None  # too few channels for the products
