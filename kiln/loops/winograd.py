@@ -34,7 +34,9 @@ which is why a layer with many channels on a small map (ResNet's 512 channels at
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import replace
 from fractions import Fraction
 
@@ -61,7 +63,7 @@ from kiln.loops.ir import (
     Var,
 )
 from kiln.loops.schedule import lowering_target
-from kiln.loops.tunable import Space, overridden, site_key
+from kiln.loops.tunable import Space, current_overrides, ordered, overridden, override, site_key
 from kiln.target import Target
 
 TILES = (4, 2)  # output tile sizes m this kernel has transforms for, the preferred first
@@ -227,13 +229,10 @@ def choose(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int
     products (`MIN_TILES`: 512 channels at 7×7 would read 16/9 of the weight for 16 tiles)
     and a transformed weight that is not too large (`MAX_WEIGHT_BYTES`: read from memory on
     every call; 512 channels at 28×28 take F(2×2), not F(4×4)'s 37.7 MB)."""
-    if tuple(w_shape[2:]) != (3, 3) or tuple(strides) != (1, 1) \
-            or tuple(dilation) != (1, 1) or groups != 1 or len(out_shape) != 4:
+    if not _takes(w_shape, strides, padding, dilation, groups, out_shape):
         return None
     _, o, oh, ow = (int(d) for d in out_shape)
     c = int(w_shape[1])
-    if min(padding[:2]) < 0 or max(padding[:2]) > 2 or c < 8 or o < 8:
-        return None
     for m in TILES:
         alpha = m + 2
         th, tw = -(-oh // m), -(-ow // m)
@@ -243,6 +242,63 @@ def choose(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int
             continue
         return m
     return None
+
+
+def _takes(w_shape: Sequence[int], strides: Sequence[int], padding: Sequence[int],
+           dilation: Sequence[int], groups: int, out_shape: Sequence[int]) -> bool:
+    """Whether this kernel can compute the convolution at all (whether it pays is
+    `choose`'s question): 3×3, stride 1, no dilation, one group, padding of at most 2 and
+    at least 8 channels in and out."""
+    return (tuple(w_shape[2:]) == (3, 3) and tuple(strides) == (1, 1)
+            and tuple(dilation) == (1, 1) and groups == 1 and len(out_shape) == 4
+            and 0 <= min(padding[:2]) and max(padding[:2]) <= 2
+            and min(int(w_shape[0]), int(w_shape[1])) >= 8)
+
+
+# The spaces of the convolutions `chosen` meets inside `recorded_algorithms` (kiln.tune's)
+_SEEN: ContextVar[list[Space] | None] = ContextVar("kiln_winograd_algorithms", default=None)
+
+
+def algorithm_space(x_shape: Sequence[int], w_shape: Sequence[int], padding: Sequence[int],
+                    out_shape: Sequence[int]) -> Space:
+    """How a convolution `_takes` may run, a knob of the whole model (kiln.tune times the
+    model built each way): ``m`` = 4 or 2, Winograd's F(m×m, 3×3), or 0, the direct kernel
+    — `choose`'s first. Its key, ``conv_algorithm x=... w=... padding=... out=...``, names
+    the NCHW shapes, so every layer of those shapes takes the same."""
+    rule = choose(x_shape, w_shape, (1, 1), padding, (1, 1), 1, out_shape)
+    key = site_key("conv_algorithm", x=tuple(x_shape), w=tuple(w_shape),
+                   padding=tuple(padding), out=tuple(out_shape))
+    return Space(key, (("m", ordered(rule or 0, [0, *TILES])),))
+
+
+def chosen(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
+           padding: Sequence[int], dilation: Sequence[int], groups: int,
+           out_shape: Sequence[int]) -> int | None:
+    """The tile size the convolution runs in (None: the direct kernel): the one a tuning
+    log gives its `algorithm_space` in the enclosing `overrides_scope`, else `choose`'s.
+    Inside `recorded_algorithms` its space is noted."""
+    rule = choose(x_shape, w_shape, strides, padding, dilation, groups, out_shape)
+    seen = _SEEN.get()
+    if (current_overrides() is None and seen is None) \
+            or not _takes(w_shape, strides, padding, dilation, groups, out_shape):
+        return rule
+    space = algorithm_space(x_shape, w_shape, padding, out_shape)
+    if seen is not None:
+        seen.append(space)
+    knobs = override(space)
+    return rule if knobs is None else int(knobs["m"]) or None
+
+
+@contextmanager
+def recorded_algorithms() -> Iterator[list[Space]]:
+    """The `algorithm_space` of each convolution `chosen` decides inside the block (once
+    per decision: a key may come more than once)."""
+    spaces: list[Space] = []
+    token = _SEEN.set(spaces)
+    try:
+        yield spaces
+    finally:
+        _SEEN.reset(token)
 
 
 def _combine(coeffs: np.ndarray, values: Sequence[Expr], lanes: int = 1) -> Expr:

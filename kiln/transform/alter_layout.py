@@ -5,7 +5,8 @@
 ``nn.conv2d(x, W)`` becomes ``nn.conv2d_packed(x, Wp)`` with W in the row panels of the
 implicit GEMM's A operand, so the compiled kernel no longer copies the weight on every call
 (TVM's alter-op-layout did the same for its packed dense and conv2d schedules). A 3×3
-stride-1 conv2d where `kiln.loops.winograd.choose` says Winograd's algorithm pays becomes
+stride-1 conv2d where `kiln.loops.winograd.chosen` says Winograd's algorithm pays (or a tuning
+log) becomes
 ``nn.conv2d_winograd(x, Up)`` instead, its weight transformed (U = G W Gᵀ) and packed for
 the products (kiln/op/nn/winograd.py). Weights
 become constants when ``params`` are bound (``kiln.build(mod, params=...)``).
@@ -200,7 +201,7 @@ def _conv_packed(node: Expr) -> Expr | None:
         return None  # the packed kernel reads NCHW data and an OIHW weight
     attrs = {name: node.attrs[name] for name in node.attrs}
     attrs.update(channels=o, kernel_size=(kh, kw))
-    m = winograd.choose(xt.static_shape, w.data.shape, conv.strides, conv.padding,
+    m = winograd.chosen(xt.static_shape, w.data.shape, conv.strides, conv.padding,
                         conv.dilation, groups, ot.static_shape)
     if m is not None:
         _, _, kp, mr = winograd.packed_shape(xt.static_shape, ot.static_shape, conv.padding,

@@ -13,7 +13,7 @@ NCHW / OIHW with a constant weight that a kernel of kiln/loops/nchwc_kernels.py 
 - a convolution's input keeps the block it arrives in (a plain input whose channels the lanes
   do not divide, such as a stem's 3, is read as plain NCHW, blocks of one), its weight is
   blocked at compile time (``OIHW[bi]i[bo]o``; depthwise ``OIHW1i[b]o``), and its result is
-  ``NCHW[bo]c``; one that Winograd's algorithm takes (`winograd.choose`) becomes
+  ``NCHW[bo]c``; one that Winograd's algorithm takes (`winograd.chosen`) becomes
   ``nn.conv2d_winograd`` on blocked data (kiln/loops/winograd_nchwc.py);
 - elementwise operators (relu, clip, ...) and broadcasting ones whose other operands are
   constants over channels (a folded batch norm's shift: shape (C, 1, 1); ``nn.bias_add`` of
@@ -157,7 +157,7 @@ class _Converter:
         have = self.layout.get(id(x))
         cp = self.channels(x)  # the input's channels with its padding
         bo = self.lanes
-        m = winograd.choose(xs, w.data.shape, attrs.strides, attrs.padding, attrs.dilation,
+        m = winograd.chosen(xs, w.data.shape, attrs.strides, attrs.padding, attrs.dilation,
                             attrs.groups, ys)
         if m is not None:
             return self.winograd(node, m, cp if have else c, op) if have or c % bo == 0 \

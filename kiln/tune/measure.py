@@ -64,7 +64,9 @@ def build_candidate(site: Site, knobs: Knobs | None, target: Target,
     from kiln.transform.convert_layout import block_scope
 
     mod, params, inputs = site.program(inputs_seed)
-    overrides = ScheduleOverrides({site.key: knobs} if knobs is not None else {}, "candidate")
+    overrides = ScheduleOverrides({**(site.pinned or {}),
+                                   **({site.key: knobs} if knobs is not None else {})},
+                                  "candidate")
     start = time.perf_counter()
     with overrides_scope(overrides), _weights(site), block_scope(site.block):
         exe = build(mod, target=target, params=params or None)

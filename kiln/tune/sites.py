@@ -52,7 +52,7 @@ from kiln.loops import (
     winograd_nchwc,
 )
 from kiln.loops.schedule import weights_scope
-from kiln.loops.tunable import Space, parse_key
+from kiln.loops.tunable import Knobs, Space, parse_key
 from kiln.target import Target
 
 
@@ -74,6 +74,9 @@ class Site:
     # convert-layout's channel block for the program (None: the Target's lanes), where the
     # model runs in another (kiln/transform/convert_layout.py `block_scope`)
     block: int | None = None
+    # knobs of other keys the program is built with, as the model is: the algorithms
+    # tuning gave its convolutions (`kiln.loops.winograd.algorithm_space`)
+    pinned: Mapping[str, Knobs] | None = None
 
     def program(self, seed: int = 0) -> tuple[IRModule, dict[str, np.ndarray],
                                               list[np.ndarray]]:
@@ -187,12 +190,13 @@ def _conv_site(key: str, f: Mapping[str, str], target: Target) -> Site | None:
 
 def _winograd_site(key: str, f: Mapping[str, str], target: Target) -> Site | None:
     # the convolution alone on a constant weight: alter-layout takes it to Winograd's
-    # products when `winograd.choose` picks the same tile size
+    # products when `winograd.chosen` picks the same tile size (the rule's, or the tile
+    # size a tuning of the model's algorithms gave, in `Site.pinned`)
     x, out, pad, m = _ints(f["x"]), _ints(f["out"]), _ints(f["padding"]), int(f["m"])
     w = (out[1], x[1], 3, 3)
     ends = [max(0, out[2 + axis] + 2 - x[2 + axis] - pad[axis]) for axis in range(2)]
     full = (*pad, *ends)
-    if winograd.choose(x, w, (1, 1), full, (1, 1), 1, out) != m:
+    if winograd.chosen(x, w, (1, 1), full, (1, 1), 1, out) != m:
         return None
     space = winograd.space(x, out, pad, m, target)
     if space.key != key:
@@ -246,7 +250,7 @@ def _depthwise_site(key: str, f: Mapping[str, str], target: Target) -> Site | No
 
 def _winograd_nchwc_site(key: str, f: Mapping[str, str], target: Target) -> Site | None:
     # A plain 3×3 conv2d on a constant weight, which convert-layout takes to Winograd on
-    # blocks when `winograd.choose` picks this tile size; then a 1×1 convolution to one
+    # blocks when `winograd.chosen` picks this tile size; then a 1×1 convolution to one
     # block of channels, since convert-layout leaves a lone convolution as it is (a few %
     # of the program's work, the same for every candidate)
     x, out, pad, m = _ints(f["x"]), _ints(f["out"]), _ints(f["padding"]), int(f["m"])
@@ -258,7 +262,7 @@ def _winograd_nchwc_site(key: str, f: Mapping[str, str], target: Target) -> Site
     plain_out = (out[0], out[1] * b, out[2], out[3])
     w = (plain_out[1], plain_x[1], 3, 3)
     ends = [max(0, out[2 + axis] + 2 - x[2 + axis] - pad[axis]) for axis in range(2)]
-    if winograd.choose(plain_x, w, (1, 1), (*pad, *ends), (1, 1), 1, plain_out) != m:
+    if winograd.chosen(plain_x, w, (1, 1), (*pad, *ends), (1, 1), 1, plain_out) != m:
         return None
     space = winograd_nchwc.space(x, out, pad, m, target)
     if space.key != key:

@@ -8,6 +8,10 @@
    with each block and timed whole, the builds alternated (`LAYOUT_ROUNDS`), and a block
    other than the default is kept where the model is faster by `LAYOUT_GAIN`; its final
    entry is written at once, and the sites below are those of the model in that block.
+   Then, likewise, how each shape of 3×3 stride-1 convolution runs — Winograd's F(4×4) or
+   F(2×2), or the direct kernel (kiln/loops/winograd.py `algorithm_space`) — one shape at
+   a time, the costliest first, each kept where the whole model is faster by
+   `LAYOUT_GAIN`, within `ALGORITHM_SHARE` of the budget.
 1. The model is built with the default schedules and profiled on random inputs: its kernel
    sites (kiln/tune/sites.py), deduplicated by key (shape and layout; the Target is this
    run's), each with its share of the model's time.
@@ -37,11 +41,12 @@ Each new best is appended to the log as soon as it is found, so an interrupted r
 from __future__ import annotations
 
 import logging
+import math
 import random
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -49,7 +54,7 @@ import numpy as np
 from kiln.errors import Error, InternalError
 from kiln.ir.expr import Expr
 from kiln.ir.module import IRModule
-from kiln.loops.tunable import Knobs
+from kiln.loops.tunable import Knobs, ScheduleOverrides, Space, overrides_scope, parse_key
 from kiln.target import Target
 from kiln.tune.log import Entry, LogWriter
 from kiln.tune.measure import (
@@ -74,6 +79,9 @@ LAYOUT_CALLS = 3  # timed calls of each build a round (after one untimed)
 # lanes: alternated builds of one model differ by a few % on a shared machine (ResNet-18 in
 # blocks of 32 measured 0.97 of 16 once, 1.006 and 0.99 in longer runs)
 LAYOUT_GAIN = 0.03
+# The share of the budget the convolutions' algorithms may take (each alternative is a build
+# of the whole model and a timing of it; the kernels' search gets the rest)
+ALGORITHM_SHARE = 0.3
 
 
 @dataclass
@@ -84,6 +92,21 @@ class LayoutResult:
     default: int  # the block the rule gives (the Target's lanes)
     block: int  # the block kept
     seconds: dict[int, float] = field(default_factory=dict)  # the model's time, by block
+
+
+@dataclass
+class AlgorithmResult:
+    """What tuning found for the algorithm of one shape of convolution (its tile size m,
+    0 for the direct kernel)."""
+
+    key: str
+    default: int  # `winograd.choose`'s
+    m: int  # the one kept
+    seconds: dict[int, float] = field(default_factory=dict)  # the model's time, by m
+
+
+def _algorithm_name(m: int) -> str:
+    return f"F({m}x{m})" if m else "direct"
 
 
 @dataclass
@@ -122,6 +145,7 @@ class TuneResult:
     skipped: list[str] = field(default_factory=list)  # site keys not tunable alone
     out_of_time: list[str] = field(default_factory=list)  # sites the budget did not reach
     layouts: list[LayoutResult] = field(default_factory=list)  # channel blocks searched
+    algorithms: list[AlgorithmResult] = field(default_factory=list)  # convolutions' searched
 
     def __str__(self) -> str:
         lines = []
@@ -130,6 +154,12 @@ class TuneResult:
             lines.append(f"{lay.key}: the model in channel blocks of {times}; block "
                          f"{lay.block}" + (" (the default)" if lay.block == lay.default
                                            else f" (default {lay.default})"))
+        for alg in self.algorithms:
+            times = ", ".join(f"{_algorithm_name(m)} {t * 1e3:.3f} ms"
+                              for m, t in alg.seconds.items())
+            lines.append(f"{alg.key}: the model with {times}; {_algorithm_name(alg.m)}"
+                         + (" (the default)" if alg.m == alg.default
+                            else f" (default {_algorithm_name(alg.default)})"))
         lines.append(f"{'kernel':<64} {'share':>6} {'default':>10} {'tuned':>10} {'speedup':>7} "
                      f"{'tried':>5} {'to best':>8} {'in model':>8}")
         for r in self.kernels:
@@ -204,15 +234,17 @@ def _same_results(plain: Any, other: Any, inputs: list[np.ndarray], what: str) -
 
 
 def tune_layouts(mod: IRModule, params: Mapping[str, Any] | None, target: Target,
-                 seed: int = 0) -> tuple[list[LayoutResult], Any]:
+                 seed: int = 0) -> tuple[list[LayoutResult], Any, list[Space]]:
     """Step 0 of the module docstring: for each function convert-layout puts in channel
     blocks, the block of the fastest build of the whole model (the default unless another
-    is faster by `LAYOUT_GAIN`); and the model's build with the defaults."""
-    from kiln.loops.tunable import ScheduleOverrides, overrides_scope
+    is faster by `LAYOUT_GAIN`); the model's build with the defaults; and the algorithm
+    spaces of its convolutions (one per decision)."""
+    from kiln.loops.winograd import recorded_algorithms
     from kiln.runtime.build import build
     from kiln.transform.convert_layout import layout_space, recorded_keys
 
-    with recorded_keys() as keys, overrides_scope(ScheduleOverrides({}, "defaults")):
+    with recorded_keys() as keys, recorded_algorithms() as algorithms, \
+            overrides_scope(ScheduleOverrides({}, "defaults")):
         plain = build(mod, target=target, params=params)
     inputs = random_inputs(plain, seed)
     lanes = target.lanes("float32")
@@ -229,7 +261,53 @@ def tune_layouts(mod: IRModule, params: Mapping[str, Any] | None, target: Target
         best = min(seconds, key=seconds.__getitem__)
         keep = best if seconds[best] < seconds[default] * (1 - LAYOUT_GAIN) else default
         results.append(LayoutResult(key, default, keep, seconds))
-    return results, plain
+    return results, plain, algorithms
+
+
+def tune_algorithms(mod: IRModule, params: Mapping[str, Any] | None, target: Target,
+                    spaces: list[Space], base: dict[str, Knobs], built: Any,
+                    deadline: float, seed: int = 0) -> tuple[list[AlgorithmResult], Any]:
+    """Step 0's second half: for each shape of convolution in ``spaces``, the costliest
+    (in multiply-adds, all its layers) first, the model built with each of its algorithms
+    and timed whole, alternated; one other than the default is kept where the model is
+    faster by `LAYOUT_GAIN`, and added to ``base`` (the knobs every later build takes).
+    ``built``: the model built with ``base``. Shapes the ``deadline`` does not reach keep
+    the rule's. Returns the results and the model's build with the knobs kept."""
+    from kiln.runtime.build import build
+
+    work: dict[str, float] = {}
+    by_key: dict[str, Space] = {}
+    for space in spaces:
+        _, f = parse_key(space.key)
+        out, w = (int(v) for v in f["out"].split("x")), [int(v) for v in f["w"].split("x")]
+        work[space.key] = work.get(space.key, 0.0) + math.prod(out) * math.prod(w[1:])
+        by_key[space.key] = space
+    inputs = random_inputs(built, seed)
+    results = []
+    for key in sorted(work, key=lambda k: -work[k]):
+        if time.perf_counter() >= deadline:
+            break
+        space = by_key[key]
+        default = int(space.default["m"])
+        exes = {default: built}
+        for m in space.values("m")[1:]:
+            with overrides_scope(ScheduleOverrides({**base, key: {"m": m}}, "kiln.tune")):
+                exes[m] = build(mod, target=target, params=params)
+            _same_results(built, exes[m], inputs, f"{key} as {_algorithm_name(m)}")
+        seconds = _seconds(exes, inputs)
+        best = min(seconds, key=seconds.__getitem__)
+        keep = best if seconds[best] < seconds[default] * (1 - LAYOUT_GAIN) else default
+        results.append(AlgorithmResult(key, default, keep, seconds))
+        if keep != default:
+            base[key] = {"m": keep}
+            built = exes[keep]
+    return results, built
+
+
+def _algorithm_entry(alg: AlgorithmResult, target: Target, found_after_s: float) -> Entry:
+    return Entry(target.fingerprint, alg.key, {"m": alg.m}, alg.seconds[alg.m],
+                 alg.seconds[alg.default], True, "conv_algorithm", target.describe(),
+                 found_after_s)
 
 
 def _layout_entry(lay: LayoutResult, target: Target, found_after_s: float) -> Entry:
@@ -245,7 +323,6 @@ def extract_sites(mod: IRModule, params: Mapping[str, Any] | None, target: Targe
     the keys of sites that cannot be tuned alone; ``base``: knobs the model is built with
     (its functions' channel blocks), the defaults elsewhere; ``built``: that build, made
     already."""
-    from kiln.loops.tunable import ScheduleOverrides, overrides_scope
     from kiln.runtime.build import build
 
     exe = built
@@ -257,13 +334,16 @@ def extract_sites(mod: IRModule, params: Mapping[str, Any] | None, target: Targe
     times = _site_times(exe, prof)
     total = prof.kernel_total / prof.repeat or 1.0
     weight_bytes = sum(int(c.nbytes) for c in exe.program.constants)
+    # the algorithms tuning gave the convolutions: what the sites' programs are built with
+    pinned = {k: v for k, v in (base or {}).items() if k.startswith("conv_algorithm ")}
     sites, skipped = [], []
     for key, t in sorted(times.items(), key=lambda kv: -kv[1]):
-        site = site_of(key, target, weight_bytes)
+        with overrides_scope(ScheduleOverrides(pinned, "kiln.tune")):
+            site = site_of(key, target, weight_bytes)
         if site is None:
             skipped.append(key)
         else:
-            sites.append((site, t / total))
+            sites.append((replace(site, pinned=pinned or None), t / total))
     return sites, skipped
 
 
@@ -289,7 +369,6 @@ def model_times(mod: IRModule, params: Mapping[str, Any] | None, target: Target,
     and with the ``tuned`` knobs (both with ``base``'s, see `extract_sites`), profiled
     `MODEL_ROUNDS` times each, alternated (a list of samples per key); an `InternalError`
     where the two builds compute different results."""
-    from kiln.loops.tunable import ScheduleOverrides, overrides_scope
     from kiln.runtime.build import build
 
     with overrides_scope(ScheduleOverrides(dict(base or {}), "defaults")):
@@ -464,13 +543,24 @@ def tune(mod: IRModule | Expr, params: Mapping[str, Any] | None = None, *,
     started = time.perf_counter()
     writer = LogWriter(str(log)) if log is not None else None
     try:
-        layouts, plain = tune_layouts(mod, params, machine, seed)
-        base = {lay.key: {"block": lay.block} for lay in layouts if lay.block != lay.default}
+        layouts, plain, spaces = tune_layouts(mod, params, machine, seed)
+        base: dict[str, Knobs] = {lay.key: {"block": lay.block} for lay in layouts
+                                  if lay.block != lay.default}
         if writer is not None:
             for lay in layouts:
                 writer.add(_layout_entry(lay, machine, time.perf_counter() - started))
-        sites, skipped = extract_sites(mod, params, machine, seed, base,
-                                       None if base else plain)
+        if base:
+            from kiln.runtime.build import build
+
+            with overrides_scope(ScheduleOverrides(dict(base), "defaults")):
+                plain = build(mod, target=machine, params=params)
+        algorithms, plain = tune_algorithms(
+            mod, params, machine, spaces, base, plain,
+            started + budget_s * ALGORITHM_SHARE, seed)
+        if writer is not None:
+            for alg in algorithms:
+                writer.add(_algorithm_entry(alg, machine, time.perf_counter() - started))
+        sites, skipped = extract_sites(mod, params, machine, seed, base, plain)
         results: list[KernelResult] = []
         share_left = sum(s for _, s in sites) or 1.0
         end = started + budget_s
@@ -522,7 +612,8 @@ def tune(mod: IRModule | Expr, params: Mapping[str, Any] | None = None, *,
             progress(TuneProgress(len(sites), len(sites), "", 1 / max(1e-9, 1 - saved[0]),
                                   max(0.0, end - time.perf_counter())))
         return TuneResult(results, str(log) if log is not None else None, machine,
-                          time.perf_counter() - started, skipped, out_of_time, layouts)
+                          time.perf_counter() - started, skipped, out_of_time, layouts,
+                          algorithms)
     finally:
         if writer is not None:
             writer.close()

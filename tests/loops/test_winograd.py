@@ -145,3 +145,27 @@ def test_choose_takes_the_layers_where_it_pays() -> None:
     assert pick(64, 128, 56, stride=2) is None
     assert pick(64, 64, 56, kernel=5) is None
     assert pick(4, 64, 56) is None  # too few channels for the products
+
+
+def test_a_tuning_log_chooses_the_algorithm_of_a_convolution_it_can_compute() -> None:
+    from kiln.loops.tunable import ScheduleOverrides, overrides_scope
+
+    def pick(c: int, size: int, stride: int = 1) -> int | None:
+        out = (size + 2 - 3) // stride + 1
+        return winograd.chosen((1, c, size, size), (c, c, 3, 3), (stride, stride),
+                               (1, 1, 1, 1), (1, 1), 1, (1, c, out, out))
+
+    space = winograd.algorithm_space((1, 64, 56, 56), (64, 64, 3, 3), (1, 1, 1, 1),
+                                     (1, 64, 56, 56))
+    assert space.key == ("conv_algorithm x=1x64x56x56 w=64x64x3x3 padding=1x1x1x1 "
+                         "out=1x64x56x56")
+    assert space.values("m") == (4, 0, 2)  # the rule's first, then the direct kernel
+    small = winograd.algorithm_space((1, 512, 7, 7), (512, 512, 3, 3), (1, 1, 1, 1),
+                                     (1, 512, 7, 7))
+    assert small.values("m") == (0, 2, 4)
+    with winograd.recorded_algorithms() as seen:
+        assert (pick(64, 56), pick(512, 7), pick(64, 56, stride=2)) == (4, None, None)
+    assert [s.key for s in seen] == [space.key, small.key]  # not the strided one
+    logged = ScheduleOverrides({space.key: {"m": 0}, small.key: {"m": 2}}, "test")
+    with overrides_scope(logged):
+        assert (pick(64, 56), pick(512, 7), pick(64, 28)) == (None, 2, 4)

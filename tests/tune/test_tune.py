@@ -226,6 +226,58 @@ def test_the_channel_block_is_searched_for_the_whole_model(tmp_path: Path) -> No
     np.testing.assert_allclose(exe(data), reference(mod, params, data), rtol=1e-4, atol=1e-4)
 
 
+def _logged(path: Path, key: str, knobs: dict) -> Path:
+    from kiln.tune.log import Entry, LogWriter
+
+    writer = LogWriter(str(path))
+    writer.add(Entry(HOST.fingerprint, key, knobs, 1.0, 2.0, final=True))
+    writer.close()
+    return path
+
+
+def test_a_convolutions_algorithm_is_searched_for_the_whole_model(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Whether a shape of 3×3 convolution runs as F(4×4), F(2×2) or directly is a knob of
+    # the whole model: each is built and timed whole (alternated), the rule's kept unless
+    # another is faster; a log entry of the algorithm is what a rebuild runs, and the
+    # kernel sites of a model tuned so are those of the algorithm kept.
+    from kiln.loops.winograd import recorded_algorithms
+    from kiln.tune.measure import build_candidate
+    from kiln.tune.tuner import LAYOUT_GAIN, extract_sites, tune_algorithms
+
+    c = HOST.lanes("float32") * 2
+    mod, params = winograd_net()
+    with recorded_algorithms() as spaces:
+        plain = kiln.build(mod, params=params)
+    (key,) = {s.key for s in spaces}  # two layers, one shape
+    assert key == (f"conv_algorithm x=1x{c}x28x28 w={c}x{c}x3x3 padding=1x1x1x1 "
+                   f"out=1x{c}x28x28")
+    base: dict = {}
+    (alg,), _ = tune_algorithms(mod, params, HOST, spaces, base, plain, float("inf"))
+    assert alg.key == key and alg.default == 4 and set(alg.seconds) == {4, 2, 0}
+    assert alg.m == 4 or alg.seconds[alg.m] < alg.seconds[4] * (1 - LAYOUT_GAIN)
+    assert base == ({} if alg.m == 4 else {key: {"m": alg.m}})
+    data = np.random.default_rng(2).uniform(-1, 1, (1, c, 28, 28)).astype(np.float32)
+    want = reference(mod, params, data)
+    for m, kind in ((0, "conv2d_nchwc"), (2, "winograd_nchwc")):
+        exe = kiln.build(mod, params=params, tuning_log=_logged(tmp_path / f"{m}.tunelog",
+                                                                key, {"m": m}))
+        keys = [k for k in _recorded(exe) if "nchwc" in k.split()[0]]
+        assert keys and all(k.split()[0] == kind for k in keys), keys
+        assert m == 0 or all(k.endswith(f" m={m}") for k in keys)
+        np.testing.assert_allclose(exe(data), want, rtol=1e-4, atol=1e-4)
+    with caplog.at_level("WARNING", logger="kiln"):  # no F(3×3) here: the rule's, noted
+        exe = kiln.build(mod, params=params, tuning_log=_logged(tmp_path / "3.tunelog",
+                                                                key, {"m": 3}))
+    assert "not a legal schedule" in caplog.text
+    assert all(k.endswith(" m=4") for k in _recorded(exe) if k.startswith("winograd_nchwc "))
+    # tuned to F(2×2), the model's products are a site, built as in the model
+    sites, skipped = extract_sites(mod, params, HOST, base={key: {"m": 2}})
+    (site,) = [s for s, _ in sites if s.kind == "winograd_nchwc"]
+    assert site.key.endswith(" m=2") and site.pinned == {key: {"m": 2}} and not skipped
+    assert not build_candidate(site, None, HOST).tuned
+
+
 def _site_space(key: str) -> Any:
     from kiln.tune.sites import site_of
 
