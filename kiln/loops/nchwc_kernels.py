@@ -54,22 +54,37 @@ from kiln.loops.tunable import Space, current_overrides, ordered, override, site
 from kiln.target import Target
 
 
-def tile_shape(pixels: int, out_blocks: int, block: int, target: Target) -> tuple[int, int]:
+# Where a tile's blocks of weight do not fit half of L1, the bytes of a weight vector (read
+# from L2) that each pixel of the tile may take at most: 16, so T ≥ 4 on AVX-512 (2 on
+# AVX2). A row of 9 or 10 pixels took tiles of 3 pixels by 8 blocks (24 accumulators: 8
+# weight vectors from L2 a step for 24 FMAs), which ran 1.3-2.4× slower than 9 by 2 or 5
+# by 4 (two 3×3 layers alternated on a 2-core Xeon with AVX-512: 256 channels at 9×9
+# 0.901 ms against 0.638, 512 at 10×10 7.81 against 3.25, 384 at 10×10 3.07 against 1.89).
+MAX_WEIGHT_BYTES_A_PIXEL = 16
+
+
+def tile_shape(pixels: int, out_blocks: int, block: int, target: Target,
+               k: int = 0) -> tuple[int, int]:
     """(T, J): the pixels and the blocks of output channels of `conv_nchwc`'s register
     tile, with as many accumulator registers as the GEMM's micro-kernel keeps
     (`gemm.register_tile`; 28 on AVX-512, 12 on AVX2; a block wider than a vector takes
     several). J divides the blocks; the most registers in use win, then the fewest loads a
     step (T broadcasts and J weight vectors: 7 pixels of 4 blocks load 11 times for 28
-    FMAs, 14 of 2 load 16 times)."""
+    FMAs, 14 of 2 load 16 times). Where J blocks of a reduction of ``k`` would not fit half
+    of L1, T is at least `MAX_WEIGHT_BYTES_A_PIXEL`'s share of a vector where the row has
+    the pixels: each weight vector, then read from L2, feeds T FMAs."""
     mr, nr = g.register_tile(target)
     lanes = target.lanes("float32")
     budget = mr * (nr // lanes)
     per_block = -(-block // lanes)
+    fewest = min(pixels, max(1, lanes * 4 // MAX_WEIGHT_BYTES_A_PIXEL))
     best = (0, 0, 1, 1)
     for j in range(1, budget // per_block + 1):
         if out_blocks % j:
             continue
         most = min(pixels, budget // (j * per_block))
+        if most < fewest and 4 * k * j * block > target.l1d // 2:
+            continue
         t = -(-pixels // -(-pixels // most))  # the row's tiles as even as they can be
         best = max(best, (t * j * per_block, -(t + j * per_block), t, j))
     return best[2], best[3]
@@ -95,11 +110,13 @@ def _form(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int]
     _, oblocks, oh, ow, bo = (int(d) for d in out_shape)
     kh, kw = int(w_shape[2]), int(w_shape[3])
     h, wd = int(x_shape[2]), int(x_shape[3])
+    k = int(w_shape[1]) * int(w_shape[4]) * kh * kw  # a block's reduction
     geometry = (kh, kw, int(strides[0]), int(strides[1]), int(padding[0]), int(padding[1]))
     flat = geometry == (1, 1, 1, 1, 0, 0) and (oh, ow) == (h, wd) and _used(
-        tile_shape(oh * ow, oblocks, bo, target)) > _used(tile_shape(ow, oblocks, bo, target))
+        tile_shape(oh * ow, oblocks, bo, target, k)) > _used(
+        tile_shape(ow, oblocks, bo, target, k))
     pixels = oh * ow if flat else ow
-    return flat, pixels, tile_shape(pixels, oblocks, bo, target)
+    return flat, pixels, tile_shape(pixels, oblocks, bo, target, k)
 
 
 def space(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
