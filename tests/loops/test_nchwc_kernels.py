@@ -151,6 +151,29 @@ def test_tile_shape_fills_the_registers() -> None:
     assert tile_shape(112, 1, 16, avx512) == (28, 1)  # one block: 28 pixels
     assert tile_shape(56, 2, 8, avx2) == (6, 2)  # AVX2: 12 accumulators
     assert tile_shape(3, 1, 16, avx512) == (3, 1)  # fewer pixels than registers
+    # 8 blocks of a 3×3 layer's weight (K = 1152) come from L2: 4 pixels or more a tile
+    assert tile_shape(10, 8, 16, avx512) == (3, 8)  # (K unknown: the most accumulators)
+    assert tile_shape(10, 8, 16, avx512, k=128 * 9) == (5, 4)
+    assert tile_shape(9, 32, 16, avx512, k=512 * 9) == (5, 4)
+    assert tile_shape(10, 8, 16, avx512, k=32) == (3, 8)  # 16 KiB of weight: L1's
+    assert tile_shape(7, 60, 16, avx512, k=512 * 9) == (7, 4)
+    assert tile_shape(10, 8, 8, avx2, k=128 * 9) == tile_shape(10, 8, 8, avx2)
+
+
+def test_a_row_of_ten_pixels_in_tiles_of_five() -> None:
+    # 128 channels at 10×10 in blocks of the host's lanes: the tile the rule gives (4 or
+    # more pixels where its weight comes from L2) computes the oracle's result
+    b = Target.host().lanes("float32")
+    x = RNG.standard_normal((1, 128, 10, 10)).astype(np.float32)
+    w = RNG.standard_normal((128, 128, 3, 3)).astype(np.float32)
+    exe, kinds = build((1, 128 // b, 10, 10, b), w, b, b, False, padding=(1, 1, 1, 1))
+    assert kinds == {"nchwc direct"}
+    tiles = {(s[1]["pixels"], s[1]["blocks"]) for k in exe.program.kernels.values()
+             if k.kernel is not None for s in k.kernel.attrs.get("schedules", [])}
+    assert tiles == {tile_shape(10, 128 // b, b, Target.host(), k=128 * 9)}
+    assert b != 16 or tiles == {(5, 4)}
+    want = reference(x, w, (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    np.testing.assert_allclose(unblocked(exe(blocked(x, b))), want, rtol=1e-4, atol=2e-5 * 1152)
 
 
 # (N, C, H, W), O, padding: 3×3 stride-1 convolutions Winograd's algorithm takes
