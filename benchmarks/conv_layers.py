@@ -53,6 +53,9 @@ LAYERS = {
     "v256": (256, 256, 56, 3, 1, 1, 1),     # VGG-16's wide 3×3 layers: Winograd's
     "v512": (512, 512, 28, 3, 1, 1, 1),     # transformed weights of 9 to 38 MB
     "v512_14": (512, 512, 14, 3, 1, 1, 1),
+    "c96_20": (96, 96, 20, 3, 1, 1, 1),     # maps of 20 and 10 pixels (SSD's heads have
+    "c384_10": (384, 384, 10, 3, 1, 1, 1),  # 19×19 and 10×10): 25 tiles of Winograd's
+    "c512_10": (512, 512, 10, 3, 1, 1, 1),
 }
 
 

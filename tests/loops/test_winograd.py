@@ -142,6 +142,10 @@ def test_choose_takes_the_layers_where_it_pays() -> None:
     assert pick(256, 256, 56) == 4  # 9.4 MB
     assert pick(384, 384, 28) == 4  # 21.2 MB
     assert pick(512, 512, 28) == 2  # not 37.7 MB in tiles of 4
+    assert pick(96, 96, 20) == 4  # 25 tiles of 4
+    assert pick(96, 96, 16) == 2  # 16 tiles of 4 are too few, 64 of 2 are not
+    assert pick(64, 64, 10) == 2  # 25 tiles of 2
+    assert pick(64, 64, 8) is None  # 16 tiles of 2
     assert pick(64, 128, 56, stride=2) is None
     assert pick(64, 64, 56, kernel=5) is None
     assert pick(4, 64, 56) is None  # too few channels for the products
