@@ -53,7 +53,6 @@ from kiln.loops.schedule import PARALLEL_MIN_ELEMENTS, lowering_target, worth_pa
 from kiln.loops.tunable import Space, current_overrides, ordered, override, site_key
 from kiln.target import Target
 
-
 # Where a tile's blocks of weight do not fit half of L1, the bytes of a weight vector (read
 # from L2) that each pixel of the tile may take at most: 16, so T ≥ 4 on AVX-512 (2 on
 # AVX2). A row of 9 or 10 pixels took tiles of 3 pixels by 8 blocks (24 accumulators: 8

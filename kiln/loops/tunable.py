@@ -166,6 +166,18 @@ def overrides_scope(overrides: ScheduleOverrides | None) -> Iterator[ScheduleOve
         _OVERRIDES.reset(token)
 
 
+@contextmanager
+def recording(seen: ContextVar[list[T] | None]) -> Iterator[list[T]]:
+    """A new list in ``seen`` for the length of the block, given to it: where a pass notes
+    the knobs of a whole model it meets (what kiln.tune searches)."""
+    noted: list[T] = []
+    token = seen.set(noted)
+    try:
+        yield noted
+    finally:
+        seen.reset(token)
+
+
 def current_overrides() -> ScheduleOverrides | None:
     """The overrides of the enclosing `overrides_scope`, if any."""
     return _OVERRIDES.get()

@@ -34,8 +34,8 @@ which is why a layer with many channels on a small map (ResNet's 512 channels at
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager as ContextManager
 from contextvars import ContextVar
 from dataclasses import replace
 from fractions import Fraction
@@ -63,7 +63,15 @@ from kiln.loops.ir import (
     Var,
 )
 from kiln.loops.schedule import lowering_target
-from kiln.loops.tunable import Space, current_overrides, ordered, overridden, override, site_key
+from kiln.loops.tunable import (
+    Space,
+    current_overrides,
+    ordered,
+    overridden,
+    override,
+    recording,
+    site_key,
+)
 from kiln.target import Target
 
 TILES = (4, 2)  # output tile sizes m this kernel has transforms for, the preferred first
@@ -206,8 +214,9 @@ def packed_shape(x_shape: Sequence[int], out_shape: Sequence[int], padding: Sequ
 # (two layers alternated, 2-core Xeon with AVX-512), F(4×4) at 20×20 against F(2×2): 64
 # channels 0.97, 96 0.82, 128 0.84, 256 0.77; F(2×2) at 10×10 against the direct kernel:
 # 64 channels 0.83, 384 0.55, 512 1.03. (The bound was 48, fitted on ResNet-18, whose
-# layers have 16 tiles or 49 and more.) The weight's bound came from ResNet's 256 channels at 14×14 (F(2×2): 4.2 MB;
-# the model 15.8 → 14.7 ms, Emerald Rapids) and was 5 MiB, which left VGG's wide layers
+# layers have 16 tiles or 49 and more.) The weight's bound came from ResNet's 256 channels
+# at 14×14 (F(2×2): 4.2 MB; the model 15.8 → 14.7 ms, Emerald Rapids) and was 5 MiB, which
+# left VGG's wide layers
 # direct; two of each layer alternated (`benchmarks/conv_layers.py` has three), Xeon with
 # AVX-512, 2 threads, time over the direct kernel's: 512 channels at 14×14 F(2×2) (16.8 MB)
 # 0.50, 384 at 14×14 0.50; at 28×28 F(4×4) 256 channels (9.4 MB) 0.68 of F(2×2)'s time,
@@ -293,16 +302,10 @@ def chosen(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int
     return rule if knobs is None else int(knobs["m"]) or None
 
 
-@contextmanager
-def recorded_algorithms() -> Iterator[list[Space]]:
+def recorded_algorithms() -> ContextManager[list[Space]]:
     """The `algorithm_space` of each convolution `chosen` decides inside the block (once
     per decision: a key may come more than once)."""
-    spaces: list[Space] = []
-    token = _SEEN.set(spaces)
-    try:
-        yield spaces
-    finally:
-        _SEEN.reset(token)
+    return recording(_SEEN)
 
 
 def _combine(coeffs: np.ndarray, values: Sequence[Expr], lanes: int = 1) -> Expr:

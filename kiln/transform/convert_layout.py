@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
+from contextlib import AbstractContextManager as ContextManager
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -44,7 +45,7 @@ from kiln.ir.module import IRModule
 from kiln.ir.traverse import children, post_order, with_children
 from kiln.ir.ty import TensorType
 from kiln.loops.schedule import lowering_target
-from kiln.loops.tunable import Space, current_overrides, ordered, override, site_key
+from kiln.loops.tunable import Space, current_overrides, ordered, override, recording, site_key
 from kiln.op import registry
 from kiln.op.layout import from_logical, parse_layout
 from kiln.op.registry import OpPattern
@@ -366,16 +367,10 @@ def block_scope(block: int | None) -> Iterator[None]:
         _BLOCK.reset(token)
 
 
-@contextmanager
-def recorded_keys() -> Iterator[list[str]]:
+def recorded_keys() -> ContextManager[list[str]]:
     """The `layout_key`s of the functions this pass meets inside the block (what kiln.tune
     searches the block of)."""
-    keys: list[str] = []
-    token = _SEEN.set(keys)
-    try:
-        yield keys
-    finally:
-        _SEEN.reset(token)
+    return recording(_SEEN)
 
 
 def _converted(func: Function, lanes: int) -> Function:

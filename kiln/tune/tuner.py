@@ -47,6 +47,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -107,6 +108,10 @@ class AlgorithmResult:
 
 def _algorithm_name(m: int) -> str:
     return f"F({m}x{m})" if m else "direct"
+
+
+def _as_algorithm(key: str, m: int) -> str:
+    return f"{key} as {_algorithm_name(m)}"
 
 
 @dataclass
@@ -251,17 +256,34 @@ def tune_layouts(mod: IRModule, params: Mapping[str, Any] | None, target: Target
     results = []
     for key in dict.fromkeys(keys):
         space = layout_space(key, lanes)
-        default = int(space.default["block"])
-        exes = {default: plain}
-        for block in space.values("block")[1:]:
-            with overrides_scope(ScheduleOverrides({key: {"block": block}}, "kiln.tune")):
-                exes[block] = build(mod, target=target, params=params)
-            _same_results(plain, exes[block], inputs, f"channel blocks of {block}")
-        seconds = _seconds(exes, inputs)
-        best = min(seconds, key=seconds.__getitem__)
-        keep = best if seconds[best] < seconds[default] * (1 - LAYOUT_GAIN) else default
-        results.append(LayoutResult(key, default, keep, seconds))
+        seconds, keep, _ = _whole_model_choice(
+            mod, params, target, plain, inputs, {}, space, "block",
+            lambda block: f"channel blocks of {block}")
+        results.append(LayoutResult(key, int(space.default["block"]), keep, seconds))
     return results, plain, algorithms
+
+
+def _whole_model_choice(mod: IRModule, params: Mapping[str, Any] | None, target: Target,
+                        built: Any, inputs: list[np.ndarray], base: Mapping[str, Knobs],
+                        space: Space, knob: str, what: Callable[[int], str]
+                        ) -> tuple[dict[int, float], int, Any]:
+    """The model built with each value of a one-knob ``space`` of the whole model (with
+    ``base``'s knobs; ``built``: with the default's), checked to compute what the default
+    build does and timed alternated: (seconds by value, the value kept — the default
+    unless another is faster by `LAYOUT_GAIN` — and its build)."""
+    from kiln.runtime.build import build
+
+    default = int(space.default[knob])
+    exes = {default: built}
+    for value in space.values(knob)[1:]:
+        with overrides_scope(ScheduleOverrides({**base, space.key: {knob: value}},
+                                               "kiln.tune")):
+            exes[value] = build(mod, target=target, params=params)
+        _same_results(built, exes[value], inputs, what(value))
+    seconds = _seconds(exes, inputs)
+    best = min(seconds, key=seconds.__getitem__)
+    keep = best if seconds[best] < seconds[default] * (1 - LAYOUT_GAIN) else default
+    return seconds, keep, exes[keep]
 
 
 def tune_algorithms(mod: IRModule, params: Mapping[str, Any] | None, target: Target,
@@ -273,8 +295,6 @@ def tune_algorithms(mod: IRModule, params: Mapping[str, Any] | None, target: Tar
     faster by `LAYOUT_GAIN`, and added to ``base`` (the knobs every later build takes).
     ``built``: the model built with ``base``. Shapes the ``deadline`` does not reach keep
     the rule's. Returns the results and the model's build with the knobs kept."""
-    from kiln.runtime.build import build
-
     work: dict[str, float] = {}
     by_key: dict[str, Space] = {}
     for space in spaces:
@@ -289,18 +309,13 @@ def tune_algorithms(mod: IRModule, params: Mapping[str, Any] | None, target: Tar
             break
         space = by_key[key]
         default = int(space.default["m"])
-        exes = {default: built}
-        for m in space.values("m")[1:]:
-            with overrides_scope(ScheduleOverrides({**base, key: {"m": m}}, "kiln.tune")):
-                exes[m] = build(mod, target=target, params=params)
-            _same_results(built, exes[m], inputs, f"{key} as {_algorithm_name(m)}")
-        seconds = _seconds(exes, inputs)
-        best = min(seconds, key=seconds.__getitem__)
-        keep = best if seconds[best] < seconds[default] * (1 - LAYOUT_GAIN) else default
+        seconds, keep, kept = _whole_model_choice(
+            mod, params, target, built, inputs, base, space, "m",
+            partial(_as_algorithm, key))
         results.append(AlgorithmResult(key, default, keep, seconds))
         if keep != default:
             base[key] = {"m": keep}
-            built = exes[keep]
+            built = kept
     return results, built
 
 
