@@ -216,12 +216,11 @@ def packed_shape(x_shape: Sequence[int], out_shape: Sequence[int], padding: Sequ
 # 64 channels 0.83, 384 0.55, 512 1.03. (The bound was 48, fitted on ResNet-18, whose
 # layers have 16 tiles or 49 and more.) The weight's bound came from ResNet's 256 channels
 # at 14×14 (F(2×2): 4.2 MB; the model 15.8 → 14.7 ms, Emerald Rapids) and was 5 MiB, which
-# left VGG's wide layers
-# direct; two of each layer alternated (`benchmarks/conv_layers.py` has three), Xeon with
-# AVX-512, 2 threads, time over the direct kernel's: 512 channels at 14×14 F(2×2) (16.8 MB)
-# 0.50, 384 at 14×14 0.50; at 28×28 F(4×4) 256 channels (9.4 MB) 0.68 of F(2×2)'s time,
-# 320 (14.7 MB) 0.68, 384 (21.2 MB) 0.76, 448 (28.9 MB) 1.00, 512 (37.7 MB) 1.22 — there
-# F(2×2) (16.8 MB) takes 0.54 of the direct kernel's.
+# left VGG's wide layers direct; two of each layer alternated (`benchmarks/conv_layers.py`
+# has three), the same Xeon, time over the direct kernel's: 512 channels at 14×14 F(2×2)
+# (16.8 MB) 0.50, 384 at 14×14 0.50; at 28×28 F(4×4) 256 channels (9.4 MB) 0.68 of
+# F(2×2)'s time, 320 (14.7 MB) 0.68, 384 (21.2 MB) 0.76, 448 (28.9 MB) 1.00, 512 (37.7 MB)
+# 1.22 — there F(2×2) (16.8 MB) takes 0.54 of the direct kernel's.
 MIN_TILES = 24
 MAX_WEIGHT_BYTES = 24 << 20
 # The tiles may stick out of the output's bottom and right (their extra pixels computed and

@@ -5,10 +5,9 @@
 ``nn.conv2d(x, W)`` becomes ``nn.conv2d_packed(x, Wp)`` with W in the row panels of the
 implicit GEMM's A operand, so the compiled kernel no longer copies the weight on every call
 (TVM's alter-op-layout did the same for its packed dense and conv2d schedules). A 3×3
-stride-1 conv2d where `kiln.loops.winograd.chosen` says Winograd's algorithm pays (or a tuning
-log) becomes
-``nn.conv2d_winograd(x, Up)`` instead, its weight transformed (U = G W Gᵀ) and packed for
-the products (kiln/op/nn/winograd.py). Weights
+stride-1 conv2d where Winograd's algorithm pays (`kiln.loops.winograd.chosen`: the rule's
+choice, or a tuning log's) becomes ``nn.conv2d_winograd(x, Up)`` instead, its weight
+transformed (U = G W Gᵀ) and packed for the products (kiln/op/nn/winograd.py). Weights
 become constants when ``params`` are bound (``kiln.build(mod, params=...)``).
 
 An 8-bit ``nn.dense`` with ``out_dtype="int32"`` and a constant weight becomes
