@@ -239,11 +239,13 @@ def _same_results(plain: Any, other: Any, inputs: list[np.ndarray], what: str) -
 
 
 def tune_layouts(mod: IRModule, params: Mapping[str, Any] | None, target: Target,
-                 seed: int = 0) -> tuple[list[LayoutResult], Any, list[Space]]:
+                 base: dict[str, Knobs], seed: int = 0
+                 ) -> tuple[list[LayoutResult], Any, list[Space]]:
     """Step 0 of the module docstring: for each function convert-layout puts in channel
     blocks, the block of the fastest build of the whole model (the default unless another
-    is faster by `LAYOUT_GAIN`); the model's build with the defaults; and the algorithm
-    spaces of its convolutions (one per decision)."""
+    is faster by `LAYOUT_GAIN`; added to ``base``, the knobs every later build takes); the
+    model's build with the blocks kept; and the algorithm spaces of its convolutions (one
+    per decision)."""
     from kiln.loops.winograd import recorded_algorithms
     from kiln.runtime.build import build
     from kiln.transform.convert_layout import layout_space, recorded_keys
@@ -256,10 +258,14 @@ def tune_layouts(mod: IRModule, params: Mapping[str, Any] | None, target: Target
     results = []
     for key in dict.fromkeys(keys):
         space = layout_space(key, lanes)
-        seconds, keep, _ = _whole_model_choice(
-            mod, params, target, plain, inputs, {}, space, "block",
+        default = int(space.default["block"])
+        seconds, keep, kept = _whole_model_choice(
+            mod, params, target, plain, inputs, base, space, "block",
             lambda block: f"channel blocks of {block}")
-        results.append(LayoutResult(key, int(space.default["block"]), keep, seconds))
+        results.append(LayoutResult(key, default, keep, seconds))
+        if keep != default:
+            base[key] = {"block": keep}
+            plain = kept
     return results, plain, algorithms
 
 
@@ -352,13 +358,13 @@ def extract_sites(mod: IRModule, params: Mapping[str, Any] | None, target: Targe
     # the algorithms tuning gave the convolutions: what the sites' programs are built with
     pinned = {k: v for k, v in (base or {}).items() if k.startswith("conv_algorithm ")}
     sites, skipped = [], []
-    for key, t in sorted(times.items(), key=lambda kv: -kv[1]):
-        with overrides_scope(ScheduleOverrides(pinned, "kiln.tune")):
+    with overrides_scope(ScheduleOverrides(pinned, "kiln.tune")):
+        for key, t in sorted(times.items(), key=lambda kv: -kv[1]):
             site = site_of(key, target, weight_bytes)
-        if site is None:
-            skipped.append(key)
-        else:
-            sites.append((replace(site, pinned=pinned or None), t / total))
+            if site is None:
+                skipped.append(key)
+            else:
+                sites.append((replace(site, pinned=pinned or None), t / total))
     return sites, skipped
 
 
@@ -558,17 +564,11 @@ def tune(mod: IRModule | Expr, params: Mapping[str, Any] | None = None, *,
     started = time.perf_counter()
     writer = LogWriter(str(log)) if log is not None else None
     try:
-        layouts, plain, spaces = tune_layouts(mod, params, machine, seed)
-        base: dict[str, Knobs] = {lay.key: {"block": lay.block} for lay in layouts
-                                  if lay.block != lay.default}
+        base: dict[str, Knobs] = {}  # the whole model's knobs kept, for every later build
+        layouts, plain, spaces = tune_layouts(mod, params, machine, base, seed)
         if writer is not None:
             for lay in layouts:
                 writer.add(_layout_entry(lay, machine, time.perf_counter() - started))
-        if base:
-            from kiln.runtime.build import build
-
-            with overrides_scope(ScheduleOverrides(dict(base), "defaults")):
-                plain = build(mod, target=machine, params=params)
         algorithms, plain = tune_algorithms(
             mod, params, machine, spaces, base, plain,
             started + budget_s * ALGORITHM_SHARE, seed)
